@@ -1,0 +1,586 @@
+"""Every DAPO knob, declared once: frozen dataclasses that are the single home of each default.
+
+Each field carries the dotted key it has in a verl Hydra config (``metadata["verl_key"]``). Where verl
+already has a key (``actor_rollout_ref.actor.clip_ratio_high``, ``algorithm.filter_groups.enable``,
+``data.gen_batch_size``, ...) that key is used with verl's meaning; the keys verl lacks sit next to the
+related verl keys (``algorithm.filter_groups.refill``, ``reward.reward_kwargs.overlong_tokens``, ...).
+The same mapping drives:
+
+* :meth:`DapoConfig.from_verl`, which reads a (composed) verl-shaped config, local or cluster;
+* :func:`render_defaults_yaml`, which generates ``configs/dapo_defaults.yaml`` with each key's comment
+  taken from the first sentence of its field docstring (``tests/unit/test_config_yaml.py`` keeps the
+  file and the dataclasses in step);
+* ``dapo_verl.adapter.verl_config``, which extends verl's own config dataclasses with the new keys.
+
+Defaults follow the paper (arXiv 2503.14476, §4.1) and the published verl DAPO run; behaviour beyond
+the paper (carrying surplus groups, skipping prompts) is opt-in. Imports only the standard library and
+enums from ``dapo_verl.core``.
+"""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import itertools
+import math
+import re
+from collections.abc import Iterator, Mapping
+from dataclasses import MISSING, dataclass, field, fields, is_dataclass
+from enum import StrEnum
+from typing import Any, NoReturn
+
+from dapo_verl.core.losses import LossAggregation
+from dapo_verl.core.rewards import OVERLONG_SCHEDULES
+
+__all__ = [
+    "VERL_LOSS_AGG_MODES",
+    "AdvantageConfig",
+    "DapoConfig",
+    "LossConfig",
+    "OverlongConfig",
+    "RefillStrategy",
+    "SamplerConfig",
+    "ShortfallPolicy",
+    "SurplusPolicy",
+    "clip_higher_inert_reason",
+    "iter_verl_fields",
+    "render_defaults_yaml",
+]
+
+
+class RefillStrategy(StrEnum):
+    """How the sampler sizes each generation request while it fills a batch.
+
+    * ``barrier``: every round generates ``data.gen_batch_size`` prompts (the verl-recipe behaviour).
+    * ``adaptive``: each round asks for enough prompts that, at the observed keep rate, one round
+      fills the batch with probability ``single_round_probability``, capped by ``max_oversample_factor``.
+    """
+
+    BARRIER = "barrier"
+    ADAPTIVE = "adaptive"
+
+
+class SurplusPolicy(StrEnum):
+    """What happens to informative groups beyond a full batch: ``discard`` them or ``carry`` them over."""
+
+    DISCARD = "discard"
+    CARRY = "carry"
+
+
+class ShortfallPolicy(StrEnum):
+    """At the round limit with the batch not full: ``error`` out, or train on the ``partial`` batch."""
+
+    ERROR = "error"
+    PARTIAL = "partial"
+
+
+VERL_LOSS_AGG_MODES: dict[str, LossAggregation | None] = {
+    "token-mean": LossAggregation.TOKEN_MEAN_GLOBAL,
+    "seq-mean-token-mean": LossAggregation.SEQ_MEAN_TOKEN_MEAN,
+    "seq-mean-token-sum": LossAggregation.SEQ_MEAN_TOKEN_SUM,
+    "token-sum": None,
+    "seq-mean-token-sum-norm": None,
+}
+"""verl's ``loss_agg_mode`` values; those mapped to None run in verl but not on the local backend."""
+
+
+def _key(verl_key: str, *, verl_native: bool) -> dict[str, Any]:
+    return {"verl_key": verl_key, "verl_native": verl_native}
+
+
+def _fail(key: str, value: object, why: str, fix: str) -> NoReturn:
+    raise ValueError(f"{key}={value!r} {why}. {fix}")
+
+
+def _key_of(config: Any, name: str) -> str:
+    return next(f.metadata["verl_key"] for f in fields(config) if f.name == name)
+
+
+def _require_number(config: object, name: str, *, low: float, high: float = math.inf, low_open=False,
+                    integer=False, fix: str) -> None:
+    value = getattr(config, name)
+    key = _key_of(config, name)
+    kind = int if integer else (int, float)
+    if isinstance(value, bool) or not isinstance(value, kind) or not math.isfinite(value):
+        _fail(key, value, f"must be a finite {'integer' if integer else 'number'}", fix)
+    if value < low or (low_open and value == low) or value > high:
+        bounds = f"{'(' if low_open else '['}{low}, {high}]"
+        _fail(key, value, f"must lie in {bounds}", fix)
+
+
+def _require_choice(config: object, name: str, choices: type[StrEnum] | list[str], fix: str = "") -> None:
+    value = getattr(config, name)
+    known = [c.value for c in choices] if isinstance(choices, type) else list(choices)
+    if value not in known:
+        _fail(_key_of(config, name), value, f"is not one of {known}", fix or "Pick one of the listed values.")
+
+
+@dataclass(frozen=True, kw_only=True)
+class LossConfig:
+    """The decoupled-clip policy loss (paper §3.1, §3.3)."""
+
+    clip_ratio_low: float = field(default=0.2, metadata=_key("actor_rollout_ref.actor.clip_ratio_low",
+                                                               verl_native=True))
+    """eps_low: the ratio is clipped below at 1 - clip_ratio_low for negative advantages. Range [0, 1]; paper §3.1 uses
+    0.2.
+    """
+
+    clip_ratio_high: float = field(default=0.28, metadata=_key("actor_rollout_ref.actor.clip_ratio_high",
+                                                                verl_native=True))
+    """eps_high: the ratio is clipped above at 1 + clip_ratio_high for positive advantages (clip-higher). Range >= 0;
+    paper §3.1 uses 0.28.
+    """
+
+    clip_ratio_c: float = field(default=10.0, metadata=_key("actor_rollout_ref.actor.clip_ratio_c",
+                                                             verl_native=True))
+    """Dual-clip constant: for negative advantages the per-token loss is capped at -A * clip_ratio_c. Must be > 1; the
+    published verl DAPO run uses 10.0.
+    """
+
+    loss_agg_mode: str = field(default="token-mean", metadata=_key("actor_rollout_ref.actor.loss_agg_mode",
+                                                                    verl_native=True))
+    """How per-token losses become a scalar, in verl's names; token-mean is DAPO's token-level loss over the whole
+    mini-batch (paper §3.3).
+    """
+
+    def __post_init__(self) -> None:
+        _require_number(self, "clip_ratio_low", low=0.0, high=1.0, fix="The paper uses 0.2.")
+        _require_number(self, "clip_ratio_high", low=0.0, fix="The paper uses 0.28.")
+        _require_number(self, "clip_ratio_c", low=1.0, low_open=True,
+                        fix="Dual clip needs a constant above 1; the published DAPO run uses 10.0.")
+        _require_choice(self, "loss_agg_mode", list(VERL_LOSS_AGG_MODES),
+                        fix="DAPO's token-level loss is token-mean.")
+
+    @property
+    def aggregation(self) -> LossAggregation:
+        """The core aggregation for ``loss_agg_mode``; ValueError for modes only verl implements."""
+        mode = VERL_LOSS_AGG_MODES[self.loss_agg_mode]
+        if mode is None:
+            supported = [k for k, v in VERL_LOSS_AGG_MODES.items() if v is not None]
+            _fail(_key_of(self, "loss_agg_mode"), self.loss_agg_mode,
+                  "runs in verl but not on the local backend", f"Use one of {supported}.")
+        return mode
+
+
+@dataclass(frozen=True, kw_only=True)
+class AdvantageConfig:
+    """The group-normalised outcome advantage (paper Eq. 9)."""
+
+    norm_adv_by_std_in_grpo: bool = field(default=True, metadata=_key("algorithm.norm_adv_by_std_in_grpo",
+                                                                       verl_native=True))
+    """Divide each centred reward by its group's standard deviation (paper Eq. 9); false gives Dr. GRPO."""
+
+    adv_epsilon: float = field(default=1e-6, metadata=_key("algorithm.adv_epsilon", verl_native=False))
+    """Added to the group standard deviation before dividing. Range >= 0; 1e-6 as in verl's grpo."""
+
+    group_token_mean: bool = field(default=False, metadata=_key("algorithm.group_token_mean", verl_native=False))
+    """Opt-in per-group reading of the token-level loss (verl#2776): advantages are weighted so that, with
+    loss_agg_mode=seq-mean-token-sum, each prompt group's tokens average within the group.
+    """
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.norm_adv_by_std_in_grpo, bool):
+            _fail(_key_of(self, "norm_adv_by_std_in_grpo"), self.norm_adv_by_std_in_grpo, "must be a boolean",
+                  "Use true or false.")
+        _require_number(self, "adv_epsilon", low=0.0, fix="Use a small value such as 1e-6.")
+
+
+@dataclass(frozen=True, kw_only=True)
+class OverlongConfig:
+    """Overlong reward shaping and filtering (paper §3.4)."""
+
+    overlong_reward_penalty: bool = field(default=True, metadata=_key("reward.reward_kwargs.overlong_reward_penalty",
+                                                                       verl_native=False))
+    """Add the soft overlong punishment to the reward of responses that run into the buffer before max_response_length
+    (paper §3.4, Eq. 13).
+    """
+
+    overlong_tokens: int = field(default=4096, metadata=_key("reward.reward_kwargs.overlong_tokens",
+                                                              verl_native=False))
+    """Length of the penalty ramp in tokens, ending at max_response_length. Range (0, max_response_length]; paper §4.1
+    uses 4096.
+    """
+
+    overlong_penalty_factor: float = field(default=1.0, metadata=_key("reward.reward_kwargs.overlong_penalty_factor",
+                                                                       verl_native=False))
+    """Penalty at and beyond max_response_length. Range >= 0; paper §3.4 uses 1.0."""
+
+    overlong_schedule: str = field(default="linear", metadata=_key("reward.reward_kwargs.overlong_schedule",
+                                                                    verl_native=False))
+    """Shape of the ramp: a name registered with dapo_verl.core.rewards.register_overlong_schedule; linear is the
+    paper's.
+    """
+
+    overlong_filtering: bool = field(default=False, metadata=_key("algorithm.overlong_filtering", verl_native=False))
+    """Give truncated responses no loss (paper §3.4, overlong filtering); off as in the best published run."""
+
+    def __post_init__(self) -> None:
+        for name in ("overlong_reward_penalty", "overlong_filtering"):
+            if not isinstance(getattr(self, name), bool):
+                _fail(_key_of(self, name), getattr(self, name), "must be a boolean", "Use true or false.")
+        _require_number(self, "overlong_tokens", low=0, low_open=True, integer=True,
+                        fix="The paper uses 4096; to turn the penalty off set overlong_reward_penalty=false.")
+        _require_number(self, "overlong_penalty_factor", low=0.0, fix="The paper uses 1.0.")
+        _require_choice(self, "overlong_schedule", OVERLONG_SCHEDULES.names(),
+                        fix="Register new schedules with @register_overlong_schedule in dapo_verl/core/rewards.py.")
+
+
+@dataclass(frozen=True, kw_only=True)
+class SamplerConfig:
+    """The dynamic-sampling batch replenisher (paper §3.2)."""
+
+    enable: bool = field(default=True, metadata=_key("algorithm.filter_groups.enable", verl_native=True))
+    """Train only on prompt groups whose responses disagree and refill the batch until it is full (paper §3.2)."""
+
+    metric: str = field(default="acc", metadata=_key("algorithm.filter_groups.metric", verl_native=True))
+    """Per-response value the filter reads: raw correctness (acc), never the length-shaped reward."""
+
+    max_num_gen_batches: int = field(default=10, metadata=_key("algorithm.filter_groups.max_num_gen_batches",
+                                                                verl_native=True))
+    """Most generation rounds per training step; on_shortfall says what happens at the limit. Range >= 1; the published
+    run uses 10.
+    """
+
+    train_batch_size: int = field(default=512, metadata=_key("data.train_batch_size", verl_native=True))
+    """Prompt groups per training step. Paper §4.1 uses 512."""
+
+    gen_batch_size: int | None = field(default=None, metadata=_key("data.gen_batch_size", verl_native=True))
+    """Prompts per generation round (barrier) or in the first round (adaptive); null means train_batch_size. The
+    published run uses 1536.
+    """
+
+    refill: str = field(default="adaptive", metadata=_key("algorithm.filter_groups.refill", verl_native=False))
+    """barrier: fixed-size rounds as in verl-recipe; adaptive: each round sized from the observed keep rate."""
+
+    single_round_probability: float = field(default=0.9, metadata=_key(
+        "algorithm.filter_groups.single_round_probability", verl_native=False))
+    """Adaptive refill: target probability that one round fills the batch. Range (0, 1)."""
+
+    max_oversample_factor: float = field(default=4.0, metadata=_key("algorithm.filter_groups.max_oversample_factor",
+                                                                     verl_native=False))
+    """Adaptive refill: a round asks for at most this many prompts per group still missing. Range >= 1."""
+
+    keep_rate_smoothing: float = field(default=0.3, metadata=_key("algorithm.filter_groups.keep_rate_smoothing",
+                                                                   verl_native=False))
+    """Weight of the newest round in the running keep-rate estimate (exponential moving average). Range (0, 1]."""
+
+    surplus: str = field(default="discard", metadata=_key("algorithm.filter_groups.surplus", verl_native=False))
+    """Informative groups beyond a full batch: discard (paper) or carry to the next steps (opt-in, slightly off-policy).
+    """
+
+    max_staleness_steps: int = field(default=1, metadata=_key("algorithm.filter_groups.max_staleness_steps",
+                                                               verl_native=False))
+    """Carried groups older than this many training steps are dropped and counted. Range >= 1."""
+
+    on_shortfall: str = field(default="error", metadata=_key("algorithm.filter_groups.on_shortfall",
+                                                              verl_native=False))
+    """At max_num_gen_batches with the batch not full: error (with the keep rate and the knob to turn) or partial (train
+    on the groups found).
+    """
+
+    skip_uninformative: bool = field(default=False, metadata=_key("algorithm.filter_groups.skip_uninformative",
+                                                                  verl_native=False))
+    """Opt-in: skip prompts whose recent groups were all correct or all wrong, with a probability that decays back
+    (arXiv 2506.02177).
+    """
+
+    skip_keep_base: float = field(default=0.5, metadata=_key("algorithm.filter_groups.skip_keep_base",
+                                                              verl_native=False))
+    """A prompt found uninformative k times in a row is generated with probability skip_keep_base**k. Range (0, 1)."""
+
+    max_skip_probability: float = field(default=0.9, metadata=_key("algorithm.filter_groups.max_skip_probability",
+                                                                    verl_native=False))
+    """Upper bound on any prompt's skip probability, so no prompt is skipped for good. Range [0, 1)."""
+
+    seed: int = field(default=0, metadata=_key("data.seed", verl_native=True))
+    """Seed of the sampler's prompt order and skip draws."""
+
+    def __post_init__(self) -> None:
+        for name in ("enable", "skip_uninformative"):
+            if not isinstance(getattr(self, name), bool):
+                _fail(_key_of(self, name), getattr(self, name), "must be a boolean", "Use true or false.")
+        if not isinstance(self.metric, str) or not self.metric:
+            _fail(_key_of(self, "metric"), self.metric, "must name a per-response value",
+                  "Use acc (raw correctness); filtering on a length-shaped score lets all-wrong groups through.")
+        _require_number(self, "max_num_gen_batches", low=1, integer=True,
+                        fix="Unlimited rounds can loop forever on hard data; set a bound (the published run uses 10) "
+                            "and choose algorithm.filter_groups.on_shortfall.")
+        _require_number(self, "train_batch_size", low=1, integer=True, fix="Use a positive number of prompts.")
+        if self.gen_batch_size is not None:
+            _require_number(self, "gen_batch_size", low=1, integer=True,
+                            fix="Use a positive number of prompts, or null for train_batch_size.")
+        _require_choice(self, "refill", RefillStrategy)
+        _require_number(self, "single_round_probability", low=0.0, high=1.0, low_open=True,
+                        fix="0.9 means 9 steps in 10 need a single round.")
+        if self.single_round_probability >= 1.0:
+            _fail(_key_of(self, "single_round_probability"), 1.0, "would ask for unboundedly many prompts",
+                  "Use a value below 1, e.g. 0.9.")
+        _require_number(self, "max_oversample_factor", low=1.0, fix="4.0 allows a keep rate down to 25%.")
+        _require_number(self, "keep_rate_smoothing", low=0.0, high=1.0, low_open=True, fix="0.3 is a good start.")
+        _require_choice(self, "surplus", SurplusPolicy)
+        _require_number(self, "max_staleness_steps", low=1, integer=True, fix="1 carries groups one step.")
+        _require_choice(self, "on_shortfall", ShortfallPolicy)
+        _require_number(self, "skip_keep_base", low=0.0, high=1.0, low_open=True, fix="0.5 halves per repeat.")
+        if self.skip_keep_base >= 1.0:
+            _fail(_key_of(self, "skip_keep_base"), self.skip_keep_base, "would never skip", "Use a value below 1.")
+        _require_number(self, "max_skip_probability", low=0.0, high=1.0, fix="0.9 keeps 1 in 10 chances.")
+        if self.max_skip_probability >= 1.0:
+            _fail(_key_of(self, "max_skip_probability"), self.max_skip_probability,
+                  "would skip prompts for good", "Use a value below 1, e.g. 0.9.")
+        _require_number(self, "seed", low=0, integer=True, fix="Use a non-negative integer seed.")
+
+    @property
+    def prompts_per_round(self) -> int:
+        """Prompts in a barrier round, and in the first adaptive round."""
+        return self.gen_batch_size or self.train_batch_size
+
+
+@dataclass(frozen=True, kw_only=True)
+class DapoConfig:
+    """All of DAPO: loss, advantage, overlong shaping and dynamic sampling."""
+
+    loss: LossConfig = field(default_factory=LossConfig)
+    """The decoupled-clip policy loss."""
+
+    advantage: AdvantageConfig = field(default_factory=AdvantageConfig)
+    """The group-normalised advantage."""
+
+    overlong: OverlongConfig = field(default_factory=OverlongConfig)
+    """Overlong reward shaping and filtering."""
+
+    sampler: SamplerConfig = field(default_factory=SamplerConfig)
+    """Dynamic sampling."""
+
+    max_response_length: int = field(default=20480, metadata=_key("data.max_response_length", verl_native=True))
+    """Generation budget per response in tokens. Paper §4.1 uses 20480."""
+
+    def __post_init__(self) -> None:
+        _require_number(self, "max_response_length", low=1, integer=True, fix="The paper uses 20480.")
+        if self.overlong.overlong_reward_penalty and self.overlong.overlong_tokens > self.max_response_length:
+            _fail("reward.reward_kwargs.overlong_tokens", self.overlong.overlong_tokens,
+                  f"exceeds data.max_response_length={self.max_response_length}; the penalty ramp must fit inside "
+                  f"the response budget",
+                  f"Set overlong_tokens <= {self.max_response_length} (the paper uses 4096 of 20480).")
+        if self.advantage.group_token_mean and self.loss.loss_agg_mode != "seq-mean-token-sum":
+            _fail("actor_rollout_ref.actor.loss_agg_mode", self.loss.loss_agg_mode,
+                  "does not match algorithm.group_token_mean=true, whose advantage weights assume a loss divided by "
+                  "the number of responses", "Set actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-sum.")
+
+    @classmethod
+    def from_verl(cls, cfg: Mapping[str, Any]) -> DapoConfig:
+        """Read every DAPO key from a verl-shaped nested mapping (dict, DictConfig or verl BaseConfig).
+
+        A key that is absent, or null where the field does not accept null, takes the dataclass default.
+        Verl's own overlong keys (``reward.reward_kwargs.overlong_buffer_cfg.{enable,len,penalty_factor}``)
+        are accepted as aliases of ours; if both are given they must agree.
+
+        Raises:
+            ValueError: naming the full key of any invalid value and how to fix it.
+        """
+        values = {path: _lookup(cfg, path) for path, _ in iter_verl_fields()}
+        _merge_verl_overlong_aliases(cfg, values)
+        return _build(cls, values)
+
+    def to_verl(self) -> dict[str, Any]:
+        """Nested verl-shaped dict of every key (the inverse of :meth:`from_verl`)."""
+        tree: dict[str, Any] = {}
+        for path, f in iter_verl_fields():
+            node = tree
+            *parents, leaf = path.split(".")
+            for part in parents:
+                node = node.setdefault(part, {})
+            node[leaf] = _get_path(self, f)
+        return tree
+
+
+_MISSING = object()
+
+
+def iter_verl_fields(cls: type = DapoConfig, prefix: tuple[str, ...] = ()) -> Iterator[tuple[str, Any]]:
+    """Yield ``(verl_key, leaf)`` for every leaf field of ``cls``, nested ones included.
+
+    ``leaf.attr_path`` is the attribute path from ``cls`` (e.g. ``("sampler", "refill")``) and
+    ``leaf.field`` the ``dataclasses.Field``.
+    """
+    for f in fields(cls):
+        sub = _nested_type(f)
+        if sub is not None:
+            yield from iter_verl_fields(sub, (*prefix, f.name))
+        else:
+            yield f.metadata["verl_key"], _Leaf((*prefix, f.name), f)
+
+
+@dataclass(frozen=True)
+class _Leaf:
+    attr_path: tuple[str, ...]
+    field: Any
+
+    @property
+    def name(self) -> str:
+        return self.field.name
+
+    @property
+    def metadata(self) -> Mapping[str, Any]:
+        return self.field.metadata
+
+    @property
+    def default(self) -> Any:
+        return self.field.default
+
+
+def _nested_type(f: Any) -> Any:
+    """The nested config dataclass a field holds (``loss``, ``sampler``, ...), or None for a leaf."""
+    if f.default_factory is not MISSING and is_dataclass(f.default_factory):
+        return f.default_factory
+    return None
+
+
+def _get_path(config: object, leaf: _Leaf) -> Any:
+    for part in leaf.attr_path:
+        config = getattr(config, part)
+    return config
+
+
+def _lookup(cfg: Mapping[str, Any], path: str) -> Any:
+    node: Any = cfg
+    for part in path.split("."):
+        if not isinstance(node, Mapping) or part not in node:
+            return _MISSING
+        node = node[part]
+    return node
+
+
+def _merge_verl_overlong_aliases(cfg: Mapping[str, Any], values: dict[str, Any]) -> None:
+    """Fold verl's ``overlong_buffer_cfg`` into our keys, refusing contradictions."""
+    buffer = _lookup(cfg, "reward.reward_kwargs.overlong_buffer_cfg")
+    if buffer is _MISSING or buffer is None:
+        return
+    aliases = {
+        "enable": "reward.reward_kwargs.overlong_reward_penalty",
+        "len": "reward.reward_kwargs.overlong_tokens",
+        "penalty_factor": "reward.reward_kwargs.overlong_penalty_factor",
+    }
+    for verl_name, ours in aliases.items():
+        theirs = buffer.get(verl_name, _MISSING) if isinstance(buffer, Mapping) else _MISSING
+        if theirs is _MISSING:
+            continue
+        if values[ours] not in (_MISSING, None) and values[ours] != theirs:
+            _fail(ours, values[ours], f"contradicts reward.reward_kwargs.overlong_buffer_cfg.{verl_name}={theirs!r}",
+                  "Set only one of the two (dapo_verl reads both).")
+        values[ours] = theirs
+    max_resp_len = _lookup(cfg, "reward.reward_kwargs.max_resp_len")
+    budget = values["data.max_response_length"]
+    if max_resp_len not in (_MISSING, None) and budget not in (_MISSING, None) and max_resp_len != budget:
+        _fail("reward.reward_kwargs.max_resp_len", max_resp_len,
+              f"differs from data.max_response_length={budget}", "Remove max_resp_len; it is read from data.")
+
+
+def _build(cls: type, values: Mapping[str, Any], prefix: tuple[str, ...] = ()) -> Any:
+    kwargs: dict[str, Any] = {}
+    for f in fields(cls):
+        sub = _nested_type(f)
+        if sub is not None:
+            kwargs[f.name] = _build(sub, values, (*prefix, f.name))
+            continue
+        value = values[f.metadata["verl_key"]]
+        if value is _MISSING or (value is None and f.default is not None):
+            continue
+        kwargs[f.name] = _plain(value)
+    return cls(**kwargs)
+
+
+def _plain(value: Any) -> Any:
+    """Strip enum and container wrappers so dataclass checks see plain Python values."""
+    if isinstance(value, StrEnum):
+        return value.value
+    return value
+
+
+def clip_higher_inert_reason(*, train_batch_size: int, ppo_mini_batch_size: int, ppo_epochs: int) -> str | None:
+    """Why clip-higher cannot act under this batching, or None if it can.
+
+    With one mini-batch and one epoch every update is on-policy: the ratio is exactly 1, so neither clip
+    bound is ever reached (verl#791). Clip-higher needs several gradient steps per rollout.
+    """
+    if ppo_epochs <= 1 and ppo_mini_batch_size >= train_batch_size:
+        return (
+            f"clip_ratio_high has no effect: ppo_mini_batch_size={ppo_mini_batch_size} >= "
+            f"train_batch_size={train_batch_size} with ppo_epochs={ppo_epochs} makes every update on-policy "
+            f"(ratio == 1), so no token reaches a clip bound. Use several mini-batches per rollout (the paper "
+            f"takes 16 gradient steps per rollout: ppo_mini_batch_size = train_batch_size / 16)."
+        )
+    return None
+
+
+_FIRST_SENTENCE = re.compile(r"(?<!Eq)(?<!Fig)(?<!Dr)(?<!e\.g)(?<!i\.e)\.\s+(?=[A-Z])")
+
+
+def _field_docs(cls: type) -> dict[str, str]:
+    """First sentence of each field's docstring (the string literal below the field), read with ast."""
+    tree = ast.parse(inspect.getsource(cls))
+    body = tree.body[0].body  # type: ignore[attr-defined]
+    docs: dict[str, str] = {}
+    for node, after in itertools.pairwise(body):
+        if isinstance(node, ast.AnnAssign) and isinstance(after, ast.Expr) and isinstance(after.value, ast.Constant):
+            text = " ".join(str(after.value.value).split())
+            docs[node.target.id] = _FIRST_SENTENCE.split(text, maxsplit=1)[0].rstrip(".") + "."  # type: ignore[union-attr]
+    return docs
+
+
+def render_defaults_yaml() -> str:
+    """The text of ``configs/dapo_defaults.yaml``: every DAPO key at its verl path with its default.
+
+    Each key is preceded by the first sentence of its field docstring as a comment, keys are separated by
+    a blank line and there are no inline comments (verl's own YAML conventions).
+    """
+    docs: dict[str, str] = {}
+    for cls in (LossConfig, AdvantageConfig, OverlongConfig, SamplerConfig, DapoConfig):
+        docs.update({f"{cls.__name__}.{k}": v for k, v in _field_docs(cls).items()})
+    owner = {id(f): cls.__name__ for cls in (LossConfig, AdvantageConfig, OverlongConfig, SamplerConfig, DapoConfig)
+             for f in fields(cls)}
+    tree: dict[str, Any] = {}
+    comments: dict[str, str] = {}
+    for path, leaf in iter_verl_fields():
+        node = tree
+        *parents, name = path.split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[name] = leaf.default
+        comments[path] = docs[f"{owner[id(leaf.field)]}.{leaf.name}"]
+    header = (
+        "# Generated from dapo_verl/config.py by `dapo-verl config --write`; do not edit by hand.\n"
+        "# Every DAPO key at its verl path, with its default. Keys verl already has keep verl's meaning.\n"
+    )
+    return header + "\n" + "\n".join(_yaml_lines(tree, comments, ())) + "\n"
+
+
+def _yaml_lines(tree: Mapping[str, Any], comments: Mapping[str, str], parents: tuple[str, ...]) -> Iterator[str]:
+    indent = "  " * len(parents)
+    for i, (name, value) in enumerate(tree.items()):
+        path = ".".join((*parents, name))
+        if isinstance(value, dict):
+            if parents and i:
+                yield ""
+            yield f"{indent}{name}:"
+            yield from _yaml_lines(value, comments, (*parents, name))
+            if not parents:
+                yield ""
+            continue
+        if i:
+            yield ""
+        yield f"{indent}# {comments[path]}"
+        yield f"{indent}{name}: {_yaml_scalar(value)}"
+
+
+def _yaml_scalar(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        text = repr(value)
+        if "e" in text and "." not in text:  # YAML 1.1 needs a dot in exponent floats
+            mantissa, exponent = text.split("e")
+            text = f"{mantissa}.0e{exponent}"
+        return text
+    return str(value)

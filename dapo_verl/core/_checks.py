@@ -1,0 +1,147 @@
+"""Input checks shared by every public function in `dapo_verl.core`.
+
+Each check raises with the three parts every user-facing error needs: what was wrong (the argument
+and its value or shape), why that is not allowed, and how to fix it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+
+__all__ = [
+    "check_finite",
+    "check_float_dtype",
+    "check_no_nan",
+    "check_number",
+    "check_same_device",
+    "check_same_shape",
+    "check_tensor",
+    "compute_dtype",
+]
+
+
+def check_tensor(name: str, value: object, *, ndim: int | Sequence[int], shape_doc: str) -> Tensor:
+    """Return ``value`` if it is a tensor with an allowed number of dimensions.
+
+    Args:
+        name: Argument name used in the message.
+        value: The argument.
+        ndim: Allowed number of dimensions (one or several).
+        shape_doc: The expected shape in the shape legend, e.g. ``"(P, G)"``.
+
+    Raises:
+        TypeError: if ``value`` is not a ``torch.Tensor``.
+        ValueError: if it has the wrong number of dimensions.
+    """
+    if not isinstance(value, Tensor):
+        raise TypeError(
+            f"{name} must be a torch.Tensor of shape {shape_doc}, got {type(value).__name__}. "
+            f"Convert it with torch.as_tensor(...)."
+        )
+    allowed = (ndim,) if isinstance(ndim, int) else tuple(ndim)
+    if value.ndim not in allowed:
+        raise ValueError(
+            f"{name} has shape {tuple(value.shape)} but must be {shape_doc} ({' or '.join(map(str, allowed))}-D). "
+            f"Reshape it to {shape_doc}."
+        )
+    return value
+
+
+def check_same_shape(name_a: str, a: Tensor, name_b: str, b: Tensor, *, hint: str) -> None:
+    """Raise unless ``a`` and ``b`` have the same shape.
+
+    Raises:
+        ValueError: naming both shapes and ``hint`` (how to fix it).
+    """
+    if a.shape != b.shape:
+        raise ValueError(
+            f"{name_a} has shape {tuple(a.shape)} but {name_b} has shape {tuple(b.shape)}; {hint}"
+        )
+
+
+def check_same_device(name_a: str, a: Tensor, name_b: str, b: Tensor) -> None:
+    """Raise unless ``a`` and ``b`` live on the same device."""
+    if a.device != b.device:
+        raise ValueError(
+            f"{name_a} is on {a.device} but {name_b} is on {b.device}; all inputs must share one device. "
+            f"Move them with .to({a.device!s})."
+        )
+
+
+def check_no_nan(name: str, value: Tensor, *, where: Tensor | None = None, fix: str) -> None:
+    """Raise if ``value`` holds NaN (only at positions where ``where`` is True, if given).
+
+    This reads a value back from the device (one synchronisation per call).
+
+    Raises:
+        ValueError: naming the first offending index and ``fix``.
+    """
+    _check_values(name, value, torch.isnan, "NaN", where=where, fix=fix)
+
+
+def check_finite(name: str, value: Tensor, *, where: Tensor | None = None, fix: str) -> None:
+    """Raise if ``value`` holds NaN or +-inf (only where ``where`` is True, if given). Synchronises once."""
+    _check_values(name, value, lambda t: ~torch.isfinite(t), "NaN or inf", where=where, fix=fix)
+
+
+def _check_values(name, value, is_bad, what, *, where, fix) -> None:
+    if not value.is_floating_point():
+        return
+    bad = is_bad(value)
+    if where is not None:
+        bad = bad & where
+    if bool(bad.any()):
+        index = tuple(int(i) for i in bad.nonzero()[0])
+        raise ValueError(
+            f"{name} contains {what} (first at index {index}: {value[index].item()}); it cannot be trained on. {fix}"
+        )
+
+
+def check_float_dtype(name: str, value: Tensor) -> None:
+    """Raise unless ``value`` is a floating-point tensor."""
+    if not value.is_floating_point():
+        raise TypeError(
+            f"{name} has dtype {value.dtype} but must be floating point (float16, bfloat16, float32 or float64). "
+            f"Convert it with .float()."
+        )
+
+
+def check_number(
+    name: str,
+    value: object,
+    *,
+    minimum: float | None = None,
+    maximum: float | None = None,
+    min_inclusive: bool = True,
+    fix: str,
+) -> float:
+    """Return ``value`` as a float if it is a finite real number in range.
+
+    Raises:
+        TypeError: if it is not a real number (bools are rejected too).
+        ValueError: if it is NaN, infinite or out of range; the message ends with ``fix``.
+    """
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a number, got {type(value).__name__} {value!r}. {fix}")
+    number = float(value)
+    if not math.isfinite(number):
+        raise ValueError(f"{name}={value!r} is not finite. {fix}")
+    if minimum is not None and (number < minimum or (not min_inclusive and number == minimum)):
+        bound = ">=" if min_inclusive else ">"
+        raise ValueError(f"{name}={value!r} must be {bound} {minimum}. {fix}")
+    if maximum is not None and number > maximum:
+        raise ValueError(f"{name}={value!r} must be <= {maximum}. {fix}")
+    return number
+
+
+def compute_dtype(*tensors: Tensor) -> torch.dtype:
+    """The dtype ratios and losses are computed in: at least float32, float64 if any input is float64."""
+    dtype = torch.float32
+    for tensor in tensors:
+        if tensor.is_floating_point():
+            dtype = torch.promote_types(dtype, tensor.dtype)
+    return dtype

@@ -1,0 +1,46 @@
+"""STYLE.md §2: the core, config and sampler import no verl, ray, omegaconf, hydra or transformers."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+BLOCKED = ["verl", "ray", "omegaconf", "hydra", "transformers"]
+PURE_MODULES = ["dapo_verl", "dapo_verl.core", "dapo_verl.config", "dapo_verl.toy"]
+
+
+def _run(code: str) -> dict:
+    out = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_pure_modules_import_with_heavy_packages_blocked():
+    result = _run(
+        f"""
+        import importlib, json, sys
+        class Block:
+            def find_spec(self, name, path=None, target=None):
+                if name.split(".")[0] in {BLOCKED!r}:
+                    raise ImportError("blocked for the boundary test: " + name)
+        sys.meta_path.insert(0, Block())
+        for module in {PURE_MODULES!r}:
+            importlib.import_module(module)
+        print(json.dumps({{"loaded": sorted(m for m in sys.modules if m.split(".")[0] in {BLOCKED!r})}}))
+        """
+    )
+    assert result["loaded"] == []
+
+
+def test_import_dapo_verl_is_fast_after_torch():
+    result = _run(
+        """
+        import json, time
+        import torch
+        start = time.perf_counter()
+        import dapo_verl
+        print(json.dumps({"seconds": time.perf_counter() - start}))
+        """
+    )
+    assert result["seconds"] < 1.0

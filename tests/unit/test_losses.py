@@ -1,0 +1,325 @@
+"""dapo_loss and friends: contract, reference formulas, gradients, padding and errors."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from dapo_verl.core import (
+    LossAggregation,
+    aggregate_loss,
+    clip_diagnostics,
+    clipped_surrogate_loss_matrix,
+    dapo_loss,
+    group_token_mean_weights,
+    policy_ratio,
+)
+
+
+def _batch(gen, b=6, length=9, dtype=torch.float64, spread=0.4):
+    logp = (-torch.rand(b, length, generator=gen, dtype=dtype) * 3).requires_grad_(True)
+    old = (logp.detach() + spread * torch.randn(b, length, generator=gen, dtype=dtype)).clamp(max=0)
+    adv = torch.randn(b, generator=gen, dtype=dtype)
+    lengths = torch.randint(1, length + 1, (b,), generator=gen)
+    mask = torch.arange(length).unsqueeze(0) < lengths.unsqueeze(1)
+    return logp, old, adv, mask
+
+
+def _reference_loss(logp, old, adv, mask, low, high, c=None):
+    """The paper's formula, token by token, in plain Python."""
+    total, count = 0.0, 0
+    for i in range(logp.shape[0]):
+        for t in range(logp.shape[1]):
+            if not mask[i, t]:
+                continue
+            r = math.exp(max(-20.0, min(20.0, float(logp[i, t]) - float(old[i, t]))))
+            a = float(adv[i])
+            term = min(r * a, min(max(r, 1 - low), 1 + high) * a)
+            loss = -term
+            if c is not None and a < 0:
+                loss = min(loss, -a * c)
+            total += loss
+            count += 1
+    return total / max(count, 1)
+
+
+# --- contract ----------------------------------------------------------------------------------
+
+
+def test_returns_a_scalar_on_the_input_device_with_the_spec_defaults(gen):
+    logp, old, adv, mask = _batch(gen, dtype=torch.float32)
+    loss = dapo_loss(logp, old, adv, mask)
+    assert loss.shape == ()
+    assert loss.device == logp.device
+    assert loss.dtype == torch.float32
+    explicit = dapo_loss(logp, old, adv, mask, clip_low=0.2, clip_high=0.28)
+    assert torch.equal(loss, explicit)
+
+
+def test_float64_inputs_stay_float64_and_half_precision_is_upcast(gen):
+    logp, old, adv, mask = _batch(gen)
+    assert dapo_loss(logp, old, adv, mask).dtype == torch.float64
+    half = dapo_loss(logp.detach().bfloat16(), old.bfloat16(), adv.bfloat16(), mask)
+    assert half.dtype == torch.float32
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_matches_reference_formula_on_random_inputs(gen, dtype):
+    for _ in range(5):
+        logp, old, adv, mask = _batch(gen, dtype=dtype)
+        expected = _reference_loss(logp.detach(), old, adv, mask, 0.2, 0.28)
+        actual = float(dapo_loss(logp, old, adv, mask))
+        assert actual == pytest.approx(expected, rel=1e-5 if dtype == torch.float32 else 1e-12, abs=1e-7)
+
+
+def test_dual_clip_matches_reference(gen):
+    logp, old, adv, mask = _batch(gen, spread=2.0)
+    expected = _reference_loss(logp.detach(), old, adv, mask, 0.2, 0.28, c=3.0)
+    assert float(dapo_loss(logp, old, adv, mask, clip_ratio_c=3.0)) == pytest.approx(expected, rel=1e-12)
+
+
+def test_bool_and_01_masks_agree(gen):
+    logp, old, adv, mask = _batch(gen)
+    assert torch.equal(dapo_loss(logp, old, adv, mask), dapo_loss(logp, old, adv, mask.to(torch.float64)))
+    assert torch.equal(dapo_loss(logp, old, adv, mask), dapo_loss(logp, old, adv, mask.to(torch.int64)))
+
+
+def test_per_token_advantages_equal_per_response_advantages(gen):
+    logp, old, adv, mask = _batch(gen)
+    per_token = adv.unsqueeze(-1).expand_as(logp)
+    assert torch.equal(dapo_loss(logp, old, adv, mask), dapo_loss(logp, old, per_token, mask))
+
+
+def test_symmetric_clip_reproduces_ppo(gen):
+    logp, old, adv, mask = _batch(gen, spread=1.0)
+    expected = _reference_loss(logp.detach(), old, adv, mask, 0.2, 0.2)
+    assert float(dapo_loss(logp, old, adv, mask, 0.2, 0.2)) == pytest.approx(expected, rel=1e-12)
+
+
+def test_inputs_are_not_modified(gen):
+    logp, old, adv, mask = _batch(gen)
+    copies = [t.detach().clone() for t in (logp, old, adv, mask)]
+    dapo_loss(logp, old, adv, mask).backward()
+    for before, after in zip(copies, (logp.detach(), old, adv, mask)):
+        assert torch.equal(before, after)
+
+
+# --- gradients ---------------------------------------------------------------------------------
+
+
+def _grad_at_ratio(ratio, advantage, low, high):
+    logp = torch.tensor([[math.log(ratio)]], dtype=torch.float64, requires_grad=True)
+    dapo_loss(logp, torch.zeros(1, 1, dtype=torch.float64), torch.tensor([advantage], dtype=torch.float64),
+              torch.ones(1, 1), low, high).backward()
+    return float(logp.grad)
+
+
+@pytest.mark.parametrize(
+    ("ratio", "advantage", "low", "high", "has_gradient"),
+    [
+        (1.25, 1.0, 0.2, 0.28, True),   # inside the widened upper bound: still trained
+        (1.25, 1.0, 0.2, 0.20, False),  # above 1 + 0.2: clipped
+        (1.30, 1.0, 0.2, 0.28, False),  # above 1 + 0.28: clipped
+        (0.75, 1.0, 0.2, 0.28, True),   # below 1 with A > 0: the lower clip never acts
+        (0.75, -1.0, 0.2, 0.28, False),  # below 1 - 0.2 with A < 0: clipped
+        (0.85, -1.0, 0.2, 0.28, True),
+        (1.40, -1.0, 0.2, 0.28, True),  # above 1 with A < 0: the upper clip never acts
+    ],
+)
+def test_which_ratios_have_gradient(ratio, advantage, low, high, has_gradient):
+    assert (_grad_at_ratio(ratio, advantage, low, high) != 0.0) is has_gradient
+
+
+def test_padding_gets_exactly_zero_gradient_even_with_inf_and_huge_values(gen):
+    logp, old, adv, mask = _batch(gen)
+    poisoned = logp.detach().clone()
+    poisoned[~mask] = -math.inf
+    poisoned_old = old.clone()
+    poisoned_old[~mask] = 1e30
+    poisoned.requires_grad_(True)
+    loss = dapo_loss(poisoned, poisoned_old, adv, mask)
+    loss.backward()
+    assert torch.isfinite(loss)
+    assert torch.all(poisoned.grad[~mask] == 0)
+    assert torch.all(torch.isfinite(poisoned.grad))
+    clean = dapo_loss(logp, old, adv, mask)
+    assert float(loss) == pytest.approx(float(clean), rel=1e-12)
+
+
+def test_no_gradient_flows_into_old_logp_or_advantages(gen):
+    logp, old, adv, mask = _batch(gen)
+    old = old.clone().requires_grad_(True)
+    adv = adv.clone().requires_grad_(True)
+    dapo_loss(logp, old, adv, mask).backward()
+    assert old.grad is None and adv.grad is None
+    assert logp.grad is not None
+
+
+def test_empty_mask_gives_a_differentiable_zero(gen):
+    logp, old, adv, _ = _batch(gen)
+    loss = dapo_loss(logp, old, adv, torch.zeros_like(logp, dtype=torch.bool))
+    assert float(loss) == 0.0
+    loss.backward()
+    assert torch.all(logp.grad == 0)
+
+
+def test_gradient_matches_reference_by_finite_differences():
+    gen = torch.Generator().manual_seed(7)
+    logp, old, adv, mask = _batch(gen, b=3, length=4, spread=0.1)
+    dapo_loss(logp, old, adv, mask).backward()
+    eps = 1e-7
+    for i in range(3):
+        for t in range(4):
+            if not mask[i, t]:
+                continue
+            plus, minus = logp.detach().clone(), logp.detach().clone()
+            plus[i, t] += eps
+            minus[i, t] -= eps
+            numeric = (_reference_loss(plus, old, adv, mask, 0.2, 0.28) -
+                       _reference_loss(minus, old, adv, mask, 0.2, 0.28)) / (2 * eps)
+            assert float(logp.grad[i, t]) == pytest.approx(numeric, abs=1e-6)
+
+
+# --- aggregation -------------------------------------------------------------------------------
+
+
+def test_token_mean_weighs_tokens_not_responses():
+    mask = torch.tensor([[1, 1, 0, 0, 0, 0, 0, 0], [1, 1, 1, 1, 1, 1, 1, 1]], dtype=torch.bool)
+    loss_mat = torch.where(mask, torch.tensor([[1.0], [3.0]]), 0.0)
+    assert float(aggregate_loss(loss_mat, mask, "token_mean_global")) == pytest.approx((2 * 1 + 8 * 3) / 10)
+    assert float(aggregate_loss(loss_mat, mask, "seq_mean_token_mean")) == pytest.approx((1 + 3) / 2)
+    assert float(aggregate_loss(loss_mat, mask, "seq_mean_token_sum")) == pytest.approx((2 + 24) / 2)
+
+
+def test_micro_batches_with_the_global_token_count_sum_to_the_full_batch_loss(gen):
+    logp, old, adv, mask = _batch(gen, b=8)
+    full = dapo_loss(logp, old, adv, mask)
+    total_tokens = int(mask.sum())
+    parts = sum(
+        dapo_loss(logp[i:i + 3], old[i:i + 3], adv[i:i + 3], mask[i:i + 3], num_valid_tokens=total_tokens)
+        for i in range(0, 8, 3)
+    )
+    assert float(parts) == pytest.approx(float(full), rel=1e-12)
+
+
+def test_group_token_mean_averages_within_each_group_first():
+    mask = torch.tensor([[1, 1, 0, 0], [1, 1, 1, 1], [1, 0, 0, 0], [1, 0, 0, 0]], dtype=torch.bool)
+    loss_mat = torch.where(mask, torch.tensor([[1.0], [4.0], [2.0], [6.0]]), 0.0)
+    groups = torch.tensor([0, 0, 1, 1])
+    expected = ((2 * 1 + 4 * 4) / 6 + (2 + 6) / 2) / 2
+    assert float(aggregate_loss(loss_mat, mask, LossAggregation.TOKEN_MEAN_GROUP, group_index=groups)) == pytest.approx(
+        expected
+    )
+
+
+def test_group_weights_turn_seq_mean_token_sum_into_group_token_mean(gen):
+    logp, old, adv, mask = _batch(gen, b=8)
+    groups = torch.tensor([0, 0, 1, 1, 2, 2, 3, 3])
+    direct = dapo_loss(logp, old, adv, mask, aggregation="token_mean_group", group_index=groups)
+    weights = group_token_mean_weights(mask, groups, dtype=torch.float64)
+    loss_mat = clipped_surrogate_loss_matrix(logp, old, adv * weights, mask)
+    folded = aggregate_loss(loss_mat, mask, "seq_mean_token_sum", num_sequences=8)
+    assert float(folded) == pytest.approx(float(direct), rel=1e-12)
+
+
+def test_unknown_aggregation_lists_the_known_ones(gen):
+    logp, old, adv, mask = _batch(gen)
+    with pytest.raises(ValueError, match="Unknown loss aggregation 'token-mean'.*token_mean_global"):
+        dapo_loss(logp, old, adv, mask, aggregation="token-mean")
+
+
+def test_group_mean_without_groups_says_what_to_pass(gen):
+    logp, old, adv, mask = _batch(gen)
+    with pytest.raises(ValueError, match="needs group_index"):
+        dapo_loss(logp, old, adv, mask, aggregation="token_mean_group")
+
+
+# --- diagnostics -------------------------------------------------------------------------------
+
+
+def test_clip_fractions_partition_the_clipped_tokens():
+    ratios = torch.tensor([[1.25, 1.30, 0.70, 0.90, 1.10, 5.0]], dtype=torch.float64)
+    adv = torch.tensor([[1.0, 1.0, -1.0, -1.0, 1.0, -1.0]], dtype=torch.float64)
+    logp = ratios.log()
+    stats = clip_diagnostics(logp, torch.zeros_like(logp), adv, torch.ones_like(logp), clip_ratio_c=3.0)
+    assert float(stats["clip_upper_fraction"]) == pytest.approx(1 / 6)  # 1.30 with A > 0
+    assert float(stats["clip_lower_fraction"]) == pytest.approx(1 / 6)  # 0.70 with A < 0
+    assert float(stats["dual_clip_fraction"]) == pytest.approx(1 / 6)  # 5.0 with A < 0
+    assert float(stats["clip_higher_kept_fraction"]) == pytest.approx(1 / 6)  # 1.25 with A > 0
+    assert float(stats["ratio_max"]) == pytest.approx(5.0)
+    assert float(stats["ratio_min"]) == pytest.approx(0.7)
+
+
+def test_clip_diagnostics_on_empty_mask_are_neutral(gen):
+    logp, old, adv, mask = _batch(gen)
+    stats = clip_diagnostics(logp, old, adv, torch.zeros_like(mask))
+    assert all(float(stats[k]) == 0.0 for k in stats if k.endswith("_fraction"))
+    assert float(stats["ratio_mean"]) == float(stats["ratio_min"]) == float(stats["ratio_max"]) == 1.0
+
+
+def test_policy_ratio_is_one_on_padding(gen):
+    logp, old, _, mask = _batch(gen)
+    ratio = policy_ratio(logp, old, mask)
+    assert torch.all(ratio[~mask] == 1)
+
+
+# --- errors ------------------------------------------------------------------------------------
+
+
+def test_mismatched_shapes_name_both_shapes(gen):
+    logp, old, adv, mask = _batch(gen)
+    with pytest.raises(ValueError, match=r"logp has shape \(6, 9\) but mask has shape \(6, 8\)"):
+        dapo_loss(logp, old, adv, mask[:, :8])
+    with pytest.raises(ValueError, match=r"advantages has shape \(5,\) but logp has 6 rows"):
+        dapo_loss(logp, old, adv[:5], mask)
+    with pytest.raises(ValueError, match=r"logp has shape .* but old_logp has shape"):
+        dapo_loss(logp, old[:, :3], adv, mask)
+
+
+@pytest.mark.parametrize(("kwargs", "match"), [
+    ({"clip_low": -0.1}, "clip_low=-0.1 must be >= 0.0"),
+    ({"clip_low": 1.5}, "clip_low=1.5 must be <= 1.0"),
+    ({"clip_high": -0.2}, "clip_high=-0.2 must be >= 0.0"),
+    ({"clip_high": float("nan")}, "clip_high=nan is not finite"),
+    ({"clip_ratio_c": 1.0}, "clip_ratio_c=1.0 must be > 1.0"),
+])
+def test_bad_clip_widths_are_rejected(gen, kwargs, match):
+    logp, old, adv, mask = _batch(gen)
+    with pytest.raises(ValueError, match=match):
+        dapo_loss(logp, old, adv, mask, **kwargs)
+
+
+def test_nan_at_a_valid_position_is_an_error_but_not_on_padding(gen):
+    logp, old, adv, mask = _batch(gen)
+    bad = logp.detach().clone()
+    bad[~mask] = math.nan
+    dapo_loss(bad, old, adv, mask)  # NaN only on padding: fine
+    bad[0, 0] = math.nan
+    with pytest.raises(ValueError, match=r"logp contains NaN \(first at index \(0, 0\)"):
+        dapo_loss(bad, old, adv, mask)
+    bad_adv = adv.clone()
+    bad_adv[1] = math.inf
+    with pytest.raises(ValueError, match="advantages contains NaN or inf"):
+        dapo_loss(logp, old, bad_adv, mask)
+
+
+def test_type_errors_name_the_argument(gen):
+    logp, old, adv, mask = _batch(gen)
+    with pytest.raises(TypeError, match="mask must be a torch.Tensor"):
+        dapo_loss(logp, old, adv, mask.tolist())
+    with pytest.raises(TypeError, match="logp has dtype torch.int64"):
+        dapo_loss(torch.zeros(6, 9, dtype=torch.int64), old, adv, mask)
+
+
+def test_non_binary_mask_is_rejected(gen):
+    logp, old, adv, mask = _batch(gen)
+    with pytest.raises(ValueError, match="mask has values other than 0 and 1"):
+        dapo_loss(logp, old, adv, mask.to(torch.float64) * 0.5)
+
+
+def test_wrong_ndim_is_rejected(gen):
+    logp, old, adv, mask = _batch(gen)
+    with pytest.raises(ValueError, match=r"logp has shape \(54,\) but must be \(B, L\)"):
+        dapo_loss(logp.reshape(-1), old, adv, mask)
