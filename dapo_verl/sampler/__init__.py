@@ -1,0 +1,20 @@
+"""Dynamic-sampling batch replenisher: engine-agnostic, no verl import (see :mod:`.replenisher`)."""
+
+from dapo_verl.sampler.replenisher import DROP_REASONS, BatchReplenisher, ShortfallError
+from dapo_verl.sampler.sizing import request_size, update_keep_rate
+from dapo_verl.sampler.stream import PromptStream
+from dapo_verl.sampler.types import GenerateFn, GroupResult, IdentityCodec, PayloadCodec, SampledBatch
+
+__all__ = [
+    "DROP_REASONS",
+    "BatchReplenisher",
+    "GenerateFn",
+    "GroupResult",
+    "IdentityCodec",
+    "PayloadCodec",
+    "PromptStream",
+    "SampledBatch",
+    "ShortfallError",
+    "request_size",
+    "update_keep_rate",
+]

@@ -1,0 +1,323 @@
+"""The dynamic-sampling batch replenisher (DAPO, arXiv 2503.14476, §3.2): one engine-agnostic sampler.
+
+Each call to :meth:`BatchReplenisher.next_batch` returns exactly ``train_batch_size`` informative prompt
+groups. It first takes carried-over groups (``surplus=carry``, oldest first, dropping those older than
+``max_staleness_steps``), then generates rounds -- sized by ``refill`` -- until the batch is full,
+filtering each group with :func:`~dapo_verl.core.group_drop_reasons` on the raw metric. At
+``max_num_gen_batches`` rounds it either raises (``on_shortfall=error``, saying what the keep rate was and
+which knob to turn) or returns the short batch (``partial``). It never returns unfiltered groups and
+never loops without bound.
+
+Accounting is explicit and conserved: every generated group is trained, carried, or dropped for a named
+reason (``all_correct``, ``all_wrong``, ``zero_spread``, ``stale``, ``surplus``, ``shortfall``);
+:meth:`BatchReplenisher.conservation_gap` is 0 at all times. Training steps, generation rounds, prompts
+consumed and data epochs are separate counters.
+
+Metrics of each step (``dapo/sampler/...``): ``train_step``, ``gen_rounds``, ``prompts_requested``,
+``prompts_skipped``, ``prompts_consumed``, ``data_epoch``, ``groups_generated``, ``groups_trained``,
+``groups_from_carry``, ``dropped/<reason>``, ``prefilter_acc`` and ``prefilter_score`` (over every
+generated response, before filtering), ``keep_rate`` (this step) and ``keep_rate_estimate``,
+``responses_generated``, ``responses_trained``, ``generated_per_trained``, ``wasted_response_tokens``,
+``truncated_fraction``, ``carried_groups``, ``carried_staleness_mean``/``max``, ``partial``,
+``history_size``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from dapo_verl.config import SamplerConfig, ShortfallPolicy, SurplusPolicy
+from dapo_verl.core import DropReason, group_drop_reasons
+from dapo_verl.sampler.sizing import request_size, update_keep_rate
+from dapo_verl.sampler.stream import PromptStream
+from dapo_verl.sampler.types import GenerateFn, GroupResult, IdentityCodec, PayloadCodec, SampledBatch
+
+__all__ = ["DROP_REASONS", "BatchReplenisher", "ShortfallError"]
+
+logger = logging.getLogger(__name__)
+
+DROP_REASONS = ("all_correct", "all_wrong", "zero_spread", "stale", "surplus", "shortfall")
+"""Every reason a generated group can leave the sampler without being trained."""
+
+_STATE_VERSION = 1
+_COUNTERS = (
+    "train_steps", "gen_rounds", "prompts_requested", "groups_generated", "groups_kept", "responses_generated",
+    "groups_trained", "responses_trained", "response_tokens_generated", "wasted_response_tokens",
+    "truncated_responses", "metric_sum", "score_sum", "score_count",
+)
+
+
+def _ratio(numerator: float, denominator: float) -> float:
+    """numerator / denominator, or 0 when nothing was counted."""
+    return numerator / denominator if denominator else 0.0
+
+
+class ShortfallError(RuntimeError):
+    """The round limit was reached before the batch was full and ``on_shortfall=error``."""
+
+
+class BatchReplenisher:
+    """Fills each training batch with informative groups (see the module docstring).
+
+    Args:
+        config: Sampler settings (``algorithm.filter_groups.*``, ``data.train_batch_size`` ...).
+        num_prompts: Size of the prompt source; ids handed to ``generate`` lie in ``range(num_prompts)``.
+        generate: Callback producing one :class:`GroupResult` per requested prompt id.
+        codec: Converts carried payloads to plain data for :meth:`state_dict` (default: identity).
+        shuffle: Visit prompts in a seeded random order.
+    """
+
+    def __init__(
+        self,
+        config: SamplerConfig,
+        num_prompts: int,
+        generate: GenerateFn,
+        *,
+        codec: PayloadCodec | None = None,
+        shuffle: bool = True,
+    ) -> None:
+        self.config = config
+        self.generate = generate
+        self.codec: PayloadCodec = codec or IdentityCodec()
+        self.stream = PromptStream(
+            num_prompts, seed=config.seed, shuffle=shuffle, skip_uninformative=config.skip_uninformative,
+            skip_keep_base=config.skip_keep_base, max_skip_probability=config.max_skip_probability,
+        )
+        self.keep_rate_estimate: float | None = None
+        self.counters: dict[str, float] = dict.fromkeys(_COUNTERS, 0)
+        self.dropped: dict[str, int] = dict.fromkeys(DROP_REASONS, 0)
+        self.carried: list[tuple[int, GroupResult]] = []  # (step the group was generated for, group)
+
+    # -- public API ---------------------------------------------------------------------------------
+
+    @property
+    def train_steps(self) -> int:
+        """Training steps produced so far (the LR schedule's and the run length's unit)."""
+        return int(self.counters["train_steps"])
+
+    def next_batch(self) -> SampledBatch:
+        """Produce the next training batch (see the module docstring).
+
+        Raises:
+            ShortfallError: at the round limit with ``on_shortfall=error``.
+            ValueError: if ``generate`` returns malformed groups.
+        """
+        before = dict(self.counters), dict(self.dropped)
+        step = self.train_steps + 1
+        target = self.config.train_batch_size
+        batch, staleness = self._take_carried(step, target)
+        from_carry = len(batch)
+        rounds = 0
+        while len(batch) < target:
+            if rounds >= self.config.max_num_gen_batches:
+                self._shortfall(batch, step, before)
+                break
+            rounds += 1
+            self._run_round(batch, step, target)
+        self.counters["train_steps"] = step
+        self.counters["groups_trained"] += len(batch)
+        self.counters["responses_trained"] += sum(g.group_size for g in batch)
+        metrics = self._step_metrics(before, len(batch), from_carry, staleness, partial=len(batch) < target)
+        return SampledBatch(groups=batch, metrics=metrics, step=step, is_partial=len(batch) < target)
+
+    def conservation_gap(self) -> int:
+        """generated - (trained + carried + dropped); 0 unless a group went missing."""
+        accounted = self.counters["groups_trained"] + len(self.carried) + sum(self.dropped.values())
+        return int(self.counters["groups_generated"] - accounted)
+
+    # -- one round ----------------------------------------------------------------------------------
+
+    def _run_round(self, batch: list[GroupResult], step: int, target: int) -> None:
+        missing = target - len(batch)
+        want = request_size(self.config, missing, self.keep_rate_estimate)
+        prompt_ids, _ = self.stream.take(want)
+        groups = self._validated(prompt_ids, self.generate(prompt_ids))
+        self.counters["gen_rounds"] += 1
+        self.counters["prompts_requested"] += len(prompt_ids)
+        reasons = self._reasons(groups)
+        kept = 0
+        for group, reason in zip(groups, reasons):
+            self._count_generated(group)
+            informative = reason == DropReason.KEEP
+            self.stream.record(group.prompt_id, informative=informative)
+            if not informative and self.config.enable:
+                self._drop(group, reason.label)
+                continue
+            kept += 1
+            self.counters["groups_kept"] += 1
+            if len(batch) < target:
+                batch.append(group)
+            elif self.config.surplus == SurplusPolicy.CARRY:
+                self.carried.append((step, group))
+            else:
+                self._drop(group, "surplus")
+        self.keep_rate_estimate = update_keep_rate(
+            self.keep_rate_estimate, kept, len(groups), self.config.keep_rate_smoothing
+        )
+
+    def _reasons(self, groups: Sequence[GroupResult]) -> list[DropReason]:
+        metric = torch.stack([g.metric.detach().to("cpu", torch.float32) for g in groups])  # (P, G)
+        return [DropReason(int(code)) for code in group_drop_reasons(metric)]
+
+    def _validated(self, prompt_ids: list[int], groups: Sequence[GroupResult]) -> list[GroupResult]:
+        groups = list(groups)
+        if len(groups) != len(prompt_ids):
+            raise ValueError(
+                f"generate returned {len(groups)} groups for {len(prompt_ids)} prompts; it must return one "
+                f"GroupResult per requested prompt id, in order."
+            )
+        for prompt_id, group in zip(prompt_ids, groups):
+            if group.prompt_id != prompt_id:
+                raise ValueError(
+                    f"generate returned a group for prompt {group.prompt_id} where prompt {prompt_id} was "
+                    f"requested; return groups in the order of prompt_ids."
+                )
+            size = group.metric.shape
+            if group.metric.ndim != 1 or size[0] < 2:
+                raise ValueError(
+                    f"prompt {prompt_id}: metric has shape {tuple(size)}; expected (G,) with G >= 2 responses. "
+                    f"Set rollout.n >= 2."
+                )
+            for name in ("response_lengths", "truncated"):
+                if getattr(group, name).shape != size:
+                    raise ValueError(
+                        f"prompt {prompt_id}: {name} has shape {tuple(getattr(group, name).shape)} but metric has "
+                        f"{tuple(size)}; report one value per response."
+                    )
+        return groups
+
+    # -- carry, drop, shortfall ---------------------------------------------------------------------
+
+    def _take_carried(self, step: int, target: int) -> tuple[list[GroupResult], list[int]]:
+        fresh = []
+        for born, group in self.carried:
+            if step - born > self.config.max_staleness_steps:
+                self._drop(group, "stale")
+            else:
+                fresh.append((born, group))
+        taken, self.carried = fresh[:target], fresh[target:]
+        return [g for _, g in taken], [step - born for born, _ in taken]
+
+    def _drop(self, group: GroupResult, reason: str) -> None:
+        self.dropped[reason] += 1
+        self.counters["wasted_response_tokens"] += group.num_tokens
+
+    def _count_generated(self, group: GroupResult) -> None:
+        c = self.counters
+        c["groups_generated"] += 1
+        c["responses_generated"] += group.group_size
+        c["response_tokens_generated"] += group.num_tokens
+        c["truncated_responses"] += int(group.truncated.sum())
+        c["metric_sum"] += float(group.metric.to(torch.float64).sum())
+        if group.scores is not None:
+            c["score_sum"] += float(group.scores.to(torch.float64).sum())
+            c["score_count"] += group.group_size
+
+    def _shortfall(self, batch: list[GroupResult], step: int, before: tuple[dict, dict]) -> None:
+        generated = self.counters["groups_generated"] - before[0]["groups_generated"]
+        rate = (self.keep_rate_estimate or 0.0) * 100
+        message = (
+            f"Dynamic sampling kept {len(batch)} of {self.config.train_batch_size} groups for step {step} after "
+            f"{self.config.max_num_gen_batches} rounds (algorithm.filter_groups.max_num_gen_batches="
+            f"{self.config.max_num_gen_batches}); {int(generated)} groups were generated and the keep rate is "
+            f"{rate:.1f}%, so most groups were all-correct or all-wrong. Raise max_num_gen_batches, raise "
+            f"data.gen_batch_size (or use refill=adaptive), or set algorithm.filter_groups.on_shortfall=partial."
+        )
+        if self.config.on_shortfall == ShortfallPolicy.PARTIAL:
+            logger.warning("%s Training on the %d groups found.", message, len(batch))
+            return
+        for group in batch:
+            self._drop(group, "shortfall")
+        batch.clear()
+        raise ShortfallError(message)
+
+    # -- metrics and state --------------------------------------------------------------------------
+
+    def _step_metrics(self, before: tuple[dict, dict], trained: int, from_carry: int, staleness: list[int],
+                      *, partial: bool) -> dict[str, float]:
+        c0, d0 = before
+        delta = {k: self.counters[k] - c0[k] for k in self.counters}
+        dropped = {f"dropped/{k}": float(self.dropped[k] - d0[k]) for k in DROP_REASONS}
+        generated = delta["groups_generated"]
+        responses_trained = delta["responses_trained"]
+        prefix = "dapo/sampler/"
+        metrics = {
+            "train_step": self.counters["train_steps"],
+            "gen_rounds": delta["gen_rounds"],
+            "prompts_requested": delta["prompts_requested"],
+            "prompts_skipped": float(self.stream.prompts_skipped),
+            "prompts_consumed": float(self.stream.prompts_consumed),
+            "data_epoch": float(self.stream.epoch),
+            "groups_generated": generated,
+            "groups_trained": float(trained),
+            "groups_from_carry": float(from_carry),
+            "keep_rate": _ratio(delta["groups_kept"], generated),
+            "keep_rate_estimate": self.keep_rate_estimate if self.keep_rate_estimate is not None else 0.0,
+            "prefilter_acc": _ratio(delta["metric_sum"], delta["responses_generated"]),
+            "prefilter_score": _ratio(delta["score_sum"], delta["score_count"]),
+            "responses_generated": delta["responses_generated"],
+            "responses_trained": responses_trained,
+            "generated_per_trained": _ratio(delta["responses_generated"], responses_trained),
+            "wasted_response_tokens": delta["wasted_response_tokens"],
+            "truncated_fraction": _ratio(delta["truncated_responses"], delta["responses_generated"]),
+            "carried_groups": float(len(self.carried)),
+            "carried_staleness_mean": _ratio(sum(staleness), len(staleness)),
+            "carried_staleness_max": float(max(staleness, default=0)),
+            "partial": float(partial),
+            "history_size": float(self.stream.history_size),
+            **dropped,
+        }
+        return {prefix + k: float(v) for k, v in metrics.items()}
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything needed to continue exactly: counters, keep-rate estimate, stream, carried groups.
+
+        Plain data only (nested dicts/lists of tensors, numbers, strings): save it with
+        :func:`dapo_verl.state_io.save_state`.
+        """
+        return {
+            "version": _STATE_VERSION,
+            "counters": dict(self.counters),
+            "dropped": dict(self.dropped),
+            "keep_rate_estimate": self.keep_rate_estimate,
+            "stream": self.stream.state_dict(),
+            "carried": [
+                {
+                    "born_step": born,
+                    "prompt_id": g.prompt_id,
+                    "metric": g.metric,
+                    "response_lengths": g.response_lengths,
+                    "truncated": g.truncated,
+                    "scores": g.scores,
+                    "payload": self.codec.encode(g.payload),
+                }
+                for born, g in self.carried
+            ],
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict` (the prompt source must be the same size)."""
+        if state.get("version") != _STATE_VERSION:
+            raise ValueError(
+                f"Sampler state version {state.get('version')!r} is not {_STATE_VERSION}; it was written by another "
+                f"dapo_verl release. Resume with the release that wrote it or start a fresh run."
+            )
+        self.counters = {k: state["counters"][k] for k in _COUNTERS}
+        self.dropped = {k: int(state["dropped"][k]) for k in DROP_REASONS}
+        self.keep_rate_estimate = state["keep_rate_estimate"]
+        self.stream.load_state_dict(state["stream"])
+        self.carried = [
+            (
+                int(item["born_step"]),
+                GroupResult(
+                    prompt_id=int(item["prompt_id"]), metric=item["metric"],
+                    response_lengths=item["response_lengths"], truncated=item["truncated"],
+                    scores=item["scores"], payload=self.codec.decode(item["payload"]),
+                ),
+            )
+            for item in state["carried"]
+        ]

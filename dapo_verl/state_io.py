@@ -1,0 +1,131 @@
+"""Safe, atomic files for plain-data state (sampler state, local-backend checkpoints).
+
+A state is a nested structure of dicts (string keys), lists, strings, numbers, booleans, None and
+tensors. It is written as one safetensors file: the tensors as tensors, everything else as JSON in the
+file's metadata, plus a SHA-256 of the tensor bytes. Loading parses JSON and raw tensor bytes only -- no
+pickle, so a planted file cannot execute code -- and a truncated or altered file is reported as such.
+Writes go to a temporary file in the same directory and are renamed into place, so a crash mid-write
+leaves the previous file intact.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+
+__all__ = ["CorruptStateError", "load_state", "save_state"]
+
+_FORMAT = "dapo_verl.state/1"
+_TENSOR = "__tensor__"
+
+
+class CorruptStateError(ValueError):
+    """A state file is truncated, altered, or not a dapo_verl state file."""
+
+
+def _flatten(obj: Any, tensors: dict[str, torch.Tensor], where: str) -> Any:
+    if isinstance(obj, torch.Tensor):
+        name = f"t{len(tensors)}"
+        tensors[name] = obj.detach().to("cpu").contiguous().clone()
+        return {_TENSOR: name}
+    if isinstance(obj, dict):
+        out = {}
+        for key, value in obj.items():
+            if not isinstance(key, str):
+                raise TypeError(f"state key {where}[{key!r}] is a {type(key).__name__}; state keys must be strings.")
+            out[key] = _flatten(value, tensors, f"{where}.{key}")
+        return out
+    if isinstance(obj, list | tuple):
+        return [_flatten(v, tensors, f"{where}[{i}]") for i, v in enumerate(obj)]
+    if obj is None or isinstance(obj, bool | int | float | str):
+        return obj
+    raise TypeError(
+        f"state value at {where} is a {type(obj).__name__}; only dicts, lists, tensors, numbers, strings, "
+        f"booleans and None can be saved safely. Convert it (a payload codec does this for carried groups)."
+    )
+
+
+def _unflatten(obj: Any, tensors: dict[str, torch.Tensor]) -> Any:
+    if isinstance(obj, dict):
+        if set(obj) == {_TENSOR}:
+            return tensors[obj[_TENSOR]]
+        return {k: _unflatten(v, tensors) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_unflatten(v, tensors) for v in obj]
+    return obj
+
+
+def _digest(tensors: dict[str, torch.Tensor]) -> str:
+    sha = hashlib.sha256()
+    for name in sorted(tensors):
+        tensor = tensors[name]
+        sha.update(f"{name}:{tensor.dtype}:{tuple(tensor.shape)}".encode())
+        if tensor.numel():
+            sha.update(tensor.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return sha.hexdigest()
+
+
+def save_state(state: Any, path: str | os.PathLike[str]) -> Path:
+    """Write ``state`` to ``path`` atomically (temporary file, then rename). Returns the path.
+
+    Raises:
+        TypeError: if ``state`` holds anything but plain data and tensors (the message names where).
+    """
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tensors: dict[str, torch.Tensor] = {}
+    body = json.dumps(_flatten(state, tensors, "state"))
+    metadata = {"format": _FORMAT, "state": body, "sha256": _digest(tensors)}
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    os.close(fd)
+    try:
+        save_file(tensors, tmp, metadata=metadata)
+        with open(tmp, "rb") as handle:
+            os.fsync(handle.fileno())
+        os.replace(tmp, target)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return target
+
+
+def load_state(path: str | os.PathLike[str]) -> Any:
+    """Read a file written by :func:`save_state`; never executes code from the file.
+
+    Raises:
+        FileNotFoundError: if ``path`` does not exist.
+        CorruptStateError: if the file is truncated, altered or of another format.
+    """
+    source = Path(path)
+    if not source.exists():
+        raise FileNotFoundError(f"No state file at {source}.")
+    try:
+        from safetensors import safe_open
+
+        with safe_open(str(source), framework="pt") as handle:
+            metadata = handle.metadata() or {}
+        tensors = load_file(str(source))
+    except (SafetensorError, OSError, ValueError, RuntimeError) as err:
+        raise CorruptStateError(
+            f"{source} is not a readable dapo_verl state file ({err}); it is truncated or was not written by "
+            f"dapo_verl. Resume from an earlier checkpoint."
+        ) from None
+    if metadata.get("format") != _FORMAT:
+        raise CorruptStateError(f"{source} has format {metadata.get('format')!r}, expected {_FORMAT!r}.")
+    if metadata.get("sha256") != _digest(tensors):
+        raise CorruptStateError(
+            f"{source} failed its checksum: its tensors were altered after writing. Resume from an earlier checkpoint."
+        )
+    try:
+        body = json.loads(metadata["state"])
+    except (KeyError, json.JSONDecodeError) as err:
+        raise CorruptStateError(f"{source} holds unreadable state metadata ({err}).") from None
+    return _unflatten(body, tensors)
