@@ -12,6 +12,21 @@ __all__ = ["main"]
 DEFAULTS_YAML = Path(__file__).parent / "configs" / "dapo_defaults.yaml"
 
 
+def _cmd_prepare_data(args: argparse.Namespace) -> int:
+    from dapo_verl.data import PrepareOptions, prepare_data, summary_lines
+
+    given = {"dedup_key": args.dedup_key, "conflicts": args.conflicts, "aime_data_source": args.aime_data_source,
+             "aime_repeat": args.aime_repeat}
+    try:
+        options = PrepareOptions(**{name: value for name, value in given.items() if value is not None})
+        prepared = prepare_data(out_dir=args.out, dapo_math=args.dapo_math, aime=args.aime, options=options)
+    except (OSError, ValueError, TypeError) as err:
+        print(f"dapo-verl prepare-data: {err}", file=sys.stderr)
+        return 2
+    print("\n".join(summary_lines(prepared)))
+    return 0
+
+
 def _cmd_toy(args: argparse.Namespace) -> int:
     from dapo_verl.toy import run_toy, summary_lines
 
@@ -46,6 +61,22 @@ def _parser() -> argparse.ArgumentParser:
     toy = commands.add_parser("toy", help="run the paper's exercises on the core math; writes JSON and a PNG plot")
     toy.add_argument("--out", default="runs/toy", help="output directory (default: runs/toy)")
     toy.set_defaults(func=_cmd_toy)
+
+    prep = commands.add_parser("prepare-data", help="convert local DAPO-Math-17k and AIME 2024 parquet files to "
+                               "verl's RL schema, deduplicated (nothing is downloaded)")
+    prep.add_argument("--dapo-math", metavar="PATH", help="local copy of BytedTsinghua-SIA/DAPO-Math-17k "
+                      "data/dapo-math-17k.parquet; writes train.parquet")
+    prep.add_argument("--aime", metavar="PATH", help="local AIME 2024 parquet (BytedTsinghua-SIA/AIME-2024, "
+                      "HuggingFaceH4/aime_2024 or Maxwell-Jia/AIME_2024); writes aime-2024.parquet")
+    prep.add_argument("--out", required=True, metavar="DIR", help="output folder (also gets prepare_data.json)")
+    prep.add_argument("--dedup-key", help="prompt (default; normalised problem text), uuid (extra_info.index) "
+                      "or prompt_answer")
+    prep.add_argument("--conflicts", help="keep (default) or drop the rows of a problem seen with different answers")
+    prep.add_argument("--aime-data-source", metavar="NAME", help="data_source of the AIME rows (default: aime-2024; "
+                      "must start with aime or be math_dapo)")
+    prep.add_argument("--aime-repeat", type=int, metavar="N", help="also write aime-2024-xN.parquet, each problem "
+                      "N times, for val_kwargs.n=1")
+    prep.set_defaults(func=_cmd_prepare_data)
 
     config = commands.add_parser("config", help="print the generated DAPO defaults (verl key paths)")
     mode = config.add_mutually_exclusive_group()

@@ -1,0 +1,352 @@
+"""dapo_verl.data: DAPO-Math-17k and AIME 2024 to verl's RL parquet schema, deduplicated, with clear input errors."""
+
+from __future__ import annotations
+
+import ast
+import doctest
+import json
+import sys
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+import dapo_verl.data.schema
+from dapo_verl import cli
+from dapo_verl.data import (
+    OUTPUT_SCHEMA,
+    ConflictPolicy,
+    DedupKey,
+    PrepareOptions,
+    check_verl_schema,
+    dapo_prompt,
+    prepare_aime,
+    prepare_data,
+    prepare_train,
+    split_dapo_prompt,
+)
+from tests.data_prep_samples import (
+    DAPO_ROWS,
+    PREFIX,
+    SUFFIX,
+    aime_problems,
+    dapo_rows,
+    write_aime_bytedtsinghua,
+    write_aime_h4,
+    write_aime_maxwell,
+    write_dapo_math,
+)
+
+DATA_PACKAGE = Path(__file__).resolve().parents[2] / "dapo_verl" / "data"
+
+
+@pytest.fixture
+def dapo_file(tmp_path: Path) -> Path:
+    return write_dapo_math(tmp_path / "data" / "dapo-math-17k.parquet")
+
+
+@pytest.fixture
+def byted_file(tmp_path: Path) -> Path:
+    return write_aime_bytedtsinghua(tmp_path / "data" / "aime-2024.parquet")
+
+
+def _train(path: Path, **options) -> tuple[pa.Table, object]:
+    return prepare_train(path, PrepareOptions(**options))
+
+
+def _messages(table: pa.Table) -> list[list[dict]]:
+    return table.column("prompt").to_pylist()
+
+
+# --- prompt format ---------------------------------------------------------------------------------------------
+
+
+def test_schema_docstring_examples_run():
+    result = doctest.testmod(dapo_verl.data.schema, optionflags=doctest.NORMALIZE_WHITESPACE)
+    assert result.attempted >= 3 and result.failed == 0
+
+
+def test_prompt_template_is_the_published_dapo_text():
+    assert dapo_prompt("Find x.") == PREFIX + "Find x." + SUFFIX
+    assert 'after "Answer:".' in dapo_prompt("Find x.")
+    assert split_dapo_prompt(PREFIX + "Find x." + SUFFIX) == "Find x."
+    assert split_dapo_prompt("Find x." + SUFFIX) is None
+
+
+def test_templated_prompts_are_kept_verbatim_and_raw_problems_are_wrapped(dapo_file):
+    table, stats = _train(dapo_file)
+    by_id = {row["source_id"]: (messages[0]["content"], row["raw_problem"])
+             for row, messages in zip(table.column("extra_info").to_pylist(), _messages(table))}
+    assert by_id["u0"] == (PREFIX + "What is 1+1?" + SUFFIX, "What is 1+1?")
+    assert by_id["u8"] == (PREFIX + "Evaluate 10/2." + SUFFIX, "Evaluate 10/2.")  # stored without the template
+    assert stats.prompts_built == 1
+
+
+# --- verl schema -------------------------------------------------------------------------------------------------
+
+
+def test_train_output_has_verls_rl_schema(dapo_file):
+    table, _ = _train(dapo_file)
+    assert table.schema.equals(OUTPUT_SCHEMA)
+    assert table.column_names == ["data_source", "prompt", "ability", "reward_model", "extra_info"]
+    assert set(table.column("data_source").to_pylist()) == {"math_dapo"}
+    assert all(len(m) == 1 and m[0]["role"] == "user" and "Answer:" in m[0]["content"] for m in _messages(table))
+    truths = [r["ground_truth"] for r in table.column("reward_model").to_pylist()]
+    assert all(isinstance(t, str) for t in truths) and "-3" in truths
+    assert [r["index"] for r in table.column("extra_info").to_pylist()] == list(range(table.num_rows))
+    assert {r["split"] for r in table.column("extra_info").to_pylist()} == {"train"}
+    assert check_verl_schema(table) == table.num_rows
+
+
+# --- deduplication -----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("key", "conflicts", "rows_out", "dropped"), [
+    ("prompt", "keep", 6, 0),
+    ("prompt", "drop", 5, 1),
+    ("uuid", "keep", 9, 0),
+    ("uuid", "drop", 7, 2),
+    ("prompt_answer", "keep", 7, 0),
+    ("prompt_answer", "drop", 5, 2),
+])
+def test_dedup_counts_per_key_and_conflict_policy(dapo_file, key, conflicts, rows_out, dropped):
+    table, stats = _train(dapo_file, dedup_key=key, conflicts=conflicts)
+    assert (table.num_rows, stats.rows_out, stats.conflict_rows_dropped) == (rows_out, rows_out, dropped)
+    # The counts under every key are reported whatever key was chosen.
+    assert (stats.rows_in, stats.unique_source_ids, stats.unique_prompts, stats.unique_prompt_answers,
+            stats.conflicting_prompts) == (DAPO_ROWS, 9, 6, 7, 1)
+
+
+def test_dropping_conflicts_removes_every_row_of_that_problem(dapo_file):
+    table, _ = _train(dapo_file, dedup_key="uuid", conflicts="drop")
+    raw = [r["raw_problem"] for r in table.column("extra_info").to_pylist()]
+    assert "Find x if x-5=0." not in raw
+    assert {r["source_id"] for r in table.column("extra_info").to_pylist()} == {"u0", "u1", "u3", "u4", "u5", "u7",
+                                                                                 "u8"}
+
+
+def test_first_occurrence_in_file_order_is_kept(dapo_file):
+    rows = dapo_rows()
+    first_conflicting = next(r for r in rows if "x-5=0" in r["prompt"][0]["content"])
+    first_repeated = next(r for r in rows if "3*4" in r["prompt"][0]["content"])
+    table, stats = _train(dapo_file)
+    kept = {r["extra_info"]["raw_problem"]: r for r in table.to_pylist()}
+    assert kept["Find x if x-5=0."]["reward_model"]["ground_truth"] == first_conflicting["reward_model"]["ground_truth"]
+    assert kept["Compute 3*4."]["extra_info"]["source_id"] == first_repeated["extra_info"]["index"]
+    assert (stats.copies_min, stats.copies_max) == (1, 5)  # u8 once; u2 x3 + u6 x2
+    assert _train(dapo_file)[0].equals(table)  # deterministic
+
+
+def test_whitespace_variants_of_a_problem_are_one_prompt(dapo_file):
+    table, _ = _train(dapo_file)
+    assert sum("2+3" in r["raw_problem"] for r in table.column("extra_info").to_pylist()) == 1
+
+
+def test_plain_problem_answer_table_is_accepted_and_uuid_key_needs_identifiers(tmp_path):
+    path = tmp_path / "plain.parquet"
+    pq.write_table(pa.table({"problem": ["A?", "B?", "A?"], "answer": ["1", "2", "1"]}), path)
+    table, stats = _train(path)
+    assert (table.num_rows, stats.prompts_built, stats.unique_source_ids) == (2, 2, None)
+    with pytest.raises(ValueError, match=r"dedup key 'uuid' needs extra_info.index.*--dedup-key prompt"):
+        _train(path, dedup_key="uuid")
+
+
+def test_string_prompt_column_is_read_as_the_problem(tmp_path):
+    path = tmp_path / "processed.parquet"
+    pq.write_table(pa.table({"prompt": ["Find y.", PREFIX + "Find z." + SUFFIX],
+                             "reward_model": [{"ground_truth": "1", "style": "rule"}] * 2}), path)
+    table, stats = _train(path)
+    assert [m[0]["content"] for m in _messages(table)] == [dapo_prompt("Find y."), dapo_prompt("Find z.")]
+    assert stats.prompts_built == 1
+
+
+# --- AIME --------------------------------------------------------------------------------------------------------
+
+
+def test_aime_bytedtsinghua_is_deduplicated_to_30_problems(byted_file):
+    assert pq.read_table(byted_file).num_rows == 960
+    table, stats = prepare_aime(byted_file, PrepareOptions())
+    assert (table.num_rows, stats.rows_in, stats.copies_min, stats.copies_max) == (30, 960, 32, 32)
+    assert "__index_level_0__" not in table.column_names
+    assert set(table.column("data_source").to_pylist()) == {"aime-2024"}
+    assert {r["ground_truth"] for r in table.column("reward_model").to_pylist()} == {a for _, a in aime_problems()}
+    assert sorted(int(r["source_id"]) for r in table.column("extra_info").to_pylist()) == list(range(30))
+    assert check_verl_schema(table) == 30
+
+
+@pytest.mark.parametrize("writer", [write_aime_h4, write_aime_maxwell])
+def test_plain_aime_sets_give_the_same_prompts_and_answers(tmp_path, byted_file, writer):
+    table, stats = prepare_aime(writer(tmp_path / "plain.parquet"), PrepareOptions())
+    reference, _ = prepare_aime(byted_file, PrepareOptions())
+
+    def pairs(t: pa.Table) -> set[tuple[str, str]]:
+        truths = [r["ground_truth"] for r in t.column("reward_model").to_pylist()]
+        return {(m[0]["content"], truth) for m, truth in zip(_messages(t), truths)}
+
+    assert (table.num_rows, stats.prompts_built) == (30, 30)
+    assert pairs(table) == pairs(reference)
+
+
+def test_aime_integer_answers_lose_leading_zeros(tmp_path):
+    path = tmp_path / "aime.parquet"
+    pq.write_table(pa.table({"problem": ["P1", "P2"], "answer": ["033", " 7 "]}), path)
+    table, _ = prepare_aime(path, PrepareOptions())
+    assert [r["ground_truth"] for r in table.column("reward_model").to_pylist()] == ["33", "7"]
+
+
+def test_aime_with_two_answers_for_one_problem_is_an_error(tmp_path):
+    path = tmp_path / "aime.parquet"
+    pq.write_table(pa.table({"problem": ["P1", "P1"], "answer": ["1", "2"]}), path)
+    with pytest.raises(ValueError, match="appear with different answers"):
+        prepare_aime(path, PrepareOptions())
+
+
+# --- input errors ------------------------------------------------------------------------------------------------
+
+
+def test_missing_file_wrong_extension_and_directory_are_reported(tmp_path):
+    with pytest.raises(FileNotFoundError, match=r"no such file.*nothing is downloaded"):
+        _train(tmp_path / "absent.parquet")
+    json_file = tmp_path / "dapo.json"
+    json_file.write_text("[]")
+    with pytest.raises(ValueError, match=r"extension '.json', expected '.parquet'"):
+        _train(json_file)
+    folder = tmp_path / "folder.parquet"
+    folder.mkdir()
+    with pytest.raises(ValueError, match="is a directory"):
+        _train(folder)
+    broken = tmp_path / "broken.parquet"
+    broken.write_bytes(b"not parquet")
+    with pytest.raises(ValueError, match="cannot be read as parquet"):
+        _train(broken)
+
+
+def test_missing_column_names_the_column_and_the_expected_type(tmp_path):
+    path = tmp_path / "no_reward.parquet"
+    pq.write_table(pa.table({"prompt": [[{"content": "x", "role": "user"}]]}), path)
+    with pytest.raises(ValueError, match=r"no column 'reward_model', expected struct\{ground_truth: string"):
+        _train(path)
+    other = tmp_path / "other.parquet"
+    pq.write_table(pa.table({"question": ["x"]}), other)
+    with pytest.raises(ValueError, match=r"no column 'prompt'.*columns present: \['question'\]"):
+        _train(other)
+
+
+def test_wrong_column_type_and_bad_rows_are_reported(tmp_path):
+    path = tmp_path / "typed.parquet"
+    pq.write_table(pa.table({"prompt": [1], "reward_model": [{"ground_truth": "1"}]}), path)
+    with pytest.raises(TypeError, match="column 'prompt' has type int64"):
+        _train(path)
+    rows = dapo_rows()
+    rows[4] = {**rows[4], "prompt": rows[4]["prompt"] * 2}
+    with pytest.raises(ValueError, match=r"row 4: 'prompt' holds 2 messages, expected exactly one"):
+        _train(write_dapo_math(tmp_path / "two.parquet", rows))
+    rows = dapo_rows()
+    rows[2] = {**rows[2], "prompt": [{"content": PREFIX + "Half a template", "role": "user"}]}
+    with pytest.raises(ValueError, match="row 2: the text has only part of the DAPO prompt template"):
+        _train(write_dapo_math(tmp_path / "half.parquet", rows))
+
+
+def test_empty_input_and_empty_result_are_errors(tmp_path):
+    empty = write_dapo_math(tmp_path / "empty.parquet", [])
+    with pytest.raises(ValueError, match="has 0 rows"):
+        _train(empty)
+    path = tmp_path / "all_conflicting.parquet"
+    pq.write_table(pa.table({"problem": ["P", "P"], "answer": ["1", "2"]}), path)
+    with pytest.raises(ValueError, match=r"no rows left after deduplication.*--conflicts keep"):
+        _train(path, conflicts="drop")
+
+
+def test_bad_options_are_reported():
+    with pytest.raises(ValueError, match=r"dedup_key='text' is not one of \['prompt', 'uuid', 'prompt_answer'\]"):
+        PrepareOptions(dedup_key="text")
+    with pytest.raises(ValueError, match="not scored by math_dapo.*starting with 'aime'"):
+        PrepareOptions(aime_data_source="AIME24")
+    with pytest.raises(ValueError, match="aime_repeat=-1 must be an integer >= 0"):
+        PrepareOptions(aime_repeat=-1)
+    assert PrepareOptions(dedup_key="uuid", conflicts="drop").dedup_key is DedupKey.UUID
+
+
+# --- output checker ----------------------------------------------------------------------------------------------
+
+
+def test_schema_check_names_the_problem(dapo_file, tmp_path):
+    table, _ = _train(dapo_file)
+    with pytest.raises(ValueError, match=r"missing column\(s\) \['reward_model'\]"):
+        check_verl_schema(table.drop_columns(["reward_model"]))
+    renamed = table.set_column(0, "data_source", pa.array(["gsm8k"] * table.num_rows))
+    with pytest.raises(ValueError, match="data_source 'gsm8k' is not scored by math_dapo"):
+        check_verl_schema(renamed)
+    rows = table.to_pylist()
+    rows[1]["prompt"] = [{"content": "no instruction", "role": "user"}]
+    with pytest.raises(ValueError, match=r"row 1: prompt\[0\].content does not ask for the answer after 'Answer:'"):
+        check_verl_schema(pa.Table.from_pylist(rows, schema=OUTPUT_SCHEMA))
+    with pytest.raises(ValueError, match="0 rows"):
+        check_verl_schema(table.slice(0, 0))
+    with pytest.raises(FileNotFoundError):
+        check_verl_schema(tmp_path / "absent.parquet")
+
+
+# --- CLI ---------------------------------------------------------------------------------------------------------
+
+
+def test_cli_prepare_data_writes_files_and_prints_counts(dapo_file, byted_file, tmp_path, capsys):
+    out = tmp_path / "out"
+    rc = cli.main(["prepare-data", "--dapo-math", str(dapo_file), "--aime", str(byted_file), "--out", str(out),
+                   "--dedup-key", "uuid", "--conflicts", "drop", "--aime-repeat", "32"])
+    printed = capsys.readouterr().out
+    assert rc == 0
+    assert "unique by prompt text 6 | by prompt+answer 7 | by extra_info.index 9" in printed
+    assert "conflicting answers: 1 prompt(s) (drop; 2 row(s) dropped)" in printed
+    assert "val-core/aime-2024/acc/mean@32" in printed
+    assert f"{out / 'train.parquet'}  (7 rows)" in printed
+    assert check_verl_schema(out / "train.parquet") == 7
+    assert check_verl_schema(out / "aime-2024.parquet") == 30
+    repeated = pq.read_table(out / "aime-2024-x32.parquet")
+    counts = {}
+    for message in _messages(repeated):
+        counts[message[0]["content"]] = counts.get(message[0]["content"], 0) + 1
+    assert (repeated.num_rows, set(counts.values()), len(counts)) == (960, {32}, 30)
+    report = json.loads((out / "prepare_data.json").read_text())
+    assert report["train"]["conflict_rows_dropped"] == 2 and report["options"]["dedup_key"] == "uuid"
+
+
+def test_cli_reports_bad_input_without_a_traceback(tmp_path, capsys):
+    rc = cli.main(["prepare-data", "--dapo-math", str(tmp_path / "absent.parquet"), "--out", str(tmp_path)])
+    assert rc == 2
+    assert "absent.parquet: no such file" in capsys.readouterr().err
+    assert cli.main(["prepare-data", "--out", str(tmp_path)]) == 2
+    assert "Nothing to prepare" in capsys.readouterr().err
+    assert cli.main(["prepare-data", "--aime", "x.parquet", "--out", str(tmp_path), "--conflicts", "ignore"]) == 2
+
+
+def test_cli_help_names_every_choice_and_default(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["prepare-data", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    defaults = PrepareOptions()
+    for choice in [*DedupKey, *ConflictPolicy]:
+        assert choice.value in text
+    assert f"{defaults.dedup_key.value} (default" in text and f"{defaults.conflicts.value} (default)" in text
+    assert f"default: {defaults.aime_data_source}" in text
+
+
+# --- boundaries --------------------------------------------------------------------------------------------------
+
+
+def test_data_package_imports_only_stdlib_pandas_pyarrow_and_itself():
+    allowed = {"pyarrow", "pandas", "dapo_verl", "__future__", *sys.stdlib_module_names}
+    for source in DATA_PACKAGE.glob("*.py"):
+        tree = ast.parse(source.read_text())
+        for node in ast.walk(tree):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
+                [node.module] if isinstance(node, ast.ImportFrom) and node.module else [])
+            for name in names:
+                assert name.split(".")[0] in allowed, f"{source.name} imports {name}"
+                assert not name.startswith("dapo_verl.") or name.startswith("dapo_verl.data"), f"{source.name}: {name}"
+
+
+def test_prepare_data_needs_an_input(tmp_path):
+    with pytest.raises(ValueError, match="Nothing to prepare"):
+        prepare_data(out_dir=tmp_path)
