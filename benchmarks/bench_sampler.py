@@ -1,0 +1,475 @@
+"""Dynamic-sampling cost benchmark: how many responses each refill strategy generates per response trained.
+
+Run: ``.venv/bin/python -m benchmarks.bench_sampler`` (about a minute on 2 CPU cores; ``--help`` for sizes).
+It counts, it does not time: no model runs, a seeded :class:`~dapo_verl.sampler.simulation.SimulatedPolicy`
+stands in for one, so the numbers are the same on every machine (device "cpu" in the JSON lines).
+
+Scenario (defaults, the same for every strategy and seed). A DAPO-like run scaled down 4x in batch and data:
+4096 prompts (DAPO-Math-17k has ~17k prompts for a 512-prompt batch; 4096 / 128 keeps the ratio), a
+training batch of 128 prompts, G = 16 responses per prompt (paper §4.1), 300 training steps. Prompt i is
+answered correctly with probability ``sigmoid(l_i + gain * step / steps)``, ``l_i ~ N(-1.5, 4^2)`` drawn
+from the seed, ``gain = 7.5`` logits over the run (:func:`~dapo_verl.sampler.simulation.drifting_pass_rates`).
+Expected group outcomes at G = 16: mixed (informative) 54% at the start and 25% at the end; all-correct
+12% -> 74% (the rise the paper shows in Fig. 3b); all-wrong 34% -> 1%. The pass rate follows the training
+step, never the generation round, so every strategy faces the same policy at the same step.
+
+Strategies:
+
+* ``recipe_barrier_discard`` -- verl-recipe's ``RayDAPOTrainer``: rounds of ``data.gen_batch_size = 3 x
+  train_batch_size`` prompts (the published 32B run), ``max_num_gen_batches = 10``, surplus discarded; run
+  through :class:`~dapo_verl.sampler.BatchReplenisher` with ``refill=barrier, surplus=discard``.
+* ``v1_streaming_discard`` -- verl v1's sync ``ReplayBuffer`` with ``algorithm.filter_groups`` (simulated
+  here by :class:`StreamingRefill`, written from its documented behaviour): a step submits
+  ``train_batch_size`` prompts; every finished zero-variance group is evicted and adds 2 refill credits;
+  credits are dispatched one prompt at a time while fewer than ``max_inflight_gen_batches x
+  train_batch_size`` prompts are in flight; once ``train_batch_size`` informative groups are ready it stops
+  dispatching, drains the requests in flight, and discards every informative group beyond the batch.
+  verl v1 has no round limit (it ignores ``max_num_gen_batches``); as a simulation guard a step stops
+  dispatching after ``100 x train_batch_size`` prompts and counts as partial.
+* ``adaptive_discard`` / ``adaptive_carry`` / ``adaptive_carry_skip`` -- ours: adaptive refill (default
+  ``SamplerConfig`` sizing) with surplus discarded, carried one step (``max_staleness_steps=1``), and carried
+  plus history-based skipping (``skip_uninformative=true``).
+
+Metrics, per strategy over the whole run, then mean / sd / min / max over seeds:
+
+* ``generated_per_trained`` -- responses generated / responses trained.
+* ``oracle_share`` -- responses an oracle that generates only informative prompts would need (= responses
+  trained) / responses generated, i.e. 1 / generated_per_trained.
+* ``rounds_mean``, ``rounds_max``, ``multi_round_share`` -- generation rounds per training step (a step served
+  entirely from carried groups has 0 rounds). For the streaming baseline a round is a *refill wave*: the
+  step's first ``train_batch_size`` prompts are wave 1 and a prompt dispatched on a credit from evicting a
+  wave-w group is in wave w + 1; a step's rounds are the highest wave it dispatched, i.e. the number of
+  generations that had to finish one after another -- what a barrier round costs the recipe.
+* ``gen_time_mean`` -- generation latency per step in units of one full-budget generation. Assumption of this
+  benchmark: a group finishes ``U(0.5, 1)`` budgets after dispatch (its slowest response); a barrier or
+  adaptive round lasts as long as its slowest group; the streaming baseline polls after every completion.
+* ``partial_steps``, ``shortfall_groups`` -- steps that hit the round limit (run with ``on_shortfall=partial``;
+  verl-recipe would raise "Generated too many" there; the streaming guard above) and the groups they lacked.
+* ``carried_share`` -- trained groups that were generated one step earlier (the off-policy price of carry).
+* ``fewer_than_recipe`` -- recipe's generated_per_trained / this strategy's, seed by seed.
+
+Conservation is checked for every run: generated groups = trained + carried at the end + dropped (by reason:
+``all_correct``, ``all_wrong``, ``surplus``, ``stale``, ``shortfall``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import heapq
+import itertools
+import json
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from dapo_verl.config import SamplerConfig
+from dapo_verl.core import DropReason, group_drop_reasons
+from dapo_verl.sampler import BatchReplenisher, GroupResult, PromptStream
+from dapo_verl.sampler.simulation import SimulatedPolicy, drifting_pass_rates
+
+_LATENCY_SEED_OFFSET = 104_729  # latency draws use their own generator, so they never shift the outcome draws
+_STREAMING_PROMPT_LIMIT = 100  # simulation guard, x train_batch_size per step: verl v1 has no bound (it ignores
+# max_num_gen_batches) and would keep generating on hopeless data; here the step ends partial instead
+_RECIPE = "recipe_barrier_discard"
+_OURS = "adaptive_carry"
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """The simulated training run every strategy faces (see the module docstring for the defaults' origin)."""
+
+    num_prompts: int = 4096
+    group_size: int = 16
+    train_batch_size: int = 128
+    steps: int = 300
+    start_logit_mean: float = -1.5
+    start_logit_std: float = 4.0
+    logit_gain: float = 7.5
+    gen_batch_factor: int = 3
+    max_num_gen_batches: int = 10
+    max_inflight_gen_batches: int = 1
+
+    def pass_rates(self, seed: int) -> Callable[[int, int], float]:
+        """``pass_rate(prompt_id, step)`` for this seed, drifting by ``logit_gain`` over ``steps``."""
+        return drifting_pass_rates(
+            self.num_prompts, seed=seed, start_logit_mean=self.start_logit_mean,
+            start_logit_std=self.start_logit_std, drift_per_step=self.logit_gain / self.steps,
+        )
+
+    def outcome_shares(self, seed: int, step: int) -> dict[str, float]:
+        """Expected share of mixed, all-correct and all-wrong groups over all prompts at ``step``."""
+        rate = self.pass_rates(seed)
+        p = torch.tensor([rate(i, step) for i in range(self.num_prompts)], dtype=torch.float64)  # (num_prompts,)
+        all_correct = float((p**self.group_size).mean())
+        all_wrong = float(((1 - p) ** self.group_size).mean())
+        return {"mixed": 1 - all_correct - all_wrong, "all_correct": all_correct, "all_wrong": all_wrong}
+
+
+@dataclass
+class RunRecord:
+    """Counts of one strategy on one seed, accumulated over the run."""
+
+    rounds: list[int] = field(default_factory=list)
+    gen_time: list[float] = field(default_factory=list)
+    responses_generated: int = 0
+    responses_trained: int = 0
+    groups_generated: int = 0
+    groups_trained: int = 0
+    groups_from_carry: int = 0
+    groups_carried_at_end: int = 0
+    dropped: dict[str, int] = field(default_factory=dict)
+    partial_steps: int = 0
+    shortfall_groups: int = 0
+    prompts_skipped: int = 0
+
+    def conservation_gap(self) -> int:
+        """generated - (trained + carried at the end + dropped); 0 unless a group went missing."""
+        return self.groups_generated - (self.groups_trained + self.groups_carried_at_end + sum(self.dropped.values()))
+
+    def metrics(self) -> dict[str, float]:
+        """The per-run metrics of the module docstring, plus the raw counts."""
+        steps = max(len(self.rounds), 1)
+        return {
+            "generated_per_trained": self.responses_generated / max(self.responses_trained, 1),
+            "oracle_share": self.responses_trained / max(self.responses_generated, 1),
+            "rounds_mean": sum(self.rounds) / steps,
+            "rounds_max": float(max(self.rounds, default=0)),
+            "multi_round_share": sum(r > 1 for r in self.rounds) / steps,
+            "gen_time_mean": sum(self.gen_time) / steps,
+            "partial_steps": float(self.partial_steps),
+            "shortfall_groups": float(self.shortfall_groups),
+            "carried_share": self.groups_from_carry / max(self.groups_trained, 1),
+            "prompts_skipped": float(self.prompts_skipped),
+            "responses_generated": float(self.responses_generated),
+            "responses_trained": float(self.responses_trained),
+            "groups_generated": float(self.groups_generated),
+            "groups_trained": float(self.groups_trained),
+            "groups_carried_at_end": float(self.groups_carried_at_end),
+            **{f"dropped_{reason}": float(count) for reason, count in sorted(self.dropped.items())},
+        }
+
+
+def _latencies(gen: torch.Generator, count: int) -> list[float]:
+    """Completion latency of ``count`` groups, in generation budgets: U(0.5, 1) (module docstring)."""
+    return (0.5 + 0.5 * torch.rand(count, generator=gen, dtype=torch.float64)).tolist()
+
+
+class _TimedPolicy:
+    """Wraps a simulated policy; records each round's latency (its slowest group)."""
+
+    def __init__(self, policy: SimulatedPolicy, seed: int) -> None:
+        self.policy = policy
+        self.round_latencies: list[float] = []
+        self._gen = torch.Generator().manual_seed(seed + _LATENCY_SEED_OFFSET)
+
+    def __call__(self, prompt_ids: Sequence[int]) -> list[GroupResult]:
+        groups = self.policy(prompt_ids)
+        self.round_latencies.append(max(_latencies(self._gen, len(groups)), default=0.0))
+        return groups
+
+
+def _policy(scenario: Scenario, seed: int) -> SimulatedPolicy:
+    return SimulatedPolicy(scenario.pass_rates(seed), group_size=scenario.group_size, seed=seed)
+
+
+def run_replenisher(scenario: Scenario, seed: int, **overrides: Any) -> RunRecord:
+    """Run :class:`BatchReplenisher` through the scenario with ``SamplerConfig(**overrides)``."""
+    config = SamplerConfig(**{
+        "train_batch_size": scenario.train_batch_size, "max_num_gen_batches": scenario.max_num_gen_batches,
+        "on_shortfall": "partial", "seed": seed, **overrides,
+    })
+    policy = _TimedPolicy(_policy(scenario, seed), seed)
+    sampler = BatchReplenisher(config, scenario.num_prompts, policy)
+    record = RunRecord()
+    for step in range(scenario.steps):
+        policy.policy.step = step
+        policy.round_latencies.clear()
+        batch = sampler.next_batch()
+        record.rounds.append(int(batch.metrics["dapo/sampler/gen_rounds"]))
+        record.gen_time.append(sum(policy.round_latencies))
+        record.groups_from_carry += int(batch.metrics["dapo/sampler/groups_from_carry"])
+        record.partial_steps += int(batch.is_partial)
+        record.shortfall_groups += scenario.train_batch_size - len(batch.groups)
+    counters = sampler.counters
+    record.responses_generated = int(counters["responses_generated"])
+    record.responses_trained = int(counters["responses_trained"])
+    record.groups_generated = int(counters["groups_generated"])
+    record.groups_trained = int(counters["groups_trained"])
+    record.groups_carried_at_end = len(sampler.carried)
+    record.dropped = {reason: count for reason, count in sampler.dropped.items() if count}
+    record.prompts_skipped = sampler.stream.prompts_skipped
+    return record
+
+
+class StreamingRefill:
+    """verl v1's sync DAPO refill (evict k, credit 2k, bounded in flight, drain, discard surplus), simulated.
+
+    An event simulation of one training step at a time: every dispatched prompt is generated at once by the
+    simulated policy and finishes after its latency; finished groups are handled in completion order, each
+    as its own poll. See the module docstring for the wave (round) definition.
+
+    Args:
+        scenario: Batch sizes, ``max_inflight_gen_batches`` and the policy's pass rates.
+        seed: Seed of the prompt order, the policy's draws and the latencies.
+    """
+
+    def __init__(self, scenario: Scenario, seed: int) -> None:
+        self.scenario = scenario
+        self.policy = _policy(scenario, seed)
+        self.stream = PromptStream(scenario.num_prompts, seed=seed)  # a shuffled dataloader, no skipping
+        self.record = RunRecord(dropped={})
+        self._latency_gen = torch.Generator().manual_seed(seed + _LATENCY_SEED_OFFSET)
+        self._order = itertools.count()
+
+    def _dispatch(self, heap: list, now: float, waves: list[int]) -> None:
+        """Generate one prompt per entry of ``waves`` and schedule its completion."""
+        prompt_ids, _ = self.stream.take(len(waves))
+        groups = self.policy(prompt_ids)
+        metric = torch.stack([g.metric.to(torch.float32) for g in groups])  # (P, G)
+        reasons = [DropReason(int(code)) for code in group_drop_reasons(metric)]
+        for wave, group, reason, latency in zip(waves, groups, reasons, _latencies(self._latency_gen, len(waves))):
+            heapq.heappush(heap, (now + latency, next(self._order), wave, reason))
+            self.record.groups_generated += 1
+            self.record.responses_generated += group.group_size
+
+    def _drop(self, reason: str, count: int = 1) -> None:
+        if count:
+            self.record.dropped[reason] = self.record.dropped.get(reason, 0) + count
+
+    def run_step(self, step: int) -> None:
+        """Fill one training batch, then account for it in :attr:`record`."""
+        target = self.scenario.train_batch_size
+        capacity = self.scenario.max_inflight_gen_batches * target
+        budget = _STREAMING_PROMPT_LIMIT * target
+        self.policy.step = step
+        heap: list = []
+        credits: deque[int] = deque()  # the wave of the prompt each credit will dispatch, oldest first
+        self._dispatch(heap, 0.0, [1] * target)
+        dispatched, ready, draining, rounds, now = target, 0, False, 1, 0.0
+        while heap:
+            now, _, wave, reason = heapq.heappop(heap)
+            if reason == DropReason.KEEP:
+                ready += 1
+            else:
+                self._drop(reason.label)
+                if not draining:
+                    credits.extend((wave + 1, wave + 1))
+            if ready >= target or dispatched >= budget:
+                draining = True  # stop dispatching; the requests in flight finish and are discarded
+                credits.clear()
+            free = min(capacity - len(heap), len(credits), budget - dispatched)
+            if free > 0:
+                waves = [credits.popleft() for _ in range(free)]
+                rounds = max(rounds, *waves)
+                dispatched += free
+                self._dispatch(heap, now, waves)
+        trained = min(ready, target)
+        self._drop("surplus", ready - trained)
+        self.record.rounds.append(rounds)
+        self.record.gen_time.append(now)
+        self.record.groups_trained += trained
+        self.record.responses_trained += trained * self.scenario.group_size
+        self.record.partial_steps += int(trained < target)
+        self.record.shortfall_groups += target - trained
+
+
+def run_streaming(scenario: Scenario, seed: int) -> RunRecord:
+    """Run :class:`StreamingRefill` through the scenario."""
+    baseline = StreamingRefill(scenario, seed)
+    for step in range(scenario.steps):
+        baseline.run_step(step)
+    return baseline.record
+
+
+def _recipe(scenario: Scenario, seed: int) -> RunRecord:
+    gen_batch_size = scenario.gen_batch_factor * scenario.train_batch_size
+    return run_replenisher(scenario, seed, refill="barrier", surplus="discard", gen_batch_size=gen_batch_size)
+
+
+STRATEGIES: dict[str, tuple[str, Callable[[Scenario, int], RunRecord]]] = {
+    _RECIPE: ("verl-recipe: barrier 3x, discard", _recipe),
+    "v1_streaming_discard": ("verl v1: streaming 2k refill, discard", run_streaming),
+    "adaptive_discard": ("ours: adaptive, discard", lambda s, seed: run_replenisher(
+        s, seed, refill="adaptive", surplus="discard")),
+    _OURS: ("ours: adaptive, carry", lambda s, seed: run_replenisher(
+        s, seed, refill="adaptive", surplus="carry", max_staleness_steps=1)),
+    "adaptive_carry_skip": ("ours: adaptive, carry, skip", lambda s, seed: run_replenisher(
+        s, seed, refill="adaptive", surplus="carry", max_staleness_steps=1, skip_uninformative=True)),
+}
+"""Strategy name -> (table label, runner)."""
+
+
+def _spread(values: Sequence[float]) -> dict[str, float]:
+    return {
+        "mean": statistics.fmean(values),
+        "sd": statistics.stdev(values) if len(values) > 1 else 0.0,
+        "min": min(values),
+        "max": max(values),
+    }
+
+
+def run_benchmark(scenario: Scenario, seeds: Sequence[int], strategies: Sequence[str] = tuple(STRATEGIES)) -> dict:
+    """Run every strategy on every seed; return per-seed metrics and their spread.
+
+    Returns:
+        ``{"scenario": {...}, "outcome_shares": {"start": ..., "end": ...}, "strategies": {name: {"label",
+        "per_seed": [metrics per seed], "summary": {metric: {"mean", "sd", "min", "max"}}}}}``.
+
+    Raises:
+        RuntimeError: if a run loses track of a group (conservation gap != 0).
+    """
+    unknown = sorted(set(strategies) - set(STRATEGIES))
+    if unknown:
+        raise ValueError(f"Unknown strategies {unknown}. Known: {list(STRATEGIES)}.")
+    result: dict[str, Any] = {
+        "scenario": asdict(scenario),
+        "outcome_shares": {"start": scenario.outcome_shares(seeds[0], 0),
+                           "end": scenario.outcome_shares(seeds[0], scenario.steps - 1)},
+        "strategies": {},
+    }
+    for name in strategies:
+        label, runner = STRATEGIES[name]
+        per_seed = []
+        for seed in seeds:
+            record = runner(scenario, seed)
+            if record.conservation_gap():
+                raise RuntimeError(f"{name}, seed {seed}: {record.conservation_gap()} groups unaccounted for.")
+            per_seed.append({"seed": seed, **record.metrics()})
+        result["strategies"][name] = {"label": label, "per_seed": per_seed}
+    _add_recipe_ratio(result["strategies"])
+    for entry in result["strategies"].values():
+        keys = [k for k in entry["per_seed"][0] if k != "seed"]
+        entry["summary"] = {k: _spread([float(m.get(k, 0.0)) for m in entry["per_seed"]]) for k in keys}
+    return result
+
+
+def _add_recipe_ratio(strategies: dict[str, Any]) -> None:
+    """Add ``fewer_than_recipe`` (seed by seed) when the recipe strategy was run."""
+    if _RECIPE not in strategies:
+        return
+    recipe = [m["generated_per_trained"] for m in strategies[_RECIPE]["per_seed"]]
+    for entry in strategies.values():
+        for base, metrics in zip(recipe, entry["per_seed"]):
+            metrics["fewer_than_recipe"] = base / metrics["generated_per_trained"]
+
+
+def check_targets(result: dict) -> dict[str, Any]:
+    """The issue's done-when targets for ``adaptive_carry``: >= 1.5x fewer responses, <= 1.2 rounds per step."""
+    ours = result["strategies"].get(_OURS, {}).get("summary")
+    if ours is None or "fewer_than_recipe" not in ours:
+        return {}
+    fewer, rounds = ours["fewer_than_recipe"]["mean"], ours["rounds_mean"]["mean"]
+    return {
+        "fewer_than_recipe": {"measured": fewer, "target": 1.5, "met": fewer >= 1.5},
+        "rounds_mean": {"measured": rounds, "target": 1.2, "met": rounds <= 1.2},
+    }
+
+
+_COLUMNS = (
+    ("generated_per_trained", "gen/trained", 2), ("fewer_than_recipe", "x fewer than recipe", 2),
+    ("oracle_share", "oracle share", 2), ("rounds_mean", "rounds/step", 2), ("rounds_max", "max rounds", 0),
+    ("multi_round_share", "steps >1 round", 2), ("gen_time_mean", "gen time/step", 2),
+    ("carried_share", "carried share", 2), ("partial_steps", "partial steps", 0),
+)
+
+
+_HEADLINE = {key for key, _, _ in _COLUMNS} | {"shortfall_groups", "prompts_skipped"}
+
+
+def format_table(result: dict) -> str:
+    """Markdown table: mean ± sd over seeds (max over seeds for max rounds)."""
+    header = "| strategy | " + " | ".join(title for _, title, _ in _COLUMNS) + " |"
+    lines = [header, "|---" * (len(_COLUMNS) + 1) + "|"]
+    for entry in result["strategies"].values():
+        cells = []
+        for key, _, digits in _COLUMNS:
+            stats = entry["summary"].get(key)
+            if stats is None:
+                cells.append("-")
+            elif key == "rounds_max":
+                cells.append(f"{stats['max']:.0f}")
+            else:
+                cells.append(f"{stats['mean']:.{digits}f} ± {stats['sd']:.{digits}f}")
+        lines.append(f"| {entry['label']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def _commit() -> str:
+    root = Path(__file__).resolve().parents[1]
+    try:
+        sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True,
+                             check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+                               capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return sha + ("-dirty" if dirty else "")
+
+
+def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    d = Scenario()
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_sampler", description=__doc__.split("\n")[0])
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="seeds (default: 0 1 2)")
+    parser.add_argument("--steps", type=int, default=d.steps, help="training steps per run")
+    parser.add_argument("--train-batch-size", type=int, default=d.train_batch_size, help="prompts per step")
+    parser.add_argument("--group-size", type=int, default=d.group_size, help="responses per prompt (G)")
+    parser.add_argument("--num-prompts", type=int, default=d.num_prompts, help="prompts in the data set")
+    parser.add_argument("--start-logit-mean", type=float, default=d.start_logit_mean)
+    parser.add_argument("--start-logit-std", type=float, default=d.start_logit_std)
+    parser.add_argument("--logit-gain", type=float, default=d.logit_gain, help="pass-rate logit gain over the run")
+    parser.add_argument("--gen-batch-factor", type=int, default=d.gen_batch_factor,
+                        help="recipe: data.gen_batch_size = factor x train_batch_size")
+    parser.add_argument("--max-num-gen-batches", type=int, default=d.max_num_gen_batches)
+    parser.add_argument("--max-inflight-gen-batches", type=int, default=d.max_inflight_gen_batches,
+                        help="v1 streaming: in-flight prompt bound, in train batches")
+    parser.add_argument("--strategies", nargs="+", default=list(STRATEGIES), choices=list(STRATEGIES))
+    parser.add_argument("--out", type=Path, default=Path("runs/bench/bench_sampler.json"), help="JSON result path")
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> dict:
+    """Command-line entry point: run, print one JSON line per strategy and a table, write ``--out``."""
+    args = _parse_args(argv)
+    scenario = Scenario(
+        num_prompts=args.num_prompts, group_size=args.group_size, train_batch_size=args.train_batch_size,
+        steps=args.steps, start_logit_mean=args.start_logit_mean, start_logit_std=args.start_logit_std,
+        logit_gain=args.logit_gain, gen_batch_factor=args.gen_batch_factor,
+        max_num_gen_batches=args.max_num_gen_batches, max_inflight_gen_batches=args.max_inflight_gen_batches,
+    )
+    started = time.perf_counter()
+    result = run_benchmark(scenario, args.seeds, args.strategies)
+    meta = {"benchmark": "bench_sampler", "commit": _commit(), "torch": torch.__version__, "device": "cpu",
+            "python": platform.python_version(), "seeds": list(args.seeds),
+            "wall_s": round(time.perf_counter() - started, 1)}
+    result = {"meta": meta, **result, "targets": check_targets(result)}
+    for name, entry in result["strategies"].items():
+        headline = {k: v for k, v in entry["summary"].items() if k in _HEADLINE}
+        line = {**meta, "measurement": name, "label": entry["label"], "scenario": result["scenario"],
+                **{k: round(v["mean"], 4) for k, v in headline.items()},
+                "sd": {k: round(v["sd"], 4) for k, v in headline.items()}}
+        print(json.dumps(line, sort_keys=True))
+    shares = result["outcome_shares"]
+    print(f"\nscenario: {json.dumps(result['scenario'])}")
+    print("expected groups (seed {}): start {}, end {}".format(
+        args.seeds[0], *({k: round(v, 2) for k, v in shares[when].items()} for when in ("start", "end"))))
+    print(format_table(result))
+    for name, target in result["targets"].items():
+        verdict = "met" if target["met"] else "NOT met"
+        print(f"target {name}: measured {target['measured']:.2f} vs {target['target']} -> {verdict}")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=1, sort_keys=True) + "\n")
+    print(f"wrote {args.out}")
+    return result
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
