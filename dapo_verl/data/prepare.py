@@ -242,13 +242,14 @@ def _report(prepared: PreparedData) -> dict[str, Any]:
 
 def _stats_lines(title: str, stats: DedupStats) -> list[str]:
     ids = "n/a (no identifier column)" if stats.unique_source_ids is None else f"{stats.unique_source_ids:,}"
+    dropped = f" ({stats.conflicts}; {stats.conflict_rows_dropped:,} row(s) dropped)"
+    policy = dropped if stats.conflicting_prompts else ""
     copies = f"{stats.copies_min:,}" + (f"-{stats.copies_max:,}" if stats.copies_max != stats.copies_min else "")
     return [
         f"{title}: {stats.rows_in:,} rows read",
         f"    unique by prompt text {stats.unique_prompts:,} | by prompt+answer {stats.unique_prompt_answers:,} | "
         f"by extra_info.index {ids}",
-        f"    conflicting answers: {stats.conflicting_prompts:,} prompt(s) "
-        f"({stats.conflicts}; {stats.conflict_rows_dropped:,} row(s) dropped)",
+        f"    conflicting answers: {stats.conflicting_prompts:,} prompt(s){policy}",
         f"    kept {stats.rows_out:,} rows (dedup key {stats.dedup_key}; {copies} source rows each; "
         f"{stats.prompts_built:,} prompt(s) built from raw problems)",
     ]
