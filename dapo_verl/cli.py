@@ -54,6 +54,19 @@ def _cmd_config(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_doctor(args: argparse.Namespace) -> int:
+    from dapo_verl.adapter.doctor import run_checks
+
+    checks = run_checks()
+    for check in checks:
+        print(f"[{'ok' if check.ok else 'FAIL'}] {check.name}: {check.message}")
+        if check.fix:
+            print(f"       fix: {check.fix}")
+    healthy = all(check.ok for check in checks)
+    print("verl sees dapo_verl." if healthy else "verl does not see dapo_verl; see the fixes above.")
+    return 0 if healthy else 1
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="dapo-verl", description="DAPO for verl, plus a local backend.")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -83,6 +96,9 @@ def _parser() -> argparse.ArgumentParser:
     mode.add_argument("--write", action="store_true", help=f"regenerate {DEFAULTS_YAML.name}")
     mode.add_argument("--check", action="store_true", help=f"fail if {DEFAULTS_YAML.name} is out of date")
     config.set_defaults(func=_cmd_config)
+
+    doctor = commands.add_parser("doctor", help="check that verl sees the dapo loss, estimator and reward manager")
+    doctor.set_defaults(func=_cmd_doctor)
     return parser
 
 

@@ -27,7 +27,7 @@ import re
 from collections.abc import Iterator, Mapping
 from dataclasses import MISSING, dataclass, field, fields, is_dataclass
 from enum import StrEnum
-from typing import Any, NoReturn
+from typing import Any, NoReturn, TypeVar
 
 from dapo_verl.core.losses import LossAggregation
 from dapo_verl.core.rewards import OVERLONG_SCHEDULES
@@ -44,6 +44,7 @@ __all__ = [
     "SurplusPolicy",
     "clip_higher_inert_reason",
     "iter_verl_fields",
+    "read_verl_section",
     "render_defaults_yaml",
 ]
 
@@ -84,6 +85,9 @@ VERL_LOSS_AGG_MODES: dict[str, LossAggregation | None] = {
 """verl's ``loss_agg_mode`` values; those mapped to None run in verl but not on the local backend."""
 
 
+_Section = TypeVar("_Section")
+
+
 def _key(verl_key: str, *, verl_native: bool) -> dict[str, Any]:
     return {"verl_key": verl_key, "verl_native": verl_native}
 
@@ -104,8 +108,9 @@ def _require_number(config: object, name: str, *, low: float, high: float = math
     if isinstance(value, bool) or not isinstance(value, kind) or not math.isfinite(value):
         _fail(key, value, f"must be a finite {'integer' if integer else 'number'}", fix)
     if value < low or (low_open and value == low) or value > high:
-        bounds = f"{'(' if low_open else '['}{low}, {high}]"
-        _fail(key, value, f"must lie in {bounds}", fix)
+        if math.isinf(high):
+            _fail(key, value, f"must be {'>' if low_open else '>='} {low}", fix)
+        _fail(key, value, f"must lie in {'(' if low_open else '['}{low}, {high}]", fix)
 
 
 def _require_choice(config: object, name: str, choices: type[StrEnum] | list[str], fix: str = "") -> None:
@@ -377,9 +382,7 @@ class DapoConfig:
         Raises:
             ValueError: naming the full key of any invalid value and how to fix it.
         """
-        values = {path: _lookup(cfg, path) for path, _ in iter_verl_fields()}
-        _merge_verl_overlong_aliases(cfg, values)
-        return _build(cls, values)
+        return read_verl_section(cls, cfg)
 
     def to_verl(self) -> dict[str, Any]:
         """Nested verl-shaped dict of every key (the inverse of :meth:`from_verl`)."""
@@ -394,6 +397,20 @@ class DapoConfig:
 
 
 _MISSING = object()
+
+
+def read_verl_section(cls: type[_Section], cfg: Mapping[str, Any]) -> _Section:
+    """Build one config dataclass (``DapoConfig`` or a part such as ``OverlongConfig``) from a verl mapping.
+
+    Only that dataclass's keys are read and validated, so a component that sees part of a verl config
+    (the advantage estimator sees ``algorithm`` only) can read its own settings: wrap the part, e.g.
+    ``read_verl_section(AdvantageConfig, {"algorithm": algo_cfg})``. Absent or null keys take the
+    dataclass default; verl's ``overlong_buffer_cfg`` keys are accepted as aliases (see
+    :meth:`DapoConfig.from_verl`).
+    """
+    values = {path: _lookup(cfg, path) for path, _ in iter_verl_fields()}
+    _merge_verl_overlong_aliases(cfg, values)
+    return _build(cls, values)
 
 
 def iter_verl_fields(cls: type = DapoConfig, prefix: tuple[str, ...] = ()) -> Iterator[tuple[str, Any]]:
@@ -444,9 +461,12 @@ def _get_path(config: object, leaf: _Leaf) -> Any:
 def _lookup(cfg: Mapping[str, Any], path: str) -> Any:
     node: Any = cfg
     for part in path.split("."):
-        if not isinstance(node, Mapping) or part not in node:
+        if not isinstance(node, Mapping):
             return _MISSING
-        node = node[part]
+        try:
+            node = node[part]
+        except (KeyError, AttributeError):  # verl's BaseConfig raises AttributeError for unknown keys
+            return _MISSING
     return node
 
 

@@ -379,6 +379,8 @@ def clip_diagnostics(
         * ``clip_higher_kept_fraction``: A > 0 and 1 + clip_low < r <= 1 + clip_high: tokens a symmetric
           clip would have frozen that clip-higher keeps trainable.
         * ``ratio_mean``, ``ratio_min``, ``ratio_max``: over valid tokens (1 when there is none).
+        * ``approx_kl``: mean of ``old_logp - logp`` over valid tokens, with the log-ratio clamped as for the
+          ratio (verl's ``actor/ppo_kl``); 0 when there is no valid token.
     """
     logp, old_logp, bool_mask = _token_inputs(logp, old_logp, mask)
     clip_low, clip_high, clip_ratio_c = _check_clip(clip_low, clip_high, clip_ratio_c)
@@ -405,4 +407,5 @@ def clip_diagnostics(
             "ratio_mean": torch.where(has_tokens, ratio[bool_mask].sum() / count, one),
             "ratio_min": torch.where(has_tokens, torch.where(bool_mask, ratio, torch.inf).amin(), one),
             "ratio_max": torch.where(has_tokens, torch.where(bool_mask, ratio, -torch.inf).amax(), one),
+            "approx_kl": -torch.where(bool_mask, ratio.log(), torch.zeros_like(ratio)).sum() / count,
         }

@@ -1,0 +1,126 @@
+"""``dapo-verl doctor``: does verl see dapo_verl's registrations, and if not, why not.
+
+verl loads plugins inside ``import verl`` and swallows their errors, so a broken install shows up only as
+``Unknown policy loss: dapo`` deep inside a Ray worker. The doctor checks, in order: the installed verl
+version, the ``verl.plugins`` entry point, the ``VERL_USE_EXTERNAL_PLUGINS`` policy, what a *fresh*
+process sees after ``import verl`` (as a Ray worker would), and -- if something is missing -- imports the
+registration module directly so the hidden exception is shown.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import traceback
+from dataclasses import dataclass
+from importlib.metadata import PackageNotFoundError, entry_points, version
+
+from packaging.version import Version
+
+__all__ = ["Check", "run_checks"]
+
+ENTRY_POINT_GROUP = "verl.plugins"
+ENTRY_POINT_NAME = "dapo"
+ENTRY_POINT_TARGET = "dapo_verl.adapter.register"
+SUPPORTED_VERL = (Version("0.9.1"), Version("0.10"))
+
+# Reads verl's registries without importing dapo_verl (which would register by itself and hide the problem).
+_FRESH_PROCESS = """
+import json, sys
+import verl
+from verl.experimental.reward_loop.reward_manager.registry import REWARD_MANAGER
+from verl.trainer.ppo.core_algos import ADV_ESTIMATOR_REGISTRY, POLICY_LOSS_REGISTRY
+loss, estimator, manager = sys.argv[1:4]
+print(json.dumps({
+    f"policy loss {loss!r}": loss in POLICY_LOSS_REGISTRY,
+    f"advantage estimator {estimator!r}": estimator in ADV_ESTIMATOR_REGISTRY,
+    f"reward manager {manager!r}": manager in REWARD_MANAGER,
+}))
+"""
+_NAMES = ("dapo", "dapo", "dapo_verl")  # adapter/register.py's names; a test keeps the two in step
+
+
+@dataclass(frozen=True)
+class Check:
+    """One doctor finding: ``ok`` and a message; ``fix`` says what to do when not ok."""
+
+    name: str
+    ok: bool
+    message: str
+    fix: str = ""
+
+
+def _verl_version() -> Check:
+    try:
+        installed = Version(version("verl"))
+    except PackageNotFoundError:
+        return Check("verl installed", False, "verl is not installed in this interpreter.",
+                     'pip install "verl>=0.9.1,<0.10" (dapo-verl depends on it).')
+    low, high = SUPPORTED_VERL
+    ok = low <= installed < high
+    return Check("verl version", ok, f"verl {installed} ({'supported' if ok else 'untested'}: {low} <= v < {high}).",
+                 "" if ok else 'pip install "verl>=0.9.1,<0.10".')
+
+
+def _entry_point() -> Check:
+    found = [ep for ep in entry_points(group=ENTRY_POINT_GROUP) if ep.name == ENTRY_POINT_NAME]
+    if not found:
+        return Check("entry point", False, f"No '{ENTRY_POINT_NAME}' entry point in group '{ENTRY_POINT_GROUP}'.",
+                     "Reinstall dapo-verl with pip (an installed package, not a PYTHONPATH checkout).")
+    target = found[0].value
+    ok = target == ENTRY_POINT_TARGET
+    return Check("entry point", ok, f"'{ENTRY_POINT_NAME}' -> {target}.", "" if ok else "Reinstall dapo-verl.")
+
+
+def _plugin_policy() -> Check:
+    policy = os.environ.get("VERL_USE_EXTERNAL_PLUGINS", "auto").strip().lower()
+    allowed = policy == "auto" or ENTRY_POINT_NAME in {p.strip() for p in policy.split(",")}
+    return Check(
+        "plugin policy", allowed, f"VERL_USE_EXTERNAL_PLUGINS={policy!r}.",
+        "" if allowed else f"Unset VERL_USE_EXTERNAL_PLUGINS or add '{ENTRY_POINT_NAME}' to it, or use the explicit "
+        f"fallback VERL_USE_EXTERNAL_MODULES={ENTRY_POINT_TARGET}.",
+    )
+
+
+def _fresh_process() -> tuple[Check, dict[str, bool]]:
+    result = subprocess.run([sys.executable, "-c", _FRESH_PROCESS, *_NAMES], capture_output=True, text=True,
+                            check=False)
+    if result.returncode != 0:
+        tail = result.stderr.strip().splitlines()[-1:] or ["(no output)"]
+        return Check("fresh process", False, f"`import verl` in a fresh process failed: {tail[0]}",
+                     "Fix the error above; verl itself must import."), {}
+    status = json.loads(result.stdout.strip().splitlines()[-1])
+    missing = [name for name, ok in status.items() if not ok]
+    message = "After `import verl` a fresh process sees " + ", ".join(
+        f"{name}: {'yes' if ok else 'NO'}" for name, ok in status.items()
+    )
+    fix = "" if not missing else (
+        "The plugin did not register. Use the loud fallbacks "
+        f"actor_rollout_ref.model.external_lib={ENTRY_POINT_TARGET} or "
+        f"VERL_USE_EXTERNAL_MODULES={ENTRY_POINT_TARGET}, and see the import error below."
+    )
+    return Check("fresh process", not missing, message, fix), status
+
+
+def _direct_import() -> Check:
+    try:
+        import dapo_verl.adapter.register  # noqa: F401
+    except Exception:  # the whole point: show what verl's plugin loader swallowed
+        return Check("direct import", False, "Importing the registration module raised:\n" + traceback.format_exc(),
+                     "Fix this error; verl hides it when it loads plugins.")
+    return Check("direct import", True, f"{ENTRY_POINT_TARGET} imports cleanly.")
+
+
+def run_checks() -> list[Check]:
+    """Run every check in order; the direct import runs only when registration is missing."""
+    checks = [_verl_version()]
+    if not checks[0].ok and "not installed" in checks[0].message:
+        return checks
+    checks += [_entry_point(), _plugin_policy()]
+    fresh, _ = _fresh_process()
+    checks.append(fresh)
+    if not fresh.ok:
+        checks.append(_direct_import())
+    return checks
