@@ -92,15 +92,13 @@ class DedupStats:
 def _parse_text(text: str, where: str) -> tuple[str, str, bool]:
     """(prompt, raw problem, built) for a stored text: keep a DAPO-template message, wrap a raw problem."""
     raw = split_dapo_prompt(text)
-    if raw is not None:
-        return text, raw, False
-    if text.startswith(DAPO_PROMPT_PREFIX) or text.endswith(DAPO_PROMPT_SUFFIX):
+    if raw is None and (text.startswith(DAPO_PROMPT_PREFIX) or text.endswith(DAPO_PROMPT_SUFFIX)):
         raise ValueError(f"{where}: the text has only part of the DAPO prompt template (the instruction or the "
                          "reminder, not both), so it is neither a DAPO prompt nor a raw problem. Store either the "
                          "exact template or the bare problem.")
-    if not text.strip():
+    if not (text if raw is None else raw).strip():
         raise ValueError(f"{where}: the problem text is empty. Drop that row from the input file.")
-    return dapo_prompt(text), text, True
+    return (text, raw, False) if raw is not None else (dapo_prompt(text), text, True)
 
 
 class _Counts:

@@ -70,7 +70,7 @@ def repeated_aime_file(repeat: int) -> str:
     return f"aime-2024-x{repeat}.parquet"
 
 
-def _choice(name: str, value: object, enum: type[DedupKey] | type[ConflictPolicy]) -> Any:
+def _choice(name: str, value: str, enum: type[DedupKey] | type[ConflictPolicy]) -> Any:
     try:
         return enum(value)
     except ValueError:

@@ -109,7 +109,7 @@ class SourceTable:
                                 styles[offset] if styles else None)
             start += batch.num_rows
 
-    def _verl_columns(self, batch: pa.RecordBatch, start: int) -> tuple[list[str], list[str], list[str | None]]:
+    def _verl_columns(self, batch: pa.RecordBatch, start: int) -> tuple[list[str], list[str], list[str | None] | None]:
         prompt = batch.column("prompt")
         if pa.types.is_list(prompt.type):
             lengths = pc.fill_null(pc.list_value_length(prompt), 0)

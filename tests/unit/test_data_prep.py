@@ -246,6 +246,10 @@ def test_wrong_column_type_and_bad_rows_are_reported(tmp_path):
     rows[2] = {**rows[2], "prompt": [{"content": PREFIX + "Half a template", "role": "user"}]}
     with pytest.raises(ValueError, match="row 2: the text has only part of the DAPO prompt template"):
         _train(write_dapo_math(tmp_path / "half.parquet", rows))
+    rows = dapo_rows()
+    rows[5] = {**rows[5], "prompt": [{"content": PREFIX + "  " + SUFFIX, "role": "user"}]}
+    with pytest.raises(ValueError, match="row 5: the problem text is empty"):
+        _train(write_dapo_math(tmp_path / "blank.parquet", rows))
 
 
 def test_empty_input_and_empty_result_are_errors(tmp_path):
