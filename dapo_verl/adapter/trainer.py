@@ -1,0 +1,244 @@
+"""DAPO inside verl's GRPO trainer: the batch replenisher produces every training batch.
+
+``DapoRayTrainer`` subclasses verl's legacy ``RayPPOTrainer`` (``trainer.use_v1=False``) and does **not**
+override ``fit``. It replaces two attributes that ``fit`` only reads, and four small methods:
+
+* ``train_dataloader`` becomes :class:`StepStream`: each item is the prompts of one training batch, which
+  the :class:`~dapo_verl.sampler.BatchReplenisher` has *already* generated, scored and filtered (calling
+  the real rollout manager as many rounds as needed, while the rollout replicas are awake).
+* ``async_rollout_manager`` becomes :class:`ReplayingRolloutManager`: when ``fit`` asks it to generate for
+  those prompts it hands back the responses generated for them (after optional overlong filtering);
+  validation requests pass through to the real manager.
+* ``_create_dataloader`` builds the stream and makes the run length and the LR schedule count *training
+  steps* (verl counts dataloader batches, which under dynamic sampling are generation batches, verl#991);
+  ``_update_actor`` adds the sampler's and the overlong metrics of the step to the actor's metrics (the
+  only per-step metrics dict ``fit`` merges from a method); ``_save_checkpoint``/``_load_checkpoint``
+  store the sampler state (carried groups, prompt history, counters, RNG) next to verl's checkpoint, in a
+  pickle-free file.
+
+Everything from old log-probs on -- balance, reference, advantage, update, validation, logging,
+checkpoint cadence -- is verl's own code, unchanged. The groups ``fit`` sees are group-contiguous (``n``
+interleaved responses per prompt), so its fresh ``uid`` per prompt groups them correctly.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import time
+import uuid
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from omegaconf import open_dict
+from verl import DataProto
+from verl.trainer.ppo.ray_trainer import RayPPOTrainer
+
+from dapo_verl.adapter.dataproto_codec import DataProtoCodec
+from dapo_verl.adapter.reward import overlong_metrics
+from dapo_verl.adapter.transforms import apply_overlong_filtering, response_truncation
+from dapo_verl.config import DapoConfig
+from dapo_verl.sampler import BatchReplenisher, GroupResult
+from dapo_verl.state_io import load_state, save_state
+
+__all__ = ["SAMPLER_STATE_FILE", "DapoRayTrainer", "ReplayingRolloutManager", "StepStream"]
+
+logger = logging.getLogger(__name__)
+
+SAMPLER_STATE_FILE = "dapo_sampler.safetensors"
+"""Name of the sampler state file inside verl's ``global_step_<k>`` checkpoint folder."""
+
+_SHAPED_METRICS = ("reward", "seq_reward", "seq_final_reward")
+_MAX_EMPTY_BATCHES = 3
+
+
+class StepStream:
+    """``fit``'s ``train_dataloader``: yields one collated prompt batch per training step, forever.
+
+    ``fit`` ends the run itself at ``trainer.total_training_steps``; ``len()`` is the number of training steps
+    per ``trainer.total_epochs`` (used by ``fit`` only to label epochs).
+    """
+
+    def __init__(self, trainer: DapoRayTrainer, steps_per_epoch: int) -> None:
+        self._trainer = trainer
+        self._steps_per_epoch = steps_per_epoch
+
+    def __len__(self) -> int:
+        return self._steps_per_epoch
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        while True:
+            yield self._trainer._next_training_prompts()
+
+    def state_dict(self) -> dict[str, Any]:
+        """Nothing: the sampler state is saved in its own file (see :data:`SAMPLER_STATE_FILE`)."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Nothing to restore here; see :meth:`DapoRayTrainer._load_checkpoint`."""
+
+
+class ReplayingRolloutManager:
+    """Rollout manager seen by ``fit``: replays the sampler's responses; validation goes to the real one."""
+
+    def __init__(self, trainer: DapoRayTrainer, real: Any) -> None:
+        self._trainer = trainer
+        self.real = real
+
+    def generate_sequences(self, gen_batch: DataProto) -> DataProto:
+        if gen_batch.meta_info.get("validate", False):
+            return self.real.generate_sequences(gen_batch)
+        return self._trainer._replay_rollout(len(gen_batch))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.real, name)
+
+
+class DapoRayTrainer(RayPPOTrainer):
+    """verl's GRPO trainer with DAPO's dynamic sampling (see the module docstring)."""
+
+    # -- construction --------------------------------------------------------------------------------
+
+    def _create_dataloader(self, train_dataset, val_dataset, collate_fn, train_sampler) -> None:
+        super()._create_dataloader(train_dataset, val_dataset, collate_fn, train_sampler)
+        if self.config.data.get("sampler", {}).get("class_path"):
+            raise ValueError(
+                "data.sampler.class_path is set, but with dapo_verl the batch replenisher chooses the prompts. "
+                "Remove data.sampler.class_path (curricula are not supported with dynamic sampling yet)."
+            )
+        from verl.utils.dataset.rl_dataset import collate_fn as default_collate_fn
+
+        self.dapo_config = DapoConfig.from_verl(self.config)
+        self._collate = collate_fn or default_collate_fn
+        self.sampler = BatchReplenisher(self.dapo_config.sampler, len(self.train_dataset), self._generate_groups,
+                                        codec=_GroupCodec(), shuffle=bool(self.config.data.get("shuffle", True)))
+        self._pending: tuple[DataProto, dict[str, float]] | None = None
+        self._step_metrics: dict[str, float] = {}
+        epochs = max(int(self.config.trainer.total_epochs), 1)
+        total = self.config.trainer.total_training_steps or (
+            len(self.train_dataset) // self.dapo_config.sampler.train_batch_size * epochs)
+        self.total_training_steps = int(total)
+        with open_dict(self.config):
+            self.config.actor_rollout_ref.actor.optim.total_training_steps = self.total_training_steps
+        self.train_dataloader = StepStream(self, steps_per_epoch=math.ceil(self.total_training_steps / epochs))
+        logger.info("dapo_verl: %d training steps; the sampler visits the %d prompts as often as needed.",
+                    self.total_training_steps, len(self.train_dataset))
+
+    def init_workers(self) -> None:
+        super().init_workers()
+        self.attach_dynamic_sampling()
+
+    def attach_dynamic_sampling(self) -> None:
+        """Put :class:`ReplayingRolloutManager` in front of ``async_rollout_manager`` (idempotent)."""
+        if not isinstance(self.async_rollout_manager, ReplayingRolloutManager):
+            self.async_rollout_manager = ReplayingRolloutManager(self, self.async_rollout_manager)
+
+    # -- producing a training batch ------------------------------------------------------------------
+
+    def _next_training_prompts(self) -> dict[str, Any]:
+        for _ in range(_MAX_EMPTY_BATCHES):
+            start = time.perf_counter()
+            sampled = self.sampler.next_batch()
+            if sampled.groups:
+                rollout = DataProto.concat([g.payload for g in sampled.groups])
+                metrics = {**sampled.metrics, "timing_s/dapo_sampling": time.perf_counter() - start}
+                self._pending = (rollout, metrics)
+                return self._collate([self.train_dataset[g.prompt_id] for g in sampled.groups])
+            logger.warning("Dynamic sampling found no informative group for step %d; sampling again.", sampled.step)
+        raise RuntimeError(
+            f"Dynamic sampling found no informative group in {_MAX_EMPTY_BATCHES} attempts of "
+            f"{self.dapo_config.sampler.max_num_gen_batches} rounds each: every group was all-correct or all-wrong. "
+            f"Check the reward function and data, or raise algorithm.filter_groups.max_num_gen_batches."
+        )
+
+    def _replay_rollout(self, rows: int) -> DataProto:
+        if self._pending is None:
+            raise RuntimeError("The rollout manager was asked to generate before the sampler prepared a batch.")
+        rollout, metrics = self._pending
+        self._pending = None
+        if len(rollout) != rows:
+            raise RuntimeError(f"fit asked for {rows} responses but the sampler prepared {len(rollout)}.")
+        if self.dapo_config.overlong.overlong_filtering:
+            metrics.update(apply_overlong_filtering(rollout, self.tokenizer.eos_token_id))
+        self._step_metrics = metrics
+        rollout.meta_info["timing"] = {}
+        return rollout
+
+    def _generate_groups(self, prompt_ids: Sequence[int]) -> list[GroupResult]:
+        """The sampler's generate callback: one real rollout for ``prompt_ids``, split into groups."""
+        rows = self._collate([self.train_dataset[i] for i in prompt_ids])
+        batch = DataProto.from_single_dict(rows)
+        batch.non_tensor_batch["uid"] = np.array([str(uuid.uuid4()) for _ in prompt_ids], dtype=object)
+        batch.meta_info["temperature"] = self.config.actor_rollout_ref.rollout.temperature
+        gen_batch = self._get_gen_batch(batch)
+        gen_batch.meta_info["global_steps"] = self.global_steps
+        n = self.config.actor_rollout_ref.rollout.n
+        manager = getattr(self.async_rollout_manager, "real", self.async_rollout_manager)
+        output = manager.generate_sequences(gen_batch.repeat(repeat_times=n, interleave=True))
+        output.meta_info.pop("timing", None)
+        drop = [key for key in output.non_tensor_batch if key in rows or key == "uid"]
+        if drop:
+            output.pop(non_tensor_batch_keys=drop)
+        metric = self._metric_values(output)  # (P * n,)
+        scores = output.batch["rm_scores"].sum(dim=-1)
+        responses = output.batch["responses"]
+        lengths = output.batch["attention_mask"][:, -responses.shape[-1]:].sum(dim=-1)
+        truncated = response_truncation(output, self.tokenizer.eos_token_id)
+        groups = []
+        for j, prompt_id in enumerate(prompt_ids):
+            rows = slice(j * n, (j + 1) * n)  # the n interleaved responses of prompt j
+            groups.append(GroupResult(prompt_id=int(prompt_id), metric=metric[rows], response_lengths=lengths[rows],
+                                      truncated=truncated[rows], scores=scores[rows], payload=output[rows]))
+        return groups
+
+    def _metric_values(self, output: DataProto) -> torch.Tensor:
+        key = self.dapo_config.sampler.metric
+        if key in output.non_tensor_batch:
+            return torch.as_tensor(np.asarray(output.non_tensor_batch[key], dtype=np.float64))
+        if key in _SHAPED_METRICS:
+            logger.warning("algorithm.filter_groups.metric=%s filters on the shaped reward: groups that are all "
+                           "wrong but differ in length pass the filter. Prefer metric=acc.", key)
+            return output.batch["rm_scores"].sum(dim=-1).to(torch.float64)
+        raise ValueError(
+            f"algorithm.filter_groups.metric={key!r} is not in the rollout output (available: "
+            f"{sorted(output.non_tensor_batch)}); the reward manager must report it per response. Use acc with "
+            f"reward.reward_manager.name=dapo_verl."
+        )
+
+    # -- metrics and checkpoints -----------------------------------------------------------------------
+
+    def _update_actor(self, batch: DataProto) -> DataProto:
+        output = super()._update_actor(batch)
+        output.meta_info["metrics"].update({**self._step_metrics, **overlong_metrics(batch.non_tensor_batch)})
+        return output
+
+    def _save_checkpoint(self) -> None:
+        super()._save_checkpoint()
+        folder = os.path.join(self.config.trainer.default_local_dir, f"global_step_{self.global_steps}")
+        save_state(self.sampler.state_dict(), os.path.join(folder, SAMPLER_STATE_FILE))
+
+    def _load_checkpoint(self):
+        result = super()._load_checkpoint()
+        if self.global_steps == 0:
+            return result
+        root = os.path.abspath(self.config.trainer.default_local_dir)
+        folder = os.path.join(root, f"global_step_{self.global_steps}")
+        if self.config.trainer.resume_mode == "resume_path":
+            folder = os.path.abspath(self.config.trainer.resume_from_path)
+        path = os.path.join(folder, SAMPLER_STATE_FILE)
+        if not os.path.exists(path):
+            raise FileNotFoundError(
+                f"Resuming from {folder} but it has no {SAMPLER_STATE_FILE}: it was not written by dapo_verl's "
+                f"trainer, so carried groups and prompt history cannot be restored. Resume from a dapo_verl "
+                f"checkpoint or set trainer.resume_mode=disable."
+            )
+        self.sampler.load_state_dict(load_state(path))
+        logger.info("dapo_verl: restored the sampler state from %s", path)
+        return result
+
+
+class _GroupCodec(DataProtoCodec):
+    """Carried groups' payloads are ``DataProto`` slices."""

@@ -1,0 +1,112 @@
+"""``python -m dapo_verl.main``: DAPO on verl (Hydra entry point; config ``configs/dapo_trainer.yaml``).
+
+Like ``verl.trainer.main_ppo`` it validates the config and starts Ray with a TaskRunner, but the
+TaskRunner builds :class:`~dapo_verl.adapter.trainer.DapoRayTrainer`. ``--help`` and ``--cfg job`` show the
+resolved configuration without starting anything.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import warnings
+from collections.abc import Iterator
+from typing import Any
+
+import hydra
+from omegaconf import DictConfig
+
+from dapo_verl.config import DapoConfig, clip_higher_inert_reason
+
+__all__ = ["main", "run_dapo", "validate_dapo_config"]
+
+logger = logging.getLogger(__name__)
+
+
+def validate_dapo_config(config: DictConfig) -> DapoConfig:
+    """Check the DAPO-specific parts of a composed config; return the parsed :class:`DapoConfig`.
+
+    Raises:
+        ValueError: naming the offending key and the fix.
+    """
+    dapo = DapoConfig.from_verl(config)
+    if config.trainer.get("use_v1", False):
+        raise ValueError(
+            "trainer.use_v1=true selects verl's v1 trainer, whose own filter_groups discards surplus groups and "
+            "does not use dapo_verl's batch replenisher. Set trainer.use_v1=false (dapo_trainer.yaml does), or run "
+            "verl.trainer.main_ppo with loss_mode=dapo and verl's filter_groups."
+        )
+    n = config.actor_rollout_ref.rollout.n
+    if n < 2:
+        raise ValueError(f"actor_rollout_ref.rollout.n={n}: group-normalised advantages need >= 2 responses per "
+                         f"prompt. Set actor_rollout_ref.rollout.n (the paper uses 16).")
+    if config.algorithm.adv_estimator == "remax":
+        raise ValueError("algorithm.adv_estimator=remax needs a greedy baseline rollout per prompt, which the batch "
+                         "replenisher does not produce. Use adv_estimator=dapo or grpo.")
+    reason = clip_higher_inert_reason(
+        train_batch_size=dapo.sampler.train_batch_size,
+        ppo_mini_batch_size=config.actor_rollout_ref.actor.ppo_mini_batch_size,
+        ppo_epochs=config.actor_rollout_ref.actor.ppo_epochs,
+    )
+    if reason and dapo.loss.clip_ratio_high != dapo.loss.clip_ratio_low:
+        warnings.warn(reason, stacklevel=2)
+    return dapo
+
+
+@contextlib.contextmanager
+def _trainer_class(trainer_cls: type) -> Iterator[None]:
+    """Make verl's TaskRunner build ``trainer_cls``.
+
+    ``TaskRunner.run`` (verl/trainer/main_ppo_v0.py) constructs the trainer through the module-global name
+    ``RayPPOTrainer``; swapping that name inside the TaskRunner's own process is the smallest override that
+    avoids copying ``run``.
+    """
+    import verl.trainer.main_ppo_v0 as v0
+
+    original = v0.RayPPOTrainer
+    v0.RayPPOTrainer = trainer_cls
+    try:
+        yield
+    finally:
+        v0.RayPPOTrainer = original
+
+
+def _task_runner_class() -> Any:
+    import ray
+    from verl.trainer.main_ppo_v0 import TaskRunner
+
+    from dapo_verl.adapter.trainer import DapoRayTrainer
+
+    class DapoTaskRunner(TaskRunner.__ray_actor_class__):
+        """verl's TaskRunner, building :class:`~dapo_verl.adapter.trainer.DapoRayTrainer`."""
+
+        def run(self, config):
+            with _trainer_class(DapoRayTrainer):
+                return super().run(config)
+
+    return ray.remote(num_cpus=1)(DapoTaskRunner)
+
+
+def run_dapo(config: DictConfig) -> None:
+    """Validate ``config`` and train with Ray workers (needs the GPUs the config asks for)."""
+    from verl.trainer.main_ppo import run_ppo
+    from verl.trainer.ppo.utils import need_critic, need_reference_policy
+    from verl.utils.config import validate_config
+    from verl.utils.device import auto_set_device
+
+    import dapo_verl.adapter.register  # noqa: F401  (the driver process too; the workers get the entry point)
+
+    auto_set_device(config)
+    validate_dapo_config(config)
+    validate_config(config=config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config))
+    run_ppo(config, task_runner_class=_task_runner_class())
+
+
+@hydra.main(config_path="configs", config_name="dapo_trainer", version_base=None)
+def main(config: DictConfig) -> None:
+    """Hydra entry point."""
+    run_dapo(config)
+
+
+if __name__ == "__main__":
+    main()

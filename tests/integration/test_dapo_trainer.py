@@ -1,0 +1,107 @@
+"""verl's own RayPPOTrainer.fit, driven on CPU with fakes, with dapo_verl's replenisher producing batches."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import warnings
+
+import pytest
+
+pytestmark = pytest.mark.verl
+
+from dapo_verl.adapter.trainer import SAMPLER_STATE_FILE  # noqa: E402
+from dapo_verl.main import validate_dapo_config  # noqa: E402
+from dapo_verl.sampler import ShortfallError  # noqa: E402
+from tests.integration.fake_verl import build_trainer, compose_config  # noqa: E402
+
+CARRY = ["data.gen_batch_size=8", "algorithm.filter_groups.refill=barrier", "algorithm.filter_groups.surplus=carry"]
+
+
+def _fit(tmp_path, monkeypatch, steps, *extra, log="log.jsonl", **kwargs):
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    monkeypatch.setenv("VERL_FILE_LOGGER_PATH", str(tmp_path / log))
+    trainer = build_trainer(compose_config(tmp_path, f"trainer.total_training_steps={steps}", *extra), **kwargs)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer.fit()
+    logged = [json.loads(line) for line in (tmp_path / log).read_text().splitlines()]
+    return trainer, {entry["step"]: entry["data"] for entry in logged}
+
+
+def test_every_update_gets_a_full_batch_of_informative_contiguous_groups(tmp_path, monkeypatch):
+    trainer, metrics = _fit(tmp_path, monkeypatch, 3, *CARRY)
+    updates = trainer.actor_rollout_wg.updates
+    assert len(updates) == 3  # training steps, although the rollout manager was called more often
+    assert len(trainer.async_rollout_manager.real.calls) > 3
+    for update in updates:
+        assert len(update["uid"]) == 4 * 4
+        groups: dict[str, list[bool]] = {}
+        for uid, acc in zip(update["uid"], update["acc"]):
+            groups.setdefault(uid, []).append(acc)
+        assert len(groups) == 4
+        assert all(0 < sum(accs) < len(accs) for accs in groups.values())  # no all-right/all-wrong group
+        assert all(index % 3 == 2 for index in update["index"])
+    assert any(step["dapo/sampler/groups_from_carry"] > 0 for step in metrics.values())
+    for step in metrics.values():
+        for key in ("dapo/sampler/gen_rounds", "dapo/sampler/prefilter_acc", "dapo/sampler/dropped/all_correct",
+                    "dapo/sampler/dropped/all_wrong", "dapo/sampler/train_step",
+                    "timing_s/dapo_sampling"):
+            assert key in step
+        assert step["dapo/sampler/prefilter_acc"] < 1.0
+    assert os.path.exists(tmp_path / "ckpt" / "global_step_3" / SAMPLER_STATE_FILE)
+
+
+def test_run_length_and_lr_schedule_count_training_steps(tmp_path, monkeypatch):
+    trainer, _ = _fit(tmp_path, monkeypatch, 2, *CARRY)
+    assert trainer.total_training_steps == 2
+    assert trainer.config.actor_rollout_ref.actor.optim.total_training_steps == 2
+    assert trainer.sampler.train_steps == 2
+
+
+def test_resume_continues_exactly_with_the_carried_group(tmp_path, monkeypatch):
+    straight, straight_metrics = _fit(tmp_path / "a", monkeypatch, 4, *CARRY)
+    _first, first_metrics = _fit(tmp_path / "b", monkeypatch, 3, *CARRY)
+    assert first_metrics[3]["dapo/sampler/carried_groups"] == 1  # a group is carried across the checkpoint
+    resumed, resumed_metrics = _fit(tmp_path / "b", monkeypatch, 4, *CARRY, log="log2.jsonl")
+    assert resumed.actor_rollout_wg.loaded and resumed.actor_rollout_wg.loaded[-1].endswith("global_step_3/actor")
+    assert len(resumed.actor_rollout_wg.updates) == 1
+    assert resumed.actor_rollout_wg.updates[0]["index"] == straight.actor_rollout_wg.updates[3]["index"]
+    sampler_keys = [k for k in straight_metrics[4] if k.startswith("dapo/sampler/")]
+    assert {k: resumed_metrics[4][k] for k in sampler_keys} == {k: straight_metrics[4][k] for k in sampler_keys}
+    assert resumed_metrics[4]["dapo/sampler/groups_from_carry"] == 1
+    assert resumed.sampler.conservation_gap() == 0
+
+
+def test_hopeless_data_stops_with_the_knob_to_turn(tmp_path, monkeypatch):
+    with pytest.raises(ShortfallError, match="Raise max_num_gen_batches.*on_shortfall=partial"):
+        _fit(tmp_path, monkeypatch, 2, "algorithm.filter_groups.max_num_gen_batches=2", mixed_prompts=False)
+
+
+def test_validation_requests_pass_through_to_the_real_rollout_manager(tmp_path, monkeypatch):
+    _trainer, metrics = _fit(tmp_path, monkeypatch, 1, "trainer.val_before_train=True", *CARRY)
+    assert any(key.startswith("val-core/") for key in metrics[0])
+
+
+def test_dapo_config_checks(tmp_path):
+    with pytest.raises(ValueError, match="trainer.use_v1=true selects verl's v1 trainer"):
+        validate_dapo_config(compose_config(tmp_path, "trainer.use_v1=true"))
+    with pytest.raises(ValueError, match="actor_rollout_ref.rollout.n=1"):
+        validate_dapo_config(compose_config(tmp_path, "actor_rollout_ref.rollout.n=1"))
+    with pytest.raises(ValueError, match="overlong_tokens=4096 exceeds data.max_response_length=6"):
+        validate_dapo_config(compose_config(tmp_path, "reward.reward_kwargs.overlong_tokens=4096"))
+    with pytest.warns(UserWarning, match="clip_ratio_high has no effect"):
+        validate_dapo_config(compose_config(tmp_path, "actor_rollout_ref.actor.ppo_mini_batch_size=4"))
+
+
+@pytest.mark.slow
+def test_main_shows_the_resolved_dapo_config_without_starting_anything():
+    job = subprocess.run([sys.executable, "-m", "dapo_verl.main", "--cfg", "job"], capture_output=True, text=True,
+                         check=True)
+    assert "loss_mode: dapo" in job.stdout and "adv_estimator: dapo" in job.stdout
+    assert "name: dapo_verl" in job.stdout and "use_v1: false" in job.stdout
+    usage = subprocess.run([sys.executable, "-m", "dapo_verl.main", "--help"], capture_output=True, text=True,
+                           check=True)
+    assert "Override anything in the config" in usage.stdout
