@@ -220,14 +220,24 @@ class DapoRayTrainer(RayPPOTrainer):
         folder = os.path.join(self.config.trainer.default_local_dir, f"global_step_{self.global_steps}")
         save_state(self.sampler.state_dict(), os.path.join(folder, SAMPLER_STATE_FILE))
 
+    def _resume_folder(self) -> str | None:
+        """The checkpoint folder ``RayPPOTrainer._load_checkpoint`` will resume from (same rules), or None."""
+        mode = self.config.trainer.resume_mode
+        if mode == "disable":
+            return None
+        if mode == "resume_path":
+            return os.path.abspath(self.config.trainer.resume_from_path)
+        from verl.utils.checkpoint.checkpoint_manager import find_latest_ckpt_path
+
+        return find_latest_ckpt_path(os.path.abspath(self.config.trainer.default_local_dir))
+
     def _load_checkpoint(self):
+        folder = self._resume_folder()
+        if folder is not None:
+            _refuse_unsafe_pickle(os.path.join(folder, "data.pt"))
         result = super()._load_checkpoint()
-        if self.global_steps == 0:
+        if folder is None or self.global_steps == 0:
             return result
-        root = os.path.abspath(self.config.trainer.default_local_dir)
-        folder = os.path.join(root, f"global_step_{self.global_steps}")
-        if self.config.trainer.resume_mode == "resume_path":
-            folder = os.path.abspath(self.config.trainer.resume_from_path)
         path = os.path.join(folder, SAMPLER_STATE_FILE)
         if not os.path.exists(path):
             raise FileNotFoundError(
@@ -238,6 +248,24 @@ class DapoRayTrainer(RayPPOTrainer):
         self.sampler.load_state_dict(load_state(path))
         logger.info("dapo_verl: restored the sampler state from %s", path)
         return result
+
+
+def _refuse_unsafe_pickle(path: str) -> None:
+    """verl loads ``data.pt`` with ``torch.load(weights_only=False)``; refuse one that needs more than that.
+
+    ``weights_only=True`` unpickles tensors and plain containers only, so a planted payload fails here instead
+    of running inside verl's loader.
+    """
+    if not os.path.exists(path):
+        return
+    try:
+        torch.load(path, weights_only=True)
+    except Exception as err:
+        raise ValueError(
+            f"Refusing to resume from {path}: it holds pickled objects beyond tensors and plain containers, "
+            f"which verl's loader would execute ({type(err).__name__}). Restore the file from a trusted copy or "
+            f"delete it (the sampler state lives in {SAMPLER_STATE_FILE})."
+        ) from None
 
 
 class _GroupCodec(DataProtoCodec):

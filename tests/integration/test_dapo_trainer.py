@@ -105,3 +105,19 @@ def test_main_shows_the_resolved_dapo_config_without_starting_anything():
     usage = subprocess.run([sys.executable, "-m", "dapo_verl.main", "--help"], capture_output=True, text=True,
                            check=True)
     assert "Override anything in the config" in usage.stdout
+
+
+class _Planted:
+    def __reduce__(self):
+        return (os.system, ("touch PLANTED",))
+
+
+def test_a_planted_dataloader_pickle_is_refused_before_verl_loads_it(tmp_path, monkeypatch):
+    import torch
+
+    _fit(tmp_path, monkeypatch, 1, *CARRY)
+    torch.save({"state": _Planted()}, tmp_path / "ckpt" / "global_step_1" / "data.pt")
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValueError, match="Refusing to resume from .*data.pt"):
+        _fit(tmp_path, monkeypatch, 2, *CARRY, log="log2.jsonl")
+    assert not (tmp_path / "PLANTED").exists()
