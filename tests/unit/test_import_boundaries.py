@@ -44,3 +44,26 @@ def test_import_dapo_verl_is_fast_after_torch():
         """
     )
     assert result["seconds"] < 1.0
+
+
+LOCAL_MODULES = ["dapo_verl.local", "dapo_verl.local.config", "dapo_verl.local.compose", "dapo_verl.local.tasks",
+                 "dapo_verl.local.model", "dapo_verl.local.rollout", "dapo_verl.local.actor",
+                 "dapo_verl.local.checkpoint", "dapo_verl.local.tracking", "dapo_verl.local.plots",
+                 "dapo_verl.local.train"]
+
+
+def test_local_backend_imports_with_verl_and_ray_blocked():
+    result = _run(
+        f"""
+        import importlib, json, sys
+        class Block:
+            def find_spec(self, name, path=None, target=None):
+                if name.split(".")[0] in ("verl", "ray"):
+                    raise ImportError("blocked for the boundary test: " + name)
+        sys.meta_path.insert(0, Block())
+        for module in {LOCAL_MODULES!r}:
+            importlib.import_module(module)
+        print(json.dumps({{"loaded": sorted(m for m in sys.modules if m.split(".")[0] in ("verl", "ray"))}}))
+        """
+    )
+    assert result["loaded"] == []

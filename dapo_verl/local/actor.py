@@ -1,0 +1,250 @@
+"""The local backend's policy update: DAPO's loss on a filled batch, with verl's batching semantics.
+
+One training step, as in verl's actor:
+
+1. :func:`assemble_batch` turns the sampler's groups into flat tensors; advantages come from
+   :func:`~dapo_verl.core.group_advantages_by_index` on the shaped scores; with
+   ``algorithm.overlong_filtering`` truncated responses lose their loss mask
+   (:func:`~dapo_verl.core.mask_truncated_responses`); with ``algorithm.group_token_mean`` the advantages
+   are weighted by :func:`~dapo_verl.core.group_token_mean_weights` (paired with ``seq-mean-token-sum``).
+2. :func:`update_policy` recomputes the old log-probs with the current policy (a forward pass, as verl
+   does), then takes one AdamW step per mini-batch of ``ppo_mini_batch_size`` groups, ``ppo_epochs``
+   times, so clip-higher can act. Each mini-batch's loss is
+   :func:`~dapo_verl.core.clipped_surrogate_loss_matrix` reduced by :func:`~dapo_verl.core.aggregate_loss`
+   with the mini-batch's global token and sequence counts, so splitting it into micro-batches of
+   ``ppo_micro_batch_size_per_gpu`` responses (gradient accumulation) leaves the gradient unchanged.
+
+Shape legend: P groups, G responses per group, B = P*G responses, S prompt length, L response budget,
+V vocabulary.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+from transformers import PreTrainedModel
+
+from dapo_verl.config import DapoConfig
+from dapo_verl.core import (
+    aggregate_loss,
+    clip_diagnostics,
+    clipped_surrogate_loss_matrix,
+    group_advantages_by_index,
+    group_token_mean_weights,
+    mask_truncated_responses,
+)
+from dapo_verl.local.config import ActorConfig
+from dapo_verl.sampler import GroupResult
+
+__all__ = ["TrainBatch", "assemble_batch", "batch_metrics", "sequence_log_probs", "update_policy"]
+
+logger = logging.getLogger(__name__)
+
+_CLIP_KEYS = ("clip_upper_fraction", "clip_lower_fraction", "dual_clip_fraction", "clip_higher_kept_fraction",
+              "ratio_mean")
+
+
+@dataclass
+class TrainBatch:
+    """A filled batch as flat tensors.
+
+    Attributes:
+        input_ids: (B, S + L) int64 prompt followed by the padded response.
+        mask: (B, L) bool loss mask (after overlong filtering).
+        advantages: (B,) float32, already weighted when ``group_token_mean`` is on.
+        scores: (B,) float32 shaped rewards; acc: (B,) bool raw correctness.
+        lengths: (B,) int64 response lengths; truncated: (B,) bool.
+        group_index: (B,) int64 group of each row; group_size: G.
+    """
+
+    input_ids: Tensor
+    mask: Tensor
+    advantages: Tensor
+    scores: Tensor
+    acc: Tensor
+    lengths: Tensor
+    truncated: Tensor
+    group_index: Tensor
+    group_size: int
+
+    @property
+    def prompt_length(self) -> int:
+        """S, prompt tokens before the response."""
+        return self.input_ids.shape[1] - self.mask.shape[1]
+
+
+def assemble_batch(groups: Sequence[GroupResult], prompts: Tensor, dapo: DapoConfig) -> TrainBatch:
+    """Flatten groups and compute their advantages and loss mask.
+
+    Args:
+        groups: The sampler's batch (P groups of G responses, ``payload`` from :class:`~.rollout.Rollout`).
+        prompts: (P, S) int64 prompt tokens of the groups, in order.
+        dapo: Advantage and overlong settings.
+    """
+    size = groups[0].group_size
+    tokens = torch.cat([g.payload["tokens"] for g in groups])  # (B, L)
+    mask = torch.cat([g.payload["mask"] for g in groups])  # (B, L)
+    scores = torch.cat([g.scores for g in groups]).to(torch.float32)  # (B,)
+    truncated = torch.cat([g.truncated for g in groups])  # (B,)
+    index = torch.arange(len(groups)).repeat_interleave(size)  # (B,)
+    if dapo.overlong.overlong_filtering:
+        mask = mask_truncated_responses(mask, truncated)
+    advantages = group_advantages_by_index(scores, index, scale_by_std=dapo.advantage.norm_adv_by_std_in_grpo,
+                                           eps=dapo.advantage.adv_epsilon)
+    if dapo.advantage.group_token_mean:
+        advantages = advantages * group_token_mean_weights(mask, index, dtype=advantages.dtype)
+    return TrainBatch(
+        input_ids=torch.cat([prompts.repeat_interleave(size, dim=0), tokens], dim=1),  # (B, S + L)
+        mask=mask, advantages=advantages, scores=scores, acc=torch.cat([g.metric for g in groups]).bool(),
+        lengths=torch.cat([g.response_lengths for g in groups]), truncated=truncated, group_index=index,
+        group_size=size,
+    )
+
+
+def sequence_log_probs(model: PreTrainedModel, input_ids: Tensor, prompt_length: int, temperature: float,
+                       ) -> tuple[Tensor, Tensor]:
+    """Log-probs and entropies of the response tokens under ``model`` at ``temperature``.
+
+    Args:
+        model: The policy.
+        input_ids: (B, S + L) int64 prompt + response tokens (right padding only, so no attention mask).
+        prompt_length: S.
+        temperature: Logits are divided by it, as at sampling time (verl does the same).
+
+    Returns:
+        ``(logp, entropy)``, each (B, L) float32.
+    """
+    logits = model(input_ids=input_ids).logits[:, prompt_length - 1:-1].float() / temperature  # (B, L, V)
+    log_probs = torch.log_softmax(logits, dim=-1)
+    logp = log_probs.gather(-1, input_ids[:, prompt_length:].unsqueeze(-1)).squeeze(-1)  # (B, L)
+    entropy = -(log_probs.exp() * log_probs).sum(dim=-1)  # (B, L)
+    return logp, entropy
+
+
+def _chunks(start: int, stop: int, size: int | None) -> list[slice]:
+    step = size or (stop - start)
+    return [slice(i, min(i + step, stop)) for i in range(start, stop, step)]
+
+
+class _StepMetrics:
+    """Token-weighted accumulation of the per-micro-batch diagnostics over one training step."""
+
+    def __init__(self) -> None:
+        self.tokens = 0.0
+        self.sums = dict.fromkeys((*_CLIP_KEYS, "entropy"), 0.0)
+        self.ratio_min, self.ratio_max = math.inf, -math.inf
+        self.losses: list[float] = []
+        self.grad_norms: list[float] = []
+
+    def add_micro(self, diag: dict[str, Tensor], entropy_sum: float, tokens: int) -> None:
+        for key in _CLIP_KEYS:
+            self.sums[key] += float(diag[key]) * tokens
+        self.sums["entropy"] += entropy_sum
+        self.tokens += tokens
+        if tokens:
+            self.ratio_min = min(self.ratio_min, float(diag["ratio_min"]))
+            self.ratio_max = max(self.ratio_max, float(diag["ratio_max"]))
+
+    def result(self) -> dict[str, float]:
+        tokens = max(self.tokens, 1.0)
+        frac = {key: self.sums[key] / tokens for key in _CLIP_KEYS}
+        has_tokens = self.tokens > 0
+        return {
+            "actor/pg_loss": sum(self.losses) / max(len(self.losses), 1),
+            "actor/pg_clipfrac": frac["clip_upper_fraction"] + frac["clip_lower_fraction"],
+            "actor/entropy": self.sums["entropy"] / tokens,
+            "actor/grad_norm": sum(self.grad_norms) / max(len(self.grad_norms), 1),
+            **{f"dapo/actor/{key}": value for key, value in frac.items()},
+            "dapo/actor/ratio_min": self.ratio_min if has_tokens else 1.0,
+            "dapo/actor/ratio_max": self.ratio_max if has_tokens else 1.0,
+            "dapo/actor/gradient_steps": float(len(self.grad_norms)),
+        }
+
+
+def update_policy(model: PreTrainedModel, optimizer: torch.optim.Optimizer, batch: TrainBatch, dapo: DapoConfig,
+                  actor: ActorConfig, *, temperature: float) -> dict[str, float]:
+    """Recompute old log-probs, then take one optimiser step per mini-batch and epoch.
+
+    Args:
+        model: The policy, updated in place.
+        optimizer: Its optimiser.
+        batch: From :func:`assemble_batch`.
+        dapo: Loss settings (clip ratios, dual clip, aggregation).
+        actor: Batching, gradient clipping and entropy bonus.
+        temperature: Rollout temperature (logits are scaled by it).
+
+    Returns:
+        ``actor/pg_loss`` (mean over gradient steps), ``actor/pg_clipfrac``, ``actor/entropy``,
+        ``actor/grad_norm`` (mean over gradient steps), ``dapo/actor/{clip_upper_fraction,
+        clip_lower_fraction, dual_clip_fraction, clip_higher_kept_fraction, ratio_mean, ratio_min,
+        ratio_max, gradient_steps}``; fractions are over every valid token seen in the step.
+    """
+    rows = batch.mask.shape[0]
+    micro = actor.ppo_micro_batch_size_per_gpu
+    with torch.no_grad():
+        old_logp = torch.cat([sequence_log_probs(model, batch.input_ids[part], batch.prompt_length, temperature)[0]
+                              for part in _chunks(0, rows, micro)])  # (B, L)
+    stats = _StepMetrics()
+    for _ in range(actor.ppo_epochs):
+        for mini in _chunks(0, rows, actor.ppo_mini_batch_size * batch.group_size):
+            _mini_batch_step(model, optimizer, batch, old_logp, mini, dapo, actor, temperature, stats)
+    return stats.result()
+
+
+def _mini_batch_step(model: PreTrainedModel, optimizer: torch.optim.Optimizer, batch: TrainBatch, old_logp: Tensor,
+                     mini: slice, dapo: DapoConfig, actor: ActorConfig, temperature: float,
+                     stats: _StepMetrics) -> None:
+    """One optimiser step on rows ``mini``, accumulating gradients over micro-batches."""
+    clip = {"clip_low": dapo.loss.clip_ratio_low, "clip_high": dapo.loss.clip_ratio_high,
+            "clip_ratio_c": dapo.loss.clip_ratio_c}
+    counts = {"num_valid_tokens": int(batch.mask[mini].sum()), "num_sequences": mini.stop - mini.start}
+    mode = dapo.loss.aggregation
+    optimizer.zero_grad(set_to_none=True)
+    pg_loss = 0.0
+    for part in _chunks(mini.start, mini.stop, actor.ppo_micro_batch_size_per_gpu):
+        logp, entropy = sequence_log_probs(model, batch.input_ids[part], batch.prompt_length, temperature)
+        mask, advantages = batch.mask[part], batch.advantages[part]
+        loss_mat = clipped_surrogate_loss_matrix(logp, old_logp[part], advantages, mask, **clip)  # (b, L)
+        pg = aggregate_loss(loss_mat, mask, mode, **counts)
+        loss = pg
+        if actor.entropy_coeff:
+            loss = pg - actor.entropy_coeff * aggregate_loss(entropy, mask, mode, **counts)
+        loss.backward()
+        pg_loss += float(pg.detach())
+        diag = clip_diagnostics(logp.detach(), old_logp[part], advantages, mask, **clip)
+        stats.add_micro(diag, float(torch.where(mask, entropy.detach(), 0.0).sum()), int(mask.sum()))
+    params = [p for p in model.parameters() if p.grad is not None]
+    grad_norm = float(torch.nn.utils.clip_grad_norm_(params, actor.grad_clip))
+    if math.isfinite(grad_norm):
+        optimizer.step()
+    else:  # as verl: a non-finite gradient skips the step instead of corrupting the weights
+        logger.warning("Non-finite gradient norm %s; skipping this optimiser step.", grad_norm)
+    stats.losses.append(pg_loss)
+    stats.grad_norms.append(grad_norm)
+
+
+def batch_metrics(batch: TrainBatch) -> dict[str, float]:
+    """Metrics of the trained batch under verl's names where verl has one.
+
+    Returns:
+        ``critic/score/mean`` (shaped reward), ``critic/advantages/mean``, ``response_length/mean``,
+        ``response_length/clip_ratio`` (share truncated), ``dapo/actor/train_acc`` (raw correctness of the
+        trained responses), ``dapo/actor/uninformative_groups`` (trained groups whose correctness does not
+        vary; 0 whenever dynamic sampling is on), ``dapo/actor/loss_tokens``.
+    """
+    acc = batch.acc.view(-1, batch.group_size).float()  # (P, G)
+    uninformative = (acc.amax(dim=1) == acc.amin(dim=1)).sum()
+    return {
+        "critic/score/mean": batch.scores.mean().item(),
+        "critic/advantages/mean": batch.advantages.mean().item(),
+        "response_length/mean": batch.lengths.float().mean().item(),
+        "response_length/clip_ratio": batch.truncated.float().mean().item(),
+        "dapo/actor/train_acc": acc.mean().item(),
+        "dapo/actor/uninformative_groups": float(uninformative),
+        "dapo/actor/loss_tokens": float(batch.mask.sum()),
+    }

@@ -1,0 +1,114 @@
+"""Compose a local run's configuration with Hydra and check it as a whole before anything runs.
+
+The primary config is ``configs/local.yaml``: it composes ``dapo_defaults`` (every DAPO key, generated
+from :mod:`dapo_verl.config`), ``local_defaults`` (the keys of :mod:`dapo_verl.local.config`, registered
+here from the dataclass defaults so they have a single home) and its own overrides for the embedded
+experiment. Command-line overrides use Hydra's ``key=value`` grammar; a key that does not exist is an
+error (prefix ``+`` to add one deliberately).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hydra import compose, initialize_config_dir
+from hydra.core.config_store import ConfigStore
+from hydra.errors import HydraException
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from dapo_verl.config import DapoConfig, clip_higher_inert_reason
+from dapo_verl.local.config import LocalRunConfig, defaults_tree, read_run_config
+
+__all__ = ["CONFIG_DIR", "PRIMARY_CONFIG", "RunSpec", "compose_run"]
+
+logger = logging.getLogger(__name__)
+
+CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
+PRIMARY_CONFIG = "local"
+_FILTER_METRICS = ("acc",)
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """A composed and validated local run configuration.
+
+    Attributes:
+        cfg: The whole resolved config as plain nested dicts (saved as the run's ``config.yaml``).
+        dapo: The DAPO settings read from it.
+        run: The local settings read from it.
+    """
+
+    cfg: dict[str, Any]
+    dapo: DapoConfig
+    run: LocalRunConfig
+
+    @property
+    def seed(self) -> int:
+        """``data.seed``: seeds the prompt order, the model's initialisation and the sampling."""
+        return self.dapo.sampler.seed
+
+    def to_yaml(self) -> str:
+        """The resolved config as YAML text."""
+        return OmegaConf.to_yaml(OmegaConf.create(self.cfg))
+
+
+def compose_run(overrides: Sequence[str] = (), *, out_dir: str | Path | None = None,
+                config_name: str = PRIMARY_CONFIG) -> RunSpec:
+    """Compose ``configs/<config_name>.yaml`` with ``overrides`` and validate the result.
+
+    Args:
+        overrides: Hydra overrides such as ``["actor_rollout_ref.actor.optim.lr=3e-4", "data.seed=1"]``.
+        out_dir: Run directory; replaces ``trainer.default_local_dir`` when given.
+        config_name: Primary config in ``dapo_verl/configs``.
+
+    Raises:
+        ValueError: for an override Hydra cannot apply or any invalid value, naming the key and the fix.
+    """
+    ConfigStore.instance().store(name="local_defaults", node=defaults_tree())
+    try:
+        with initialize_config_dir(version_base=None, config_dir=str(CONFIG_DIR), job_name="dapo_verl_local"):
+            composed = compose(config_name=config_name, overrides=list(overrides))
+    except (HydraException, OmegaConfBaseException) as err:
+        raise ValueError(
+            f"Cannot compose configs/{config_name}.yaml with overrides {list(overrides)}: "
+            f"{' '.join(str(err).split()).rstrip('.')}. Use key=value with "
+            f"an existing key (see `dapo-verl train --print-config`); prefix + only to add a new key."
+        ) from None
+    if out_dir is not None:
+        composed.trainer.default_local_dir = str(out_dir)
+    cfg: dict[str, Any] = OmegaConf.to_container(composed, resolve=True)  # type: ignore[assignment]
+    spec = RunSpec(cfg=cfg, dapo=DapoConfig.from_verl(cfg), run=read_run_config(cfg))
+    check_run(spec)
+    return spec
+
+
+def check_run(spec: RunSpec) -> None:
+    """Cross-key checks of a local run; warns once when clip-higher cannot act.
+
+    Raises:
+        ValueError: naming the offending key and how to fix it.
+    """
+    dapo, actor = spec.dapo, spec.run.actor
+    _ = dapo.loss.aggregation  # raises for loss_agg_mode values only verl implements
+    if dapo.sampler.metric not in _FILTER_METRICS:
+        raise ValueError(
+            f"algorithm.filter_groups.metric={dapo.sampler.metric!r} is not reported by the local verifier, which "
+            f"reports {list(_FILTER_METRICS)} (raw correctness; filtering on the length-shaped score would let "
+            f"all-wrong groups through). Set algorithm.filter_groups.metric=acc."
+        )
+    batch = dapo.sampler.train_batch_size
+    if actor.ppo_mini_batch_size > batch or batch % actor.ppo_mini_batch_size:
+        raise ValueError(
+            f"actor_rollout_ref.actor.ppo_mini_batch_size={actor.ppo_mini_batch_size} does not divide "
+            f"data.train_batch_size={batch}; every gradient step must see the same number of prompt groups. "
+            f"Use a divisor of {batch}, e.g. {max(1, batch // 4)}."
+        )
+    reason = clip_higher_inert_reason(train_batch_size=batch, ppo_mini_batch_size=actor.ppo_mini_batch_size,
+                                      ppo_epochs=actor.ppo_epochs)
+    if reason is not None:
+        logger.warning("%s", reason)

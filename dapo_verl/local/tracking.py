@@ -1,0 +1,74 @@
+"""Metric logging of a local run: verl's JSONL format, TensorBoard events and the in-memory history.
+
+Every step's metrics go to ``metrics.jsonl`` as one line ``{"step": int, "data": {...}}`` (the format of
+verl's ``FileLogger``, so tools that read verl's logs read these) and to TensorBoard through
+``torch.utils.tensorboard.SummaryWriter`` (what verl's TensorBoard adapter uses). verl's ``Tracking``
+class is not imported because the local backend must not import verl or ray (STYLE.md §2); the two
+formats are reproduced instead.
+
+On resume the JSONL file is cut back to the checkpoint's step and TensorBoard is told to purge later
+events, so a resumed run's logs read as one uninterrupted run.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+from torch.utils.tensorboard import SummaryWriter
+
+__all__ = ["MetricsLog", "read_history"]
+
+
+def read_history(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """The records of a ``metrics.jsonl`` file, in order (empty if the file does not exist)."""
+    source = Path(path)
+    if not source.exists():
+        return []
+    with source.open() as handle:
+        return [json.loads(line) for line in handle if line.strip()]
+
+
+def _plain(value: Any) -> float | None:
+    number = float(value)
+    return number if math.isfinite(number) else None  # JSON has no NaN; verl's orjson writes null too
+
+
+class MetricsLog:
+    """Writes each step's metrics to JSONL and TensorBoard and keeps them in memory.
+
+    Args:
+        run_dir: The run directory; writes ``metrics.jsonl`` and ``tensorboard/``.
+        resume_step: The checkpoint step a resumed run continues from (records after it are dropped), or
+            None for a fresh run (an existing ``metrics.jsonl`` is replaced).
+    """
+
+    def __init__(self, run_dir: Path, *, resume_step: int | None) -> None:
+        self.jsonl_path = run_dir / "metrics.jsonl"
+        self.tensorboard_dir = run_dir / "tensorboard"
+        kept = [r for r in read_history(self.jsonl_path) if r["step"] <= resume_step] if resume_step is not None else []
+        self.history: list[dict[str, Any]] = kept
+        tmp = self.jsonl_path.with_suffix(".jsonl.tmp")
+        tmp.write_text("".join(json.dumps(r) + "\n" for r in kept))
+        os.replace(tmp, self.jsonl_path)
+        purge = resume_step + 1 if resume_step is not None else None
+        self.writer = SummaryWriter(str(self.tensorboard_dir), purge_step=purge)
+        self._file = self.jsonl_path.open("a")
+
+    def log(self, data: dict[str, float], step: int) -> None:
+        """Record ``data`` (metric name -> number) for ``step``."""
+        record = {"step": int(step), "data": {k: _plain(v) for k, v in data.items()}}
+        self._file.write(json.dumps(record) + "\n")
+        self._file.flush()
+        for key, value in record["data"].items():
+            if value is not None:
+                self.writer.add_scalar(key, value, step)
+        self.history.append(record)
+
+    def close(self) -> None:
+        """Flush and close both outputs."""
+        self._file.close()
+        self.writer.close()

@@ -1,0 +1,99 @@
+"""The local policy update: exact token-mean under gradient accumulation, overlong filtering, metrics."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from dapo_verl.config import AdvantageConfig, DapoConfig, LossConfig, OverlongConfig
+from dapo_verl.core import group_token_mean_weights
+from dapo_verl.local.actor import assemble_batch, batch_metrics, update_policy
+from dapo_verl.local.config import ActorConfig, ModelConfig
+from dapo_verl.local.model import load_or_build
+from dapo_verl.sampler import GroupResult
+
+EOS, G, L, S = 1, 4, 5, 4
+
+
+def _groups(gen, num_groups=4):
+    groups = []
+    for p in range(num_groups):
+        tokens = torch.randint(3, 17, (G, L), generator=gen)
+        lengths = torch.randint(1, L + 1, (G,), generator=gen)
+        mask = torch.arange(L) < lengths.unsqueeze(1)
+        eos_at = lengths < L
+        tokens[eos_at, lengths[eos_at] - 1] = EOS
+        acc = torch.tensor([True, False, True, False]) if p % 2 == 0 else torch.tensor([True, True, False, False])
+        groups.append(GroupResult(prompt_id=p, metric=acc, response_lengths=lengths, truncated=~eos_at,
+                                  scores=acc.float() * 2 - 1 - 0.1 * lengths,
+                                  payload={"tokens": torch.where(mask, tokens, 0), "mask": mask}))
+    return groups
+
+
+@pytest.fixture
+def model(tmp_path):
+    built, *_ = load_or_build(ModelConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                          num_attention_heads=2), max_positions=S + L, seed=0, cache_dir=tmp_path)
+    return built
+
+
+def _update(model, batch, dapo, actor):
+    model = copy.deepcopy(model)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.0)
+    metrics = update_policy(model, optimizer, batch, dapo, actor, temperature=1.0)
+    return model, metrics
+
+
+@pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"])
+def test_micro_batching_leaves_the_update_unchanged(model, gen, agg):
+    dapo = DapoConfig(loss=LossConfig(loss_agg_mode=agg))
+    batch = assemble_batch(_groups(gen), torch.randint(3, 17, (4, S), generator=gen), dapo)
+    whole, m1 = _update(model, batch, dapo, ActorConfig(ppo_mini_batch_size=2, ppo_epochs=2))
+    split, m2 = _update(model, batch, dapo, ActorConfig(ppo_mini_batch_size=2, ppo_epochs=2,
+                                                        ppo_micro_batch_size_per_gpu=3))
+    for (name, a), (_, b) in zip(whole.named_parameters(), split.named_parameters()):
+        assert torch.allclose(a, b, atol=1e-6, rtol=0), name
+    assert m1["actor/pg_loss"] == pytest.approx(m2["actor/pg_loss"], abs=1e-6)
+    assert m1["dapo/actor/gradient_steps"] == 4.0
+
+
+def test_later_gradient_steps_move_the_ratio_away_from_one(model, gen):
+    dapo = DapoConfig()
+    batch = assemble_batch(_groups(gen), torch.randint(3, 17, (4, S), generator=gen), dapo)
+    _, metrics = _update(model, batch, dapo, ActorConfig(ppo_mini_batch_size=1, ppo_epochs=3))
+    assert metrics["dapo/actor/ratio_max"] > 1.0 > metrics["dapo/actor/ratio_min"]
+    assert metrics["actor/pg_clipfrac"] == pytest.approx(
+        metrics["dapo/actor/clip_upper_fraction"] + metrics["dapo/actor/clip_lower_fraction"])
+    assert all(torch.isfinite(torch.tensor(v)) for v in metrics.values())
+
+
+def test_overlong_filtering_removes_truncated_responses_from_the_loss(gen):
+    groups = _groups(gen)
+    prompts = torch.zeros(4, S, dtype=torch.int64)
+    kept = assemble_batch(groups, prompts, DapoConfig())
+    filtered = assemble_batch(groups, prompts, DapoConfig(overlong=OverlongConfig(overlong_filtering=True)))
+    assert kept.truncated.any()
+    assert not filtered.mask[filtered.truncated].any()
+    assert torch.equal(filtered.mask[~filtered.truncated], kept.mask[~kept.truncated])
+
+
+def test_group_token_mean_weights_the_advantages(gen):
+    groups = _groups(gen)
+    prompts = torch.zeros(4, S, dtype=torch.int64)
+    plain = assemble_batch(groups, prompts, DapoConfig(loss=LossConfig(loss_agg_mode="seq-mean-token-sum")))
+    weighted = assemble_batch(groups, prompts, DapoConfig(loss=LossConfig(loss_agg_mode="seq-mean-token-sum"),
+                                                          advantage=AdvantageConfig(group_token_mean=True)))
+    weights = group_token_mean_weights(plain.mask, plain.group_index)
+    assert torch.allclose(weighted.advantages, plain.advantages * weights)
+
+
+def test_batch_metrics_count_uninformative_groups(gen):
+    groups = _groups(gen)
+    old = groups[1]
+    groups[1] = GroupResult(prompt_id=1, metric=torch.ones(G, dtype=torch.bool), response_lengths=old.response_lengths,
+                            truncated=old.truncated, scores=old.scores, payload=old.payload)
+    metrics = batch_metrics(assemble_batch(groups, torch.zeros(4, S, dtype=torch.int64), DapoConfig()))
+    assert metrics["dapo/actor/uninformative_groups"] == 1.0
+    assert 0.0 <= metrics["response_length/clip_ratio"] <= 1.0
