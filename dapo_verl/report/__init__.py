@@ -18,7 +18,21 @@ Example (an ablation driver)::
     print(report.to_markdown())
 """
 
+from dapo_verl.report.build import JSON_FILE, MARKDOWN_FILE, Report, build_report, load_runs, summarize, write_report
 from dapo_verl.report.grouping import derive_label, group_runs
 from dapo_verl.report.readers import LogFormat, NoMetricsLogError, RunLog, find_log, load_run
+from dapo_verl.report.summary import (
+    CLIP_METRICS,
+    DEFAULT_LAST_FRAC,
+    DEFAULT_METRICS,
+    ArmMetric,
+    RunValue,
+    Spread,
+    UnknownMetricError,
+    select_metrics,
+)
 
-__all__ = ["LogFormat", "NoMetricsLogError", "RunLog", "derive_label", "find_log", "group_runs", "load_run"]
+__all__ = ["CLIP_METRICS", "DEFAULT_LAST_FRAC", "DEFAULT_METRICS", "JSON_FILE", "MARKDOWN_FILE", "ArmMetric",
+           "LogFormat", "NoMetricsLogError", "Report", "RunLog", "RunValue", "Spread", "UnknownMetricError",
+           "build_report", "derive_label", "find_log", "group_runs", "load_run", "load_runs", "select_metrics",
+           "summarize", "write_report"]

@@ -1,4 +1,4 @@
-"""dapo_verl.report: the three log readers and arm grouping."""
+"""dapo_verl.report: the three log readers, arm grouping and the statistics on hand-computed numbers."""
 
 from __future__ import annotations
 
@@ -16,12 +16,16 @@ from torch.utils.tensorboard import SummaryWriter
 from dapo_verl.report import (
     LogFormat,
     NoMetricsLogError,
+    UnknownMetricError,
+    build_report,
     derive_label,
     find_log,
     group_runs,
     load_run,
+    select_metrics,
 )
 from dapo_verl.report.readers import console_record
+from dapo_verl.report.summary import Spread, run_value
 
 ACC = "val-core/aime-2024/acc/mean@32"
 
@@ -164,7 +168,74 @@ def test_group_runs_keeps_arm_order_and_rejects_bad_labels(tmp_path):
         group_runs(["x", "x"])
 
 
-@pytest.mark.parametrize("name", ["dapo_verl.report.grouping"])
+# -- statistics ----------------------------------------------------------------------------------------
+
+def test_final_value_is_the_tail_mean_for_training_and_the_last_value_for_validation(tmp_path):
+    run = load_run(write_jsonl(tmp_path / "r.jsonl", training_run([1, 2, 3, 4, 5, 6, 7, 8, 9, 10],
+                                                                   acc=[0.1, 0.3, 0.2])))
+    entropy = run_value(run, "actor/entropy", last_frac=0.2)
+    assert (entropy.final, entropy.run_mean, entropy.last_step, entropy.points) == (9.5, 5.5, 10, 10)
+    assert run_value(run, "actor/entropy", last_frac=0.25).final == 9.0  # ceil(2.5) = 3 values: 8, 9, 10
+    assert run_value(run, "actor/entropy", last_frac=1.0).final == 5.5
+    acc = run_value(run, ACC, last_frac=0.2)
+    assert acc.final == 0.2 and acc.run_mean == pytest.approx(0.2) and acc.last_step == 10
+    assert run_value(run, "absent").final is None
+    with pytest.raises(ValueError, match="must be in"):
+        run_value(run, "actor/entropy", last_frac=0.0)
+
+
+def test_arm_spread_is_mean_sample_std_min_max_over_seeds(tmp_path):
+    base = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]
+    paths = [write_jsonl(tmp_path / "clip028" / f"seed{i}" / "metrics.jsonl",
+                         training_run([v + shift for v in base], acc=[0.0, acc]))
+             for i, (shift, acc) in enumerate([(0, 0.5), (1, 0.25), (3, 0.75)])]
+    report = build_report(group_runs(paths), last_frac=0.2)
+    row = report.row("actor/entropy", "clip028")
+    assert row.final.mean == pytest.approx((9.5 + 10.5 + 12.5) / 3)
+    assert row.final.std == pytest.approx(math.sqrt((16 / 9 + 1 / 9 + 25 / 9) / 2))  # deviations -4/3, -1/3, 5/3
+    assert (row.final.min, row.final.max, row.final.n, row.runs) == (9.5, 12.5, 3, 3)
+    assert row.run_mean.mean == pytest.approx(5.5 + 4 / 3)
+    acc = report.row(ACC, "clip028").final
+    assert (acc.mean, acc.min, acc.max) == (0.5, 0.25, 0.75) and acc.std == pytest.approx(0.25)
+    assert Spread.of([0.5]).std is None and Spread.of([None, None]).n == 0
+
+
+def test_metrics_missing_in_some_runs_or_arms_show_as_na(tmp_path):
+    kept = {"dapo/actor/clip_upper_fraction": [0.1] * 10}
+    runs = {"dapo": [write_jsonl(tmp_path / "d1.jsonl", training_run(list(range(10)), acc=[0.1], extra=kept)),
+                     write_jsonl(tmp_path / "d2.jsonl", training_run(list(range(10)), acc=[0.2]))],
+            "grpo": [write_jsonl(tmp_path / "g1.jsonl", training_run(list(range(10)), acc=[0.3]))]}
+    report = build_report(runs, tmp_path / "out")
+    upper = report.row("dapo/actor/clip_upper_fraction", "dapo")
+    assert (upper.final.n, upper.runs, upper.final.std) == (1, 2, None)
+    absent = report.row("dapo/actor/clip_upper_fraction", "grpo")
+    assert absent.final.n == 0 and absent.final.mean is None
+    markdown = (tmp_path / "out" / "report.md").read_text()
+    assert "| `dapo/actor/clip_upper_fraction` | grpo | 0/1 | n/a | n/a | n/a | n/a |" in markdown
+    assert "| `dapo/actor/clip_upper_fraction` | dapo | 1/2 | 0.1 | 0.1 – 0.1 |" in markdown
+    assert "Not logged by any run:" in markdown and "`dapo/sampler/prefilter_acc`" in markdown
+    data = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert data["arms"]["grpo"]["metrics"]["dapo/actor/clip_upper_fraction"]["final"]["mean"] is None
+    assert {p.name for p in (tmp_path / "out").iterdir()} == {"report.md", "report.json", "accuracy.png",
+                                                              "entropy.png", "clip_fractions.png"}
+
+
+def test_default_metrics_pick_the_largest_n_accuracy_of_each_source_and_requests_may_be_globs():
+    available = ["val-core/aime/acc/mean@32", "val-core/aime/acc/mean@4", "val-core/math/acc/mean@1",
+                 "val-core/math/acc/maj@1/mean", "val-aux/aime/score/mean@32", "actor/entropy", "actor/pg_clipfrac"]
+    assert select_metrics(available) == ["val-core/aime/acc/mean@32", "val-core/math/acc/mean@1", "actor/entropy",
+                                         "actor/pg_clipfrac"]
+    assert select_metrics(["val-core/gsm/reward/mean@8", "actor/entropy"]) == ["val-core/gsm/reward/mean@8",
+                                                                            "actor/entropy"]
+    assert select_metrics(available, ["actor/entropy", "val-core/*/acc/mean@*"]) == [
+        "actor/entropy", "val-core/aime/acc/mean@32", "val-core/aime/acc/mean@4", "val-core/math/acc/mean@1"]
+    with pytest.raises(UnknownMetricError, match="'actor/entropi'; close matches: actor/entropy"):
+        select_metrics(available, ["actor/entropy", "actor/entropi"])
+    with pytest.raises(UnknownMetricError, match="'val-core/\\*/acc/best@\\*'"):
+        select_metrics(available, ["val-core/*/acc/best@*"])
+
+
+@pytest.mark.parametrize("name", ["dapo_verl.report.grouping", "dapo_verl.report.summary", "dapo_verl.report.build"])
 def test_docstring_examples_run(name):
     result = doctest.testmod(importlib.import_module(name), optionflags=doctest.NORMALIZE_WHITESPACE)
     assert result.attempted > 0 and result.failed == 0
