@@ -66,6 +66,23 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
     print("verl sees dapo_verl." if healthy else "verl does not see dapo_verl; see the fixes above.")
     return 0 if healthy else 1
 
+def _cmd_compare(args: argparse.Namespace) -> int:
+    import logging
+
+    from dapo_verl.report import build_report, group_runs
+
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    options = {"metrics": args.metrics} | ({"last_frac": args.last_frac} if args.last_frac is not None else {})
+    try:
+        report = build_report(group_runs(args.runs, args.label), args.out, **options)
+    except (OSError, ValueError) as err:
+        print(f"dapo-verl compare: {err}", file=sys.stderr)
+        return 2
+    print(report.to_markdown(), end="")
+    print(f"\nWrote {', '.join(str(path) for path in report.files.values())}")
+    return 0
+
+
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="dapo-verl", description="DAPO for verl, plus a local backend.")
@@ -99,6 +116,23 @@ def _parser() -> argparse.ArgumentParser:
 
     doctor = commands.add_parser("doctor", help="check that verl sees the dapo loss, estimator and reward manager")
     doctor.set_defaults(func=_cmd_doctor)
+
+    compare = commands.add_parser("compare", help="compare runs (arms x seeds) from their metrics logs; writes "
+                                  "report.md, report.json and plots", description="Summarise held-out accuracy, "
+                                  "entropy, response length, clip fractions and sampler efficiency per arm. Each RUN "
+                                  "is a run directory or log file: verl FileLogger JSONL (the local backend's "
+                                  "metrics.jsonl), TensorBoard events, or verl console output saved to a file. "
+                                  "Runs with the same label are seeds of one arm. Give the RUNs first.")
+    compare.add_argument("runs", nargs="+", metavar="RUN", help="run directory or metrics log file")
+    compare.add_argument("--label", action="extend", nargs="+", metavar="NAME", help="one arm label per RUN, in "
+                         "order (default: from the path: arm/seedN -> arm, arm_seedN -> arm, metrics.jsonl -> its "
+                         "directory)")
+    compare.add_argument("--out", default="runs/compare", metavar="DIR", help="output folder (default: runs/compare)")
+    compare.add_argument("--metrics", action="extend", nargs="+", metavar="KEY", help="metric keys or glob patterns "
+                         "to report instead of the defaults, e.g. 'val-core/*/acc/mean@*' actor/entropy")
+    compare.add_argument("--last-frac", type=float, metavar="F", help="share of a training metric's last logged "
+                         "values averaged into its final value (default: 0.2); validation metrics use the last value")
+    compare.set_defaults(func=_cmd_compare)
     return parser
 
 

@@ -1,4 +1,4 @@
-"""dapo_verl.report: the three log readers, arm grouping and the statistics on hand-computed numbers."""
+"""dapo_verl.report: the three log readers, arm grouping, the statistics on hand-computed numbers, and compare."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from torch.utils.tensorboard import SummaryWriter
 
+from dapo_verl.cli import main
 from dapo_verl.report import (
     LogFormat,
     NoMetricsLogError,
@@ -233,6 +234,45 @@ def test_default_metrics_pick_the_largest_n_accuracy_of_each_source_and_requests
         select_metrics(available, ["actor/entropy", "actor/entropi"])
     with pytest.raises(UnknownMetricError, match="'val-core/\\*/acc/best@\\*'"):
         select_metrics(available, ["val-core/*/acc/best@*"])
+
+
+# -- the CLI -------------------------------------------------------------------------------------------
+
+def test_compare_cli_reads_all_three_formats_writes_the_report_and_prints_the_table(tmp_path, capsys):
+    clip = {"dapo/actor/clip_upper_fraction": [0.01] * 10, "dapo/actor/clip_lower_fraction": [0.02] * 10}
+    write_jsonl(tmp_path / "runs" / "clip028" / "seed1" / "metrics.jsonl",
+                training_run([0.9] * 10, acc=[0.0, 0.4, 0.5], extra=clip))
+    write_events(tmp_path / "runs" / "clip028" / "seed2" / "tensorboard",
+                 training_run([0.7] * 10, acc=[0.0, 0.2, 0.25], extra=clip))
+    console = training_run([0.1] * 10, acc=[0.0, 0.1, 0.125])
+    (tmp_path / "clip020.log").write_text("".join(console_line(s, d) + "\n" for s, d in console))
+    out = tmp_path / "report"
+    args = ["compare", str(tmp_path / "runs" / "clip028" / "seed1"), str(tmp_path / "runs" / "clip028" / "seed2"),
+            str(tmp_path / "clip020.log"), "--out", str(out), "--last-frac", "0.5"]
+    assert main(args) == 0
+    printed = capsys.readouterr().out
+    assert "| metric | arm | n | final |" in printed
+    assert f"| `{ACC}` | clip028 | 2/2 | 0.375 ± 0.1768 | 0.25 – 0.5 |" in printed
+    assert f"| `{ACC}` | clip020 | 1/1 | 0.125 | 0.125 – 0.125 |" in printed
+    assert "| `actor/entropy` | clip028 | 2/2 | 0.8 ± 0.1414 | 0.7 – 0.9 |" in printed
+    assert {"jsonl", "tensorboard", "console"} <= set(printed.replace("|", " ").split())
+    assert (out / "report.md").read_text() in printed
+    assert {p.name for p in out.iterdir()} == {"report.md", "report.json", "accuracy.png", "entropy.png",
+                                               "clip_fractions.png"}
+    assert json.loads((out / "report.json").read_text())["last_frac"] == 0.5
+
+
+def test_compare_cli_labels_and_errors(tmp_path, capsys):
+    run = write_jsonl(tmp_path / "a" / "metrics.jsonl", training_run([0.5] * 4, acc=[0.1]))
+    assert main(["compare", str(run.parent), "--label", "mine", "--out", str(tmp_path / "o"),
+                 "--metrics", "actor/entropy"]) == 0
+    assert "| `actor/entropy` | mine | 1/1 | 0.5 |" in capsys.readouterr().out
+    assert main(["compare", str(run.parent), "--metrics", "actor/entropi", "--out", str(tmp_path / "o")]) == 2
+    assert "close matches: actor/entropy" in capsys.readouterr().err
+    assert main(["compare", str(tmp_path / "missing"), "--out", str(tmp_path / "o")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    assert main(["compare", str(run.parent), "--last-frac", "1.5", "--out", str(tmp_path / "o")]) == 2
+    assert "--last-frac must be in (0, 1]" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("name", ["dapo_verl.report.grouping", "dapo_verl.report.summary", "dapo_verl.report.build"])
