@@ -81,8 +81,8 @@ class Report:
         lines += [_markdown_row(row) for row in self.rows]
         lines += ["", "## Runs", "", "| arm | run | format | steps | metrics |", "|---|---|---|---|---|"]
         for label, runs in self.arms.items():
-            lines += [f"| {label} | {run.path} | {run.format.value} | {_step_range(run)} | {len(run.metrics)} |"
-                      for run in runs]
+            lines += [f"| {_cell(label)} | {_cell(run.path)} | {run.format.value} | {_step_range(run)} | "
+                      f"{len(run.metrics)} |" for run in runs]
         if self.not_logged:
             lines += ["", f"Not logged by any run: {', '.join(f'`{k}`' for k in self.not_logged)}."]
         return "\n".join(lines) + "\n"
@@ -106,6 +106,10 @@ def _rule_text(last_frac: float) -> str:
             "Across an arm's runs: mean ± sample std, min–max; n = runs that logged the metric / runs in the arm.")
 
 
+def _cell(value: object) -> str:
+    return str(value).replace("|", "\\|")  # a "|" in a label or path would end the Markdown cell
+
+
 def _number(value: float | None) -> str:
     return NA if value is None else f"{value:.4g}"
 
@@ -121,8 +125,8 @@ def _min_max(spread: Spread) -> str:
 
 
 def _markdown_row(row: ArmMetric) -> str:
-    cells = [f"`{row.metric}`", row.arm, f"{row.final.n}/{row.runs}", _mean_std(row.final), _min_max(row.final),
-             _mean_std(row.run_mean), _min_max(row.run_mean)]
+    cells = [f"`{_cell(row.metric)}`", _cell(row.arm), f"{row.final.n}/{row.runs}", _mean_std(row.final),
+             _min_max(row.final), _mean_std(row.run_mean), _min_max(row.run_mean)]
     return "| " + " | ".join(cells) + " |"
 
 

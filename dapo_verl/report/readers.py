@@ -169,7 +169,7 @@ def read_tensorboard(directory: Path) -> pd.DataFrame:
 
     accumulator = EventAccumulator(str(directory), size_guidance={SCALARS: 0})  # 0: keep every event
     accumulator.Reload()
-    records = []
+    records: list[tuple[int, dict[str, float]]] = []
     for tag in accumulator.Tags()[SCALARS]:
         records.extend((event.step, {tag: event.value}) for event in accumulator.Scalars(tag))
     if not records:

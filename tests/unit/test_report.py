@@ -264,9 +264,9 @@ def test_compare_cli_reads_all_three_formats_writes_the_report_and_prints_the_ta
 
 def test_compare_cli_labels_and_errors(tmp_path, capsys):
     run = write_jsonl(tmp_path / "a" / "metrics.jsonl", training_run([0.5] * 4, acc=[0.1]))
-    assert main(["compare", str(run.parent), "--label", "mine", "--out", str(tmp_path / "o"),
+    assert main(["compare", str(run.parent), "--label", "eps 0.2|0.28", "--out", str(tmp_path / "o"),
                  "--metrics", "actor/entropy"]) == 0
-    assert "| `actor/entropy` | mine | 1/1 | 0.5 |" in capsys.readouterr().out
+    assert "| `actor/entropy` | eps 0.2\\|0.28 | 1/1 | 0.5 |" in capsys.readouterr().out  # "|" escaped in a cell
     assert main(["compare", str(run.parent), "--metrics", "actor/entropi", "--out", str(tmp_path / "o")]) == 2
     assert "close matches: actor/entropy" in capsys.readouterr().err
     assert main(["compare", str(tmp_path / "missing"), "--out", str(tmp_path / "o")]) == 2
