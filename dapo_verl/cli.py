@@ -27,6 +27,31 @@ def _cmd_prepare_data(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_train(args: argparse.Namespace) -> int:
+    import logging
+
+    from tqdm.contrib.logging import logging_redirect_tqdm
+
+    from dapo_verl.local.compose import compose_run
+    from dapo_verl.local.train import run_spec, summary_lines
+    from dapo_verl.sampler import ShortfallError
+
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    logging.getLogger("dapo_verl").setLevel(logging.INFO)
+    try:
+        spec = compose_run(args.overrides, out_dir=args.out)
+        if args.print_config:
+            print(spec.to_yaml(), end="")
+            return 0
+        with logging_redirect_tqdm():
+            result = run_spec(spec, progress=True)
+    except (ValueError, ShortfallError) as err:
+        print(f"dapo-verl train: {err}", file=sys.stderr)
+        return 2
+    print("\n".join(summary_lines(result)))
+    return 0
+
+
 def _cmd_toy(args: argparse.Namespace) -> int:
     from dapo_verl.toy import run_toy, summary_lines
 
@@ -66,6 +91,7 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
     print("verl sees dapo_verl." if healthy else "verl does not see dapo_verl; see the fixes above.")
     return 0 if healthy else 1
 
+
 def _cmd_compare(args: argparse.Namespace) -> int:
     import logging
 
@@ -83,10 +109,18 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     return 0
 
 
-
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="dapo-verl", description="DAPO for verl, plus a local backend.")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    train = commands.add_parser("train", help="train a tiny model by DAPO on this machine (CPU is fine); writes "
+                                "metrics, plots, checkpoints", description="Compose configs/local.yaml with "
+                                "Hydra-style key=value overrides and train with the local backend.")
+    train.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
+                       help="config overrides, e.g. actor_rollout_ref.actor.clip_ratio_high=0.2 data.seed=1")
+    train.add_argument("--out", metavar="DIR", help="run directory (default: trainer.default_local_dir, runs/local)")
+    train.add_argument("--print-config", action="store_true", help="print the composed config and exit")
+    train.set_defaults(func=_cmd_train)
 
     toy = commands.add_parser("toy", help="run the paper's exercises on the core math; writes JSON and a PNG plot")
     toy.add_argument("--out", default="runs/toy", help="output directory (default: runs/toy)")

@@ -1,0 +1,92 @@
+"""`dapo-verl train` end to end on a tiny config: outputs, metric keys, invariants, exact resume."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from dapo_verl.cli import main
+from dapo_verl.local.train import run
+
+pytestmark = pytest.mark.e2e
+
+TINY = [
+    "trainer.total_training_steps=6", "trainer.test_freq=3", "trainer.save_freq=3",
+    "data.train_batch_size=4", "data.gen_batch_size=8", "actor_rollout_ref.rollout.n=4",
+    "actor_rollout_ref.actor.ppo_mini_batch_size=2", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=3",
+    "local.task.heldout_size=50",
+]
+KEYS = [
+    "actor/pg_loss", "actor/pg_clipfrac", "actor/entropy", "actor/grad_norm", "critic/score/mean",
+    "response_length/mean", "response_length/clip_ratio", "dapo/actor/clip_upper_fraction",
+    "dapo/actor/clip_lower_fraction", "dapo/actor/dual_clip_fraction", "dapo/actor/clip_higher_kept_fraction",
+    "dapo/actor/ratio_mean", "dapo/actor/ratio_min", "dapo/actor/ratio_max", "dapo/sampler/keep_rate",
+    "dapo/sampler/gen_rounds", "dapo/sampler/prefilter_acc", "dapo/sampler/generated_per_trained",
+    "dapo/sampler/dropped/all_wrong",
+]
+
+
+def _comparable(records):
+    """Every metric except wall-clock timings, which no two runs share."""
+    return [{"step": r["step"], "data": {k: v for k, v in r["data"].items() if not k.startswith("timing_s/")}}
+            for r in records]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("local")
+    cache = [f"local.cache_dir={root / 'cache'}"]
+    code = main(["train", "--out", str(root / "whole"), *TINY, *cache])
+    first_half = run([*TINY, *cache, "trainer.total_training_steps=3"], root / "resumed")
+    resumed = run([*TINY, *cache], root / "resumed")
+    return {"code": code, "root": root, "first_half": first_half, "resumed": resumed}
+
+
+def test_cli_run_writes_every_output(runs):
+    assert runs["code"] == 0
+    out = runs["root"] / "whole"
+    for name in ("config.yaml", "metrics.jsonl", "summary.json", "plots/training_curves.png",
+                 "checkpoints/global_step_3/state.safetensors", "checkpoints/global_step_6/state.safetensors",
+                 "model/config.json", "model/tokenizer.json"):
+        assert (out / name).is_file(), name
+    assert (out / "checkpoints/latest_checkpointed_iteration.txt").read_text().strip() == "6"
+    assert list((out / "tensorboard").glob("events.out.tfevents.*"))
+    assert (out / "plots/training_curves.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_metrics_jsonl_is_verl_file_logger_format_with_the_expected_keys(runs):
+    lines = (runs["root"] / "whole" / "metrics.jsonl").read_text().splitlines()
+    records = [json.loads(line) for line in lines]
+    assert [r["step"] for r in records] == [0, 1, 2, 3, 4, 5, 6]
+    assert all(set(r) == {"step", "data"} for r in records)
+    task = runs["resumed"].task
+    assert set(records[0]["data"]) >= {f"val-core/{task}/acc/mean@1"}
+    for record in records[1:]:
+        missing = [k for k in KEYS if k not in record["data"]]
+        assert not missing, (record["step"], missing)
+        assert math.isfinite(record["data"]["actor/pg_loss"])
+    assert f"val-core/{task}/acc/mean@1" in records[3]["data"]
+    assert f"val-core/{task}/acc/mean@1" in records[6]["data"]
+
+
+def test_only_informative_groups_are_trained_when_filtering_is_on(runs):
+    for step, value in runs["resumed"].series("dapo/actor/uninformative_groups"):
+        assert value == 0.0, step
+
+
+def test_resume_reproduces_the_uninterrupted_run_exactly(runs):
+    whole = [json.loads(line) for line in (runs["root"] / "whole" / "metrics.jsonl").read_text().splitlines()]
+    assert runs["first_half"].steps == 3
+    assert runs["resumed"].resumed_from == 3
+    assert _comparable(runs["resumed"].history) == _comparable(whole)
+
+
+def test_without_filtering_uninformative_groups_reach_the_loss(runs):
+    cache = f"local.cache_dir={runs['root'] / 'cache'}"
+    result = run([*TINY, cache, "algorithm.filter_groups.enable=false", "trainer.total_training_steps=3",
+                  "trainer.save_freq=-1", "trainer.test_freq=-1", "trainer.val_before_train=false"],
+                 runs["root"] / "unfiltered")
+    assert sum(value for _, value in result.series("dapo/actor/uninformative_groups")) > 0
+    assert all(value == 4.0 for _, value in result.series("dapo/sampler/groups_trained"))
