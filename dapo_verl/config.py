@@ -263,11 +263,15 @@ class SamplerConfig:
 
     max_oversample_factor: float = field(default=4.0, metadata=_key("algorithm.filter_groups.max_oversample_factor",
                                                                      verl_native=False))
-    """Adaptive refill: a round asks for at most this many prompts per group still missing. Range >= 1."""
+    """Adaptive refill: a round asks for at most about this many prompts per missing group, plus the single-round
+    margin. Keep rates below 1 / max_oversample_factor count as that floor. Range >= 1.
+    """
 
     keep_rate_smoothing: float = field(default=0.3, metadata=_key("algorithm.filter_groups.keep_rate_smoothing",
                                                                    verl_native=False))
-    """Weight of the newest round in the running keep-rate estimate (exponential moving average). Range (0, 1]."""
+    """Weight of the newest train_batch_size generated groups in the running keep-rate estimate. It averages over
+    groups, so a small top-up round barely moves it. Range (0, 1].
+    """
 
     surplus: str = field(default="discard", metadata=_key("algorithm.filter_groups.surplus", verl_native=False))
     """Informative groups beyond a full batch: discard (paper) or carry to the next steps (opt-in, slightly off-policy).

@@ -6,7 +6,8 @@ where the mean and the standard deviation are taken over the G responses to the 
 
 Numerics follow verl's ``grpo`` estimator (``compute_grpo_outcome_advantage``) so that the two agree to
 float64 precision: the unbiased standard deviation (``torch.std``), ``eps`` added to the std before
-dividing, and an optional no-std variant (Dr. GRPO, arXiv 2503.20783).
+dividing, and an optional no-std variant (Dr. GRPO, arXiv 2503.20783). The arithmetic runs in float64 (or
+wider) and the result is cast back to the rewards' dtype, so large rewards cannot overflow the variance.
 
 Departures, and why:
 * A zero-spread group (all rewards equal) gets exactly 0, not a rounding residue divided by ``eps``:
@@ -63,11 +64,24 @@ def group_advantages(rewards: Tensor, *, scale_by_std: bool = True, eps: float =
         )
     check_finite("rewards", rewards, fix="Check the reward function; every response needs a finite score.")
     eps = check_number("eps", eps, minimum=0.0, fix=_EPS_FIX)
-    centred = rewards - rewards.mean(dim=1, keepdim=True)  # (P, G)
+    if rewards.numel() == 0:
+        return torch.zeros_like(rewards)
+    wide = rewards.to(torch.promote_types(rewards.dtype, torch.float64))  # no overflow in the variance
+    centred = wide - wide.mean(dim=1, keepdim=True)  # (P, G)
     if scale_by_std:
-        centred = centred / (rewards.std(dim=1, keepdim=True) + eps)
-    low, high = torch.aminmax(rewards, dim=1, keepdim=True) if rewards.numel() else (rewards, rewards)
-    return torch.where(high > low, centred, torch.zeros_like(centred))
+        centred = centred / (wide.std(dim=1, keepdim=True) + eps)
+    spread = wide.amax(dim=1, keepdim=True) > wide.amin(dim=1, keepdim=True)  # (P, 1)
+    return _finite_advantages(torch.where(spread, centred, torch.zeros_like(centred)), rewards.dtype)
+
+
+def _finite_advantages(advantages: Tensor, dtype: torch.dtype) -> Tensor:
+    """Cast back to the rewards' dtype, refusing rewards too large to normalise (|R| near the float64 limit)."""
+    if not bool(torch.isfinite(advantages).all()):
+        raise ValueError(
+            "rewards are too large to normalise (their spread overflows float64); rescale the reward function's "
+            "output to a sane range such as [-1, 1]."
+        )
+    return advantages.to(dtype)
 
 
 def group_ids_from_index(index: Tensor | Iterable[Hashable], num_rows: int) -> tuple[Tensor, int]:
@@ -137,6 +151,7 @@ def group_advantages_by_index(
     eps = check_number("eps", eps, minimum=0.0, fix=_EPS_FIX)
     group_ids, num_groups = group_ids_from_index(index, scores.shape[0])
     group_ids = group_ids.to(scores.device)
+    dtype, scores = scores.dtype, scores.to(torch.promote_types(scores.dtype, torch.float64))
 
     count = torch.zeros(num_groups, dtype=scores.dtype, device=scores.device).index_add_(
         0, group_ids, torch.ones_like(scores)
@@ -155,4 +170,4 @@ def group_advantages_by_index(
     centred = torch.where(singleton, scores, centred)
     if scale_by_std:
         centred = centred / (torch.where(singleton, torch.ones_like(scores), std[group_ids]) + eps)
-    return torch.where(spread | singleton, centred, torch.zeros_like(centred))
+    return _finite_advantages(torch.where(spread | singleton, centred, torch.zeros_like(centred)), dtype)

@@ -193,12 +193,25 @@ def clipped_surrogate_loss_matrix(
     adv = _per_token_advantages(advantages, logp, bool_mask).detach()
     ratio = _ratio(logp, old_logp, bool_mask)
     adv = torch.where(bool_mask, adv.to(ratio.dtype), torch.zeros((), dtype=ratio.dtype, device=ratio.device))
+    if logp.dtype == torch.float16:
+        _check_float16_gradient_range(adv, ratio)
     unclipped = -adv * ratio
     clipped = -adv * ratio.clamp(1.0 - clip_low, 1.0 + clip_high)
     loss = torch.maximum(unclipped, clipped)  # (B, L)
     if clip_ratio_c is not None:
         loss = torch.where(adv < 0, torch.minimum(loss, -adv * clip_ratio_c), loss)
     return torch.where(bool_mask, loss, torch.zeros_like(loss))
+
+
+def _check_float16_gradient_range(adv: Tensor, ratio: Tensor) -> None:
+    """The gradient reaches ``logp`` in its own dtype; float16 overflows past 65504 (bfloat16 does not)."""
+    peak = float((adv.abs() * ratio).detach().amax()) if adv.numel() else 0.0
+    limit = torch.finfo(torch.float16).max
+    if peak > limit:
+        raise ValueError(
+            f"logp is float16, and advantages times ratios reach {peak:.3g}, beyond float16's range ({limit:.0f}): "
+            f"the gradient would overflow to inf. Pass log-probs as bfloat16 or float32, or check the advantages."
+        )
 
 
 def _count(value: int | Tensor | None, name: str, fallback: Tensor) -> Tensor:
@@ -399,6 +412,8 @@ def clip_diagnostics(
             dual = fraction(negative & (torch.maximum(ratio, ratio.clamp(1 - clip_low, 1 + clip_high)) > clip_ratio_c))
         has_tokens = bool_mask.any()
         one = torch.ones((), dtype=ratio.dtype, device=ratio.device)
+        if ratio.numel() == 0:  # reductions of an empty tensor are undefined; there are no tokens either way
+            ratio, bool_mask = one.reshape(1, 1), torch.ones(1, 1, dtype=torch.bool, device=ratio.device)
         return {
             "clip_upper_fraction": fraction(positive & (ratio > 1 + clip_high)),
             "clip_lower_fraction": fraction(negative & (ratio < 1 - clip_low)),

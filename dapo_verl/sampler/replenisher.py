@@ -156,7 +156,8 @@ class BatchReplenisher:
             else:
                 self._drop(group, "surplus")
         self.keep_rate_estimate = update_keep_rate(
-            self.keep_rate_estimate, kept, len(groups), self.config.keep_rate_smoothing
+            self.keep_rate_estimate, kept, len(groups), self.config.keep_rate_smoothing,
+            round_size=self.config.train_batch_size,
         )
 
     def _reasons(self, groups: Sequence[GroupResult]) -> list[DropReason]:
@@ -188,6 +189,11 @@ class BatchReplenisher:
                         f"prompt {prompt_id}: {name} has shape {tuple(getattr(group, name).shape)} but metric has "
                         f"{tuple(size)}; report one value per response."
                     )
+            if group.metric.is_floating_point() and not bool(torch.isfinite(group.metric).all()):
+                raise ValueError(
+                    f"prompt {prompt_id}: metric holds {group.metric.tolist()}; the filter metric (raw correctness) "
+                    f"must be a finite number for every response. Check the reward function."
+                )
         return groups
 
     # -- carry, drop, shortfall ---------------------------------------------------------------------
@@ -218,14 +224,17 @@ class BatchReplenisher:
             c["score_count"] += group.group_size
 
     def _shortfall(self, batch: list[GroupResult], step: int, before: tuple[dict, dict]) -> None:
-        generated = self.counters["groups_generated"] - before[0]["groups_generated"]
-        rate = (self.keep_rate_estimate or 0.0) * 100
+        generated = int(self.counters["groups_generated"] - before[0]["groups_generated"])
+        kept = int(self.counters["groups_kept"] - before[0]["groups_kept"])
+        rate = 100.0 * kept / generated if generated else 0.0
+        cause = ("most groups were all-correct or all-wrong" if rate < 50
+                 else "the rounds were too small to fill the batch")
         message = (
-            f"Dynamic sampling kept {len(batch)} of {self.config.train_batch_size} groups for step {step} after "
+            f"Dynamic sampling has {len(batch)} of {self.config.train_batch_size} groups for step {step} after "
             f"{self.config.max_num_gen_batches} rounds (algorithm.filter_groups.max_num_gen_batches="
-            f"{self.config.max_num_gen_batches}); {int(generated)} groups were generated and the keep rate is "
-            f"{rate:.1f}%, so most groups were all-correct or all-wrong. Raise max_num_gen_batches, raise "
-            f"data.gen_batch_size (or use refill=adaptive), or set algorithm.filter_groups.on_shortfall=partial."
+            f"{self.config.max_num_gen_batches}): {kept} of the {generated} groups generated this step were "
+            f"informative (keep rate {rate:.1f}%), so {cause}. Raise max_num_gen_batches, raise data.gen_batch_size "
+            f"(or use refill=adaptive), or set algorithm.filter_groups.on_shortfall=partial."
         )
         if self.config.on_shortfall == ShortfallPolicy.PARTIAL:
             logger.warning("%s Training on the %d groups found.", message, len(batch))

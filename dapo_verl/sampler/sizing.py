@@ -1,12 +1,25 @@
-"""How many prompts to ask for in a generation round.
+"""How many prompts to ask for in a generation round, and the keep-rate estimate that sizes it.
 
 ``barrier`` always asks for a fixed round (verl-recipe). ``adaptive`` treats each prompt as kept with the
-running keep-rate estimate p and asks for the smallest n whose kept count reaches the missing m groups
-with probability ``single_round_probability`` under a normal approximation of Binomial(n, p):
+running keep-rate estimate p and asks for the smallest n whose kept count K reaches the missing m groups
+with probability ``single_round_probability`` under a normal approximation:
 
-    n p - z sqrt(n p (1 - p)) >= m,   z = Phi^-1(single_round_probability),
+    n p - z sqrt(Var K) >= m,   z = Phi^-1(single_round_probability),
+    Var K = n p (1 - p) + n^2 p (1 - p) / N_est,
 
-capped at ``max_oversample_factor * m`` so a collapsing keep rate cannot explode a request.
+where the first term is the binomial spread of this round and the second the error of the estimate p
+itself, which averages about ``N_est = train_batch_size * (2 - s) / s`` groups (``s`` =
+``keep_rate_smoothing``; the effective sample size of the moving average below). Without the second term
+the sizing promises the probability for a known keep rate and misses it by a few points in practice.
+
+The estimate is an exponential moving average over generated *groups*, not over rounds: a round of ``g``
+groups weighs ``1 - (1 - s)**(g / train_batch_size)``, so a full round weighs ``s`` and a top-up round of a
+few groups barely moves it (a per-round average let a 3-group round swing the estimate by 30%).
+
+Bound: keep rates below ``1 / max_oversample_factor`` are treated as that floor, and no round asks for
+more than a known keep rate at the floor would need -- about ``max_oversample_factor * m`` plus the
+binomial margin (:func:`max_request_size`) -- so a collapsing estimate cannot explode a request, while a
+one-group top-up still gets enough prompts to be likely to succeed.
 """
 
 from __future__ import annotations
@@ -16,7 +29,35 @@ from statistics import NormalDist
 
 from dapo_verl.config import RefillStrategy, SamplerConfig
 
-__all__ = ["request_size", "update_keep_rate"]
+__all__ = ["estimate_sample_size", "max_request_size", "request_size", "update_keep_rate"]
+
+
+def _prompts_needed(missing: int, p: float, z: float, sample_size: float) -> float:
+    """Smallest real n with ``n p - z sqrt(n p (1-p) (1 + n / sample_size)) = missing`` (inf if none)."""
+    q = z * z * p * (1.0 - p)
+    a = p * p - q / sample_size
+    if a <= 0.0:
+        return math.inf  # the estimate is too uncertain to promise the probability at any size
+    b = 2.0 * p * missing + q
+    root = math.sqrt(max(b * b - 4.0 * a * missing * missing, 0.0))
+    return (b + math.copysign(root, z)) / (2.0 * a)  # z < 0 (probability < 0.5) takes the lower root, n p < m
+
+
+def estimate_sample_size(config: SamplerConfig) -> float:
+    """Groups the keep-rate estimate effectively averages: ``train_batch_size * (2 - s) / s``."""
+    s = config.keep_rate_smoothing
+    return config.train_batch_size * (2.0 - s) / s
+
+
+def max_request_size(config: SamplerConfig, missing: int) -> int:
+    """The most prompts :func:`request_size` can return for ``missing`` groups, over every keep rate."""
+    if not config.enable:
+        return missing
+    if config.refill == RefillStrategy.BARRIER:
+        return config.prompts_per_round
+    z = NormalDist().inv_cdf(config.single_round_probability)
+    at_floor = _prompts_needed(missing, 1.0 / config.max_oversample_factor, z, math.inf)
+    return max(config.prompts_per_round, missing, math.ceil(at_floor))
 
 
 def request_size(config: SamplerConfig, missing: int, keep_rate: float | None) -> int:
@@ -28,23 +69,37 @@ def request_size(config: SamplerConfig, missing: int, keep_rate: float | None) -
         keep_rate: Running estimate of the share of groups kept, or None before the first round.
 
     Returns:
-        A positive number of prompts.
+        A positive number of prompts, at most :func:`max_request_size`.
     """
     if config.refill == RefillStrategy.BARRIER or keep_rate is None or not config.enable:
         return config.prompts_per_round if config.enable else missing
-    cap = math.ceil(config.max_oversample_factor * missing)
-    p = min(max(keep_rate, 1.0 / config.max_oversample_factor), 1.0)
     z = NormalDist().inv_cdf(config.single_round_probability)
-    spread = z * math.sqrt(p * (1.0 - p))
-    root = (spread + math.sqrt(spread * spread + 4.0 * p * missing)) / (2.0 * p)
-    return max(missing, min(cap, math.ceil(root * root)))
+    floor = 1.0 / config.max_oversample_factor
+    p = min(max(keep_rate, floor), 1.0)
+    sample_size = estimate_sample_size(config) if z > 0 else math.inf  # the estimate's error is a safety margin
+    wanted = _prompts_needed(missing, p, z, sample_size)
+    cap = _prompts_needed(missing, floor, z, math.inf)
+    return max(missing, math.ceil(min(wanted, cap)))
 
 
-def update_keep_rate(estimate: float | None, kept: int, generated: int, smoothing: float) -> float | None:
-    """Exponential moving average of the per-round keep rate (None until a round has been seen)."""
+def update_keep_rate(
+    estimate: float | None, kept: int, generated: int, smoothing: float, *, round_size: int | None = None
+) -> float | None:
+    """Exponential moving average of the keep rate (None until a round has been seen).
+
+    Args:
+        estimate: The current estimate, or None.
+        kept: Groups of this round that were informative.
+        generated: Groups generated in this round.
+        smoothing: Weight of a full round (``keep_rate_smoothing``).
+        round_size: Groups that make a full round (the replenisher passes ``train_batch_size``); a round
+            of ``generated`` groups then weighs ``1 - (1 - smoothing)**(generated / round_size)``. None
+            weighs every round ``smoothing``, whatever its size.
+    """
     if generated == 0:
         return estimate
     observed = kept / generated
     if estimate is None:
         return observed
-    return (1.0 - smoothing) * estimate + smoothing * observed
+    weight = smoothing if round_size is None else 1.0 - (1.0 - smoothing) ** (generated / round_size)
+    return (1.0 - weight) * estimate + weight * observed

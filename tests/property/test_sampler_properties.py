@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import math
-
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dapo_verl.config import SamplerConfig
 from dapo_verl.core import dynamic_group_mask
-from dapo_verl.sampler import BatchReplenisher, ShortfallError
+from dapo_verl.sampler import BatchReplenisher, ShortfallError, max_request_size
 from dapo_verl.sampler.simulation import SimulatedPolicy
 
 configs = st.fixed_dictionaries({
@@ -51,6 +49,6 @@ def test_batches_are_informative_full_or_flagged_and_conserved(overrides, rates,
             assert bool(dynamic_group_mask(batch.stacked_metric()).all())
         staleness = batch.metrics["dapo/sampler/carried_staleness_max"]
         assert staleness <= config.max_staleness_steps
-        largest_round = max(config.prompts_per_round, math.ceil(config.max_oversample_factor * config.train_batch_size))
+        largest_round = max_request_size(config, config.train_batch_size)
         assert len(sampler.carried) <= config.max_staleness_steps * config.max_num_gen_batches * largest_round
         assert sampler.stream.history_size <= num_prompts
