@@ -59,8 +59,6 @@ import heapq
 import itertools
 import json
 import platform
-import statistics
-import subprocess
 import sys
 import time
 from collections import deque
@@ -71,6 +69,7 @@ from typing import Any
 
 import torch
 
+from benchmarks.sampler_report import HEADLINE, check_targets, commit_id, format_table, spread
 from dapo_verl.config import SamplerConfig
 from dapo_verl.core import DropReason, group_drop_reasons
 from dapo_verl.sampler import BatchReplenisher, GroupResult, PromptStream
@@ -80,7 +79,6 @@ _LATENCY_SEED_OFFSET = 104_729  # latency draws use their own generator, so they
 _STREAMING_PROMPT_LIMIT = 100  # simulation guard, x train_batch_size per step: verl v1 has no bound (it ignores
 # max_num_gen_batches) and would keep generating on hopeless data; here the step ends partial instead
 _RECIPE = "recipe_barrier_discard"
-_OURS = "adaptive_carry"
 
 
 @dataclass(frozen=True)
@@ -300,21 +298,12 @@ STRATEGIES: dict[str, tuple[str, Callable[[Scenario, int], RunRecord]]] = {
     "v1_streaming_discard": ("verl v1: streaming 2k refill, discard", run_streaming),
     "adaptive_discard": ("ours: adaptive, discard", lambda s, seed: run_replenisher(
         s, seed, refill="adaptive", surplus="discard")),
-    _OURS: ("ours: adaptive, carry", lambda s, seed: run_replenisher(
+    "adaptive_carry": ("ours: adaptive, carry", lambda s, seed: run_replenisher(
         s, seed, refill="adaptive", surplus="carry", max_staleness_steps=1)),
     "adaptive_carry_skip": ("ours: adaptive, carry, skip", lambda s, seed: run_replenisher(
         s, seed, refill="adaptive", surplus="carry", max_staleness_steps=1, skip_uninformative=True)),
 }
 """Strategy name -> (table label, runner)."""
-
-
-def _spread(values: Sequence[float]) -> dict[str, float]:
-    return {
-        "mean": statistics.fmean(values),
-        "sd": statistics.stdev(values) if len(values) > 1 else 0.0,
-        "min": min(values),
-        "max": max(values),
-    }
 
 
 def run_benchmark(scenario: Scenario, seeds: Sequence[int], strategies: Sequence[str] = tuple(STRATEGIES)) -> dict:
@@ -348,7 +337,7 @@ def run_benchmark(scenario: Scenario, seeds: Sequence[int], strategies: Sequence
     _add_recipe_ratio(result["strategies"])
     for entry in result["strategies"].values():
         keys = [k for k in entry["per_seed"][0] if k != "seed"]
-        entry["summary"] = {k: _spread([float(m.get(k, 0.0)) for m in entry["per_seed"]]) for k in keys}
+        entry["summary"] = {k: spread([float(m.get(k, 0.0)) for m in entry["per_seed"]]) for k in keys}
     return result
 
 
@@ -360,59 +349,6 @@ def _add_recipe_ratio(strategies: dict[str, Any]) -> None:
     for entry in strategies.values():
         for base, metrics in zip(recipe, entry["per_seed"]):
             metrics["fewer_than_recipe"] = base / metrics["generated_per_trained"]
-
-
-def check_targets(result: dict) -> dict[str, Any]:
-    """The issue's done-when targets for ``adaptive_carry``: >= 1.5x fewer responses, <= 1.2 rounds per step."""
-    ours = result["strategies"].get(_OURS, {}).get("summary")
-    if ours is None or "fewer_than_recipe" not in ours:
-        return {}
-    fewer, rounds = ours["fewer_than_recipe"]["mean"], ours["rounds_mean"]["mean"]
-    return {
-        "fewer_than_recipe": {"measured": fewer, "target": 1.5, "met": fewer >= 1.5},
-        "rounds_mean": {"measured": rounds, "target": 1.2, "met": rounds <= 1.2},
-    }
-
-
-_COLUMNS = (
-    ("generated_per_trained", "gen/trained", 2), ("fewer_than_recipe", "x fewer than recipe", 2),
-    ("oracle_share", "oracle share", 2), ("rounds_mean", "rounds/step", 2), ("rounds_max", "max rounds", 0),
-    ("multi_round_share", "steps >1 round", 2), ("gen_time_mean", "gen time/step", 2),
-    ("carried_share", "carried share", 2), ("partial_steps", "partial steps", 0),
-)
-
-
-_HEADLINE = {key for key, _, _ in _COLUMNS} | {"shortfall_groups", "prompts_skipped"}
-
-
-def format_table(result: dict) -> str:
-    """Markdown table: mean ± sd over seeds (max over seeds for max rounds)."""
-    header = "| strategy | " + " | ".join(title for _, title, _ in _COLUMNS) + " |"
-    lines = [header, "|---" * (len(_COLUMNS) + 1) + "|"]
-    for entry in result["strategies"].values():
-        cells = []
-        for key, _, digits in _COLUMNS:
-            stats = entry["summary"].get(key)
-            if stats is None:
-                cells.append("-")
-            elif key == "rounds_max":
-                cells.append(f"{stats['max']:.0f}")
-            else:
-                cells.append(f"{stats['mean']:.{digits}f} ± {stats['sd']:.{digits}f}")
-        lines.append(f"| {entry['label']} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
-
-
-def _commit() -> str:
-    root = Path(__file__).resolve().parents[1]
-    try:
-        sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True,
-                             check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
-                               capture_output=True, text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-    return sha + ("-dirty" if dirty else "")
 
 
 def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -436,6 +372,24 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def _print_report(result: dict) -> None:
+    """One JSON line per strategy (headline metrics, mean and sd over seeds), the scenario, the table, targets."""
+    for name, entry in result["strategies"].items():
+        headline = {k: v for k, v in entry["summary"].items() if k in HEADLINE}
+        line = {**result["meta"], "measurement": name, "label": entry["label"], "scenario": result["scenario"],
+                **{k: round(v["mean"], 4) for k, v in headline.items()},
+                "sd": {k: round(v["sd"], 4) for k, v in headline.items()}}
+        print(json.dumps(line, sort_keys=True))
+    shares = {when: {k: round(v, 2) for k, v in result["outcome_shares"][when].items()} for when in ("start", "end")}
+    print(f"\nscenario: {json.dumps(result['scenario'])}")
+    print(f"expected groups (seed {result['meta']['seeds'][0]}): start {shares['start']}, end {shares['end']}")
+    print(format_table(result))
+    for name, checks in result["targets"].items():
+        for metric, check in checks.items():
+            verdict = "met" if check["met"] else "NOT met"
+            print(f"target {name} {metric}: measured {check['measured']:.2f} vs {check['target']} -> {verdict}")
+
+
 def main(argv: Sequence[str] | None = None) -> dict:
     """Command-line entry point: run, print one JSON line per strategy and a table, write ``--out``."""
     args = _parse_args(argv)
@@ -445,26 +399,14 @@ def main(argv: Sequence[str] | None = None) -> dict:
         logit_gain=args.logit_gain, gen_batch_factor=args.gen_batch_factor,
         max_num_gen_batches=args.max_num_gen_batches, max_inflight_gen_batches=args.max_inflight_gen_batches,
     )
+    torch.set_num_threads(1)  # tensors of a few dozen elements: threads only add contention
     started = time.perf_counter()
     result = run_benchmark(scenario, args.seeds, args.strategies)
-    meta = {"benchmark": "bench_sampler", "commit": _commit(), "torch": torch.__version__, "device": "cpu",
+    meta = {"benchmark": "bench_sampler", "commit": commit_id(), "torch": torch.__version__, "device": "cpu",
             "python": platform.python_version(), "seeds": list(args.seeds),
             "wall_s": round(time.perf_counter() - started, 1)}
     result = {"meta": meta, **result, "targets": check_targets(result)}
-    for name, entry in result["strategies"].items():
-        headline = {k: v for k, v in entry["summary"].items() if k in _HEADLINE}
-        line = {**meta, "measurement": name, "label": entry["label"], "scenario": result["scenario"],
-                **{k: round(v["mean"], 4) for k, v in headline.items()},
-                "sd": {k: round(v["sd"], 4) for k, v in headline.items()}}
-        print(json.dumps(line, sort_keys=True))
-    shares = result["outcome_shares"]
-    print(f"\nscenario: {json.dumps(result['scenario'])}")
-    print("expected groups (seed {}): start {}, end {}".format(
-        args.seeds[0], *({k: round(v, 2) for k, v in shares[when].items()} for when in ("start", "end"))))
-    print(format_table(result))
-    for name, target in result["targets"].items():
-        verdict = "met" if target["met"] else "NOT met"
-        print(f"target {name}: measured {target['measured']:.2f} vs {target['target']} -> {verdict}")
+    _print_report(result)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1, sort_keys=True) + "\n")
     print(f"wrote {args.out}")

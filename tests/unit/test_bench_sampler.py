@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from benchmarks.bench_sampler import STRATEGIES, Scenario, StreamingRefill, check_targets, main, run_benchmark
+from benchmarks.bench_sampler import STRATEGIES, Scenario, StreamingRefill, main, run_benchmark
+from benchmarks.sampler_report import check_targets, format_table
 
 TINY = Scenario(num_prompts=64, group_size=4, train_batch_size=8, steps=6)
 ALL_MIXED = Scenario(num_prompts=64, group_size=16, train_batch_size=8, steps=3, start_logit_mean=0.0,
@@ -101,5 +102,14 @@ def test_main_prints_one_json_line_per_strategy_and_writes_the_result(tmp_path, 
     for line in lines:
         assert {"commit", "torch", "device", "generated_per_trained", "rounds_mean", "sd"} <= set(line)
     saved = json.loads(out.read_text())
-    assert saved["meta"]["device"] == "cpu" and set(saved["targets"]) == {"fewer_than_recipe", "rounds_mean"}
+    assert saved["meta"]["device"] == "cpu" and set(saved["targets"]) == {"adaptive_carry", "adaptive_carry_skip"}
+    assert set(saved["targets"]["adaptive_carry"]) == {"fewer_than_recipe", "rounds_mean"}
     assert check_targets(saved) == saved["targets"]
+
+
+def test_table_has_one_row_per_strategy_with_mean_and_spread(tiny_result):
+    rows = format_table(tiny_result).splitlines()
+    assert len(rows) == 2 + len(STRATEGIES)
+    assert all(row.count("|") == rows[0].count("|") for row in rows)
+    assert "±" in rows[2] and rows[2].startswith("| verl-recipe")
+    assert check_targets({"strategies": {"adaptive_carry": {"summary": {}}}}) == {}  # no recipe: no comparison
