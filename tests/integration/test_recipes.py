@@ -28,6 +28,7 @@ import dapo_verl
 from dapo_verl.adapter.reward import DapoRewardManager, reward_settings
 from dapo_verl.adapter.verl_config import DapoAlgoConfig
 from dapo_verl.main import validate_dapo_config
+from dapo_verl.report import derive_label
 
 pytestmark = pytest.mark.verl
 
@@ -263,6 +264,20 @@ def test_clip_ablation_is_the_single_node_recipe_under_its_own_name(paths):
     ablation, single = _flat(_compose(ARMS[0.28]), resolve=True), _flat(_compose(SINGLE_NODE), resolve=True)
     changed = {key for key in single if single[key] != ablation[key]}
     assert changed and all("clip-ablation-eps-high-0.28" in str(ablation[key]) for key in changed)
+
+
+def test_compare_groups_the_ablation_logs_into_one_arm_per_eps_high(paths):
+    """The launchers point verl's FileLogger at $DAPO_OUTPUT_DIR/logs; each arm x seed writes its own log."""
+    labels = {}
+    for eps_high in ARMS:
+        for seed in (0, 1):
+            config = _compose("dapo_clip_ablation", f"{CLIP_HIGH}={eps_high}", f"data.seed={seed}")
+            trainer = config.trainer
+            log = paths["DAPO_OUTPUT_DIR"] / "logs" / trainer.project_name / f"{trainer.experiment_name}.jsonl"
+            labels[eps_high, seed] = derive_label(log)
+    assert len(set(labels.values())) == 2
+    assert labels[0.2, 0] == labels[0.2, 1] == "clip-ablation-eps-high-0.2"
+    assert labels[0.28, 0] == labels[0.28, 1] == "clip-ablation-eps-high-0.28"
 
 
 @pytest.mark.parametrize(("variable", "key"), [("DAPO_MODEL_PATH", "actor_rollout_ref.model.path"),
