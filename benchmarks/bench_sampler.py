@@ -1,6 +1,6 @@
 """Dynamic-sampling cost benchmark: how many responses each refill strategy generates per response trained.
 
-Run: ``.venv/bin/python -m benchmarks.bench_sampler`` (about a minute on 2 CPU cores; ``--help`` for sizes).
+Run: ``.venv/bin/python -m benchmarks.bench_sampler`` (under two minutes on 2 CPU cores; ``--help`` for sizes).
 It counts, it does not time: no model runs, a seeded :class:`~dapo_verl.sampler.simulation.SimulatedPolicy`
 stands in for one, so the numbers are the same on every machine (device "cpu" in the JSON lines).
 
