@@ -131,7 +131,7 @@ class ActorConfig:
 class TrainerConfig:
     """Run length, evaluation, checkpoints and output."""
 
-    total_training_steps: int = field(default=300, metadata=_key("trainer.total_training_steps", verl_native=True))
+    total_training_steps: int = field(default=200, metadata=_key("trainer.total_training_steps", verl_native=True))
     """Training steps (one filled batch each, whatever the number of generation rounds). Range >= 1."""
 
     test_freq: int = field(default=25, metadata=_key("trainer.test_freq", verl_native=True))
