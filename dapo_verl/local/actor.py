@@ -89,7 +89,10 @@ def assemble_batch(groups: Sequence[GroupResult], prompts: Tensor, dapo: DapoCon
     size = groups[0].group_size
     tokens = torch.cat([g.payload["tokens"] for g in groups])  # (B, L)
     mask = torch.cat([g.payload["mask"] for g in groups])  # (B, L)
-    scores = torch.cat([g.scores for g in groups]).to(torch.float32)  # (B,)
+    if any(g.scores is None for g in groups):
+        raise ValueError("Every group needs scores (the shaped rewards) to compute advantages; the generate "
+                         "callback must fill GroupResult.scores.")
+    scores = torch.cat([g.scores for g in groups if g.scores is not None]).to(torch.float32)  # (B,)
     truncated = torch.cat([g.truncated for g in groups])  # (B,)
     index = torch.arange(len(groups)).repeat_interleave(size)  # (B,)
     if dapo.overlong.overlong_filtering:

@@ -138,8 +138,8 @@ class Rollout:
         self.model.eval()
         try:
             ids = prompts.to(self.device)
-            full = self.model.generate(input_ids=ids, attention_mask=torch.ones_like(ids),
-                                       generation_config=generation)
+            full = self.model.generate(  # type: ignore[operator]
+                input_ids=ids, attention_mask=torch.ones_like(ids), generation_config=generation)
         finally:
             self.model.train(was_training)
         tokens = full[:, prompts.shape[1]:].cpu()  # (N, <= L)

@@ -60,10 +60,11 @@ class MetricsLog:
 
     def log(self, data: dict[str, float], step: int) -> None:
         """Record ``data`` (metric name -> number) for ``step``."""
-        record = {"step": int(step), "data": {k: _plain(v) for k, v in data.items()}}
+        values = {k: _plain(v) for k, v in data.items()}
+        record: dict[str, Any] = {"step": int(step), "data": values}
         self._file.write(json.dumps(record) + "\n")
         self._file.flush()
-        for key, value in record["data"].items():
+        for key, value in values.items():
             if value is not None:
                 self.writer.add_scalar(key, value, step)
         self.history.append(record)

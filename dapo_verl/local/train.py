@@ -229,7 +229,7 @@ class _Trainer:
         model, tokenizer, self.model_path, self.model_built = load_or_build(
             run.local.model, max_positions=self.task.prompt_length + dapo.max_response_length, seed=spec.seed,
             cache_dir=cache)
-        self.model, self.tokenizer = model.to(self.device), tokenizer
+        self.model, self.tokenizer = model.to(self.device), tokenizer  # type: ignore[arg-type]
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=run.actor.lr,
                                            weight_decay=run.actor.weight_decay)
         self.rollout = Rollout(self.model, tokenizer, self.task, n=run.rollout.n,
@@ -248,7 +248,7 @@ class _Trainer:
         trainer = self.spec.run.trainer
         if trainer.resume_mode == ResumeMode.DISABLE:
             return None
-        path = (Path(trainer.resume_from_path) if trainer.resume_mode == ResumeMode.RESUME_PATH
+        path = (Path(str(trainer.resume_from_path)) if trainer.resume_mode == ResumeMode.RESUME_PATH
                 else latest_checkpoint(self.run_dir))
         if path is None:
             return None

@@ -90,3 +90,12 @@ def test_without_filtering_uninformative_groups_reach_the_loss(runs):
                  runs["root"] / "unfiltered")
     assert sum(value for _, value in result.series("dapo/actor/uninformative_groups")) > 0
     assert all(value == 4.0 for _, value in result.series("dapo/sampler/groups_trained"))
+
+
+def test_resume_from_an_explicit_checkpoint_path_continues_that_run(runs):
+    whole = [json.loads(line) for line in (runs["root"] / "whole" / "metrics.jsonl").read_text().splitlines()]
+    checkpoint = runs["root"] / "whole" / "checkpoints" / "global_step_3"
+    result = run([*TINY, f"local.cache_dir={runs['root'] / 'cache'}", "trainer.resume_mode=resume_path",
+                  f"trainer.resume_from_path={checkpoint}"], runs["root"] / "from_path")
+    assert result.resumed_from == 3
+    assert _comparable(result.history) == _comparable(whole[4:])

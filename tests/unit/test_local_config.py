@@ -65,3 +65,19 @@ def test_several_gradient_steps_per_rollout_do_not_warn(caplog):
     with caplog.at_level(logging.WARNING, logger="dapo_verl.local.compose"):
         compose_run()
     assert not [r for r in caplog.records if "clip_ratio_high" in r.getMessage()]
+
+
+def test_cli_reports_a_bad_key_and_exits_2(capsys):
+    from dapo_verl.cli import main
+
+    assert main(["train", "local.device=tpu"]) == 2
+    assert "local.device='tpu'" in capsys.readouterr().err
+
+
+def test_cli_prints_the_composed_config(capsys):
+    from dapo_verl.cli import main
+
+    assert main(["train", "--print-config", "data.seed=3"]) == 0
+    out = capsys.readouterr().out
+    assert "seed: 3" in out
+    assert "local:" in out
