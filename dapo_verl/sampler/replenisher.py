@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from dapo_verl.config import SamplerConfig, ShortfallPolicy, SurplusPolicy
+from dapo_verl.config import RefillStrategy, SamplerConfig, ShortfallPolicy, SurplusPolicy
 from dapo_verl.core import DropReason, group_drop_reasons
 from dapo_verl.sampler.sizing import request_size, update_keep_rate
 from dapo_verl.sampler.stream import PromptStream
@@ -229,14 +229,18 @@ class BatchReplenisher:
         rate = 100.0 * kept / generated if generated else 0.0
         cause = ("most groups were all-correct or all-wrong" if rate < 50
                  else "the rounds were too small to fill the batch")
+        knobs = ["raise algorithm.filter_groups.max_num_gen_batches"]
+        knobs.append("raise data.gen_batch_size or use refill=adaptive" if self.config.refill == RefillStrategy.BARRIER
+                     else "raise algorithm.filter_groups.max_oversample_factor")
+        partial = self.config.on_shortfall == ShortfallPolicy.PARTIAL
         message = (
             f"Dynamic sampling has {len(batch)} of {self.config.train_batch_size} groups for step {step} after "
             f"{self.config.max_num_gen_batches} rounds (algorithm.filter_groups.max_num_gen_batches="
             f"{self.config.max_num_gen_batches}): {kept} of the {generated} groups generated this step were "
-            f"informative (keep rate {rate:.1f}%), so {cause}. Raise max_num_gen_batches, raise data.gen_batch_size "
-            f"(or use refill=adaptive), or set algorithm.filter_groups.on_shortfall=partial."
+            f"informative (keep rate {rate:.1f}%), so {cause}. To fill batches, {' or '.join(knobs)}"
+            + ("." if partial else "; or set algorithm.filter_groups.on_shortfall=partial to train on what was found.")
         )
-        if self.config.on_shortfall == ShortfallPolicy.PARTIAL:
+        if partial:
             logger.warning("%s Training on the %d groups found.", message, len(batch))
             return
         for group in batch:

@@ -76,7 +76,7 @@ def test_resume_continues_exactly_with_the_carried_group(tmp_path, monkeypatch):
 
 
 def test_hopeless_data_stops_with_the_knob_to_turn(tmp_path, monkeypatch):
-    with pytest.raises(ShortfallError, match="Raise max_num_gen_batches.*on_shortfall=partial"):
+    with pytest.raises(ShortfallError, match="raise algorithm.filter_groups.max_num_gen_batches.*on_shortfall=partial"):
         _fit(tmp_path, monkeypatch, 2, "algorithm.filter_groups.max_num_gen_batches=2", mixed_prompts=False)
 
 

@@ -106,8 +106,8 @@ def test_state_round_trip_gives_identical_next_batches(tmp_path, overrides):
 def test_round_limit_error_says_keep_rate_and_knobs():
     sampler, _ = _sampler(rates=(0.0, 0.0, 0.0, 0.5), max_num_gen_batches=1, gen_batch_size=4)
     with pytest.raises(ShortfallError, match=r"has \d of 8 groups .* after 1 rounds .*keep rate \d+\.\d%.*"
-                                              r"all-correct or all-wrong.*Raise max_num_gen_batches.*"
-                                              r"on_shortfall=partial"):
+                                              r"all-correct or all-wrong.*raise algorithm.filter_groups."
+                                              r"max_num_gen_batches.*on_shortfall=partial"):
         sampler.next_batch()
     assert sampler.conservation_gap() == 0
 
@@ -238,3 +238,12 @@ def test_state_of_a_different_prompt_source_is_refused(tmp_path):
     other, _ = _sampler(num_prompts=65)
     with pytest.raises(ValueError, match="covers 64 prompts but the prompt source has 65"):
         other.load_state_dict(_round_trip(sampler, tmp_path))
+
+
+def test_partial_shortfall_warning_names_the_right_knobs(caplog):
+    sampler, _ = _sampler(rates=(0.0, 0.0, 0.0, 0.5), max_num_gen_batches=1, on_shortfall="partial")
+    with caplog.at_level("WARNING", logger="dapo_verl.sampler.replenisher"):
+        sampler.next_batch()
+    message = caplog.records[0].getMessage()
+    assert "max_oversample_factor" in message and "Training on the" in message
+    assert "on_shortfall=partial" not in message  # it already is
