@@ -43,9 +43,16 @@ __all__ = [
     "ShortfallPolicy",
     "SurplusPolicy",
     "clip_higher_inert_reason",
+    "config_error",
+    "defaults_tree",
     "iter_verl_fields",
+    "key_of",
     "read_verl_section",
     "render_defaults_yaml",
+    "require_bool",
+    "require_choice",
+    "require_number",
+    "verl_key",
 ]
 
 
@@ -88,72 +95,84 @@ VERL_LOSS_AGG_MODES: dict[str, LossAggregation | None] = {
 _Section = TypeVar("_Section")
 
 
-def _key(verl_key: str, *, verl_native: bool) -> dict[str, Any]:
-    return {"verl_key": verl_key, "verl_native": verl_native}
+def verl_key(path: str, *, verl_native: bool) -> dict[str, Any]:
+    """Field metadata: the dotted key of a config field in a verl Hydra config, and whether verl has it."""
+    return {"verl_key": path, "verl_native": verl_native}
 
 
-def _fail(key: str, value: object, why: str, fix: str) -> NoReturn:
+def config_error(key: str, value: object, why: str, fix: str) -> NoReturn:
+    """Raise the configuration ``ValueError`` in its one format: ``key=value why. fix``."""
     raise ValueError(f"{key}={value!r} {why}. {fix}")
 
 
-def _key_of(config: Any, name: str) -> str:
+def key_of(config: Any, name: str) -> str:
+    """The dotted config key of field ``name`` of a config dataclass (instance or class)."""
     return next(f.metadata["verl_key"] for f in fields(config) if f.name == name)
 
 
-def _require_number(config: object, name: str, *, low: float, high: float = math.inf, low_open=False,
-                    integer=False, fix: str) -> None:
+def require_bool(config: Any, *names: str) -> None:
+    """Raise unless each named field of ``config`` is a boolean."""
+    for name in names:
+        if not isinstance(getattr(config, name), bool):
+            config_error(key_of(config, name), getattr(config, name), "must be a boolean", "Use true or false.")
+
+
+def require_number(config: object, name: str, *, low: float, high: float = math.inf, low_open=False,
+                   integer=False, fix: str) -> None:
+    """Raise unless field ``name`` is a finite number (an integer if ``integer``) within ``[low, high]``."""
     value = getattr(config, name)
-    key = _key_of(config, name)
+    key = key_of(config, name)
     kind = int if integer else (int, float)
     if isinstance(value, bool) or not isinstance(value, kind) or not math.isfinite(value):
-        _fail(key, value, f"must be a finite {'integer' if integer else 'number'}", fix)
+        config_error(key, value, f"must be a finite {'integer' if integer else 'number'}", fix)
     if value < low or (low_open and value == low) or value > high:
         if math.isinf(high):
-            _fail(key, value, f"must be {'>' if low_open else '>='} {low}", fix)
-        _fail(key, value, f"must lie in {'(' if low_open else '['}{low}, {high}]", fix)
+            config_error(key, value, f"must be {'>' if low_open else '>='} {low}", fix)
+        config_error(key, value, f"must lie in {'(' if low_open else '['}{low}, {high}]", fix)
 
 
-def _require_choice(config: object, name: str, choices: type[StrEnum] | list[str], fix: str = "") -> None:
+def require_choice(config: object, name: str, choices: type[StrEnum] | list[str], fix: str = "") -> None:
+    """Raise unless field ``name`` holds one of ``choices`` (an enum's values or a list)."""
     value = getattr(config, name)
     known = [c.value for c in choices] if isinstance(choices, type) else list(choices)
     if value not in known:
-        _fail(_key_of(config, name), value, f"is not one of {known}", fix or "Pick one of the listed values.")
+        config_error(key_of(config, name), value, f"is not one of {known}", fix or "Pick one of the listed values.")
 
 
 @dataclass(frozen=True, kw_only=True)
 class LossConfig:
     """The decoupled-clip policy loss (paper §3.1, §3.3)."""
 
-    clip_ratio_low: float = field(default=0.2, metadata=_key("actor_rollout_ref.actor.clip_ratio_low",
-                                                               verl_native=True))
+    clip_ratio_low: float = field(default=0.2, metadata=verl_key("actor_rollout_ref.actor.clip_ratio_low",
+                                                                   verl_native=True))
     """eps_low: the ratio is clipped below at 1 - clip_ratio_low for negative advantages. Range [0, 1]; paper §3.1 uses
     0.2.
     """
 
-    clip_ratio_high: float = field(default=0.28, metadata=_key("actor_rollout_ref.actor.clip_ratio_high",
-                                                                verl_native=True))
+    clip_ratio_high: float = field(default=0.28, metadata=verl_key("actor_rollout_ref.actor.clip_ratio_high",
+                                                                    verl_native=True))
     """eps_high: the ratio is clipped above at 1 + clip_ratio_high for positive advantages (clip-higher). Range >= 0;
     paper §3.1 uses 0.28.
     """
 
-    clip_ratio_c: float = field(default=10.0, metadata=_key("actor_rollout_ref.actor.clip_ratio_c",
-                                                             verl_native=True))
+    clip_ratio_c: float = field(default=10.0, metadata=verl_key("actor_rollout_ref.actor.clip_ratio_c",
+                                                                 verl_native=True))
     """Dual-clip constant: for negative advantages the per-token loss is capped at -A * clip_ratio_c. Must be > 1; the
     published verl DAPO run uses 10.0.
     """
 
-    loss_agg_mode: str = field(default="token-mean", metadata=_key("actor_rollout_ref.actor.loss_agg_mode",
-                                                                    verl_native=True))
+    loss_agg_mode: str = field(default="token-mean", metadata=verl_key("actor_rollout_ref.actor.loss_agg_mode",
+                                                                        verl_native=True))
     """How per-token losses become a scalar, in verl's names; token-mean is DAPO's token-level loss over the whole
     mini-batch (paper §3.3).
     """
 
     def __post_init__(self) -> None:
-        _require_number(self, "clip_ratio_low", low=0.0, high=1.0, fix="The paper uses 0.2.")
-        _require_number(self, "clip_ratio_high", low=0.0, fix="The paper uses 0.28.")
-        _require_number(self, "clip_ratio_c", low=1.0, low_open=True,
+        require_number(self, "clip_ratio_low", low=0.0, high=1.0, fix="The paper uses 0.2.")
+        require_number(self, "clip_ratio_high", low=0.0, fix="The paper uses 0.28.")
+        require_number(self, "clip_ratio_c", low=1.0, low_open=True,
                         fix="Dual clip needs a constant above 1; the published DAPO run uses 10.0.")
-        _require_choice(self, "loss_agg_mode", list(VERL_LOSS_AGG_MODES),
+        require_choice(self, "loss_agg_mode", list(VERL_LOSS_AGG_MODES),
                         fix="DAPO's token-level loss is token-mean.")
 
     @property
@@ -162,8 +181,8 @@ class LossConfig:
         mode = VERL_LOSS_AGG_MODES[self.loss_agg_mode]
         if mode is None:
             supported = [k for k, v in VERL_LOSS_AGG_MODES.items() if v is not None]
-            _fail(_key_of(self, "loss_agg_mode"), self.loss_agg_mode,
-                  "runs in verl but not on the local backend", f"Use one of {supported}.")
+            config_error(key_of(self, "loss_agg_mode"), self.loss_agg_mode,
+                         "runs in verl but not on the local backend", f"Use one of {supported}.")
         return mode
 
 
@@ -171,62 +190,59 @@ class LossConfig:
 class AdvantageConfig:
     """The group-normalised outcome advantage (paper Eq. 9)."""
 
-    norm_adv_by_std_in_grpo: bool = field(default=True, metadata=_key("algorithm.norm_adv_by_std_in_grpo",
-                                                                       verl_native=True))
+    norm_adv_by_std_in_grpo: bool = field(default=True, metadata=verl_key("algorithm.norm_adv_by_std_in_grpo",
+                                                                           verl_native=True))
     """Divide each centred reward by its group's standard deviation (paper Eq. 9); false gives Dr. GRPO."""
 
-    adv_epsilon: float = field(default=1e-6, metadata=_key("algorithm.adv_epsilon", verl_native=False))
+    adv_epsilon: float = field(default=1e-6, metadata=verl_key("algorithm.adv_epsilon", verl_native=False))
     """Added to the group standard deviation before dividing. Range >= 0; 1e-6 as in verl's grpo."""
 
-    group_token_mean: bool = field(default=False, metadata=_key("algorithm.group_token_mean", verl_native=False))
+    group_token_mean: bool = field(default=False, metadata=verl_key("algorithm.group_token_mean", verl_native=False))
     """Opt-in per-group reading of the token-level loss (verl#2776): advantages are weighted so that, with
     loss_agg_mode=seq-mean-token-sum, each prompt group's tokens average within the group.
     """
 
     def __post_init__(self) -> None:
-        if not isinstance(self.norm_adv_by_std_in_grpo, bool):
-            _fail(_key_of(self, "norm_adv_by_std_in_grpo"), self.norm_adv_by_std_in_grpo, "must be a boolean",
-                  "Use true or false.")
-        _require_number(self, "adv_epsilon", low=0.0, fix="Use a small value such as 1e-6.")
+        require_bool(self, "norm_adv_by_std_in_grpo")
+        require_number(self, "adv_epsilon", low=0.0, fix="Use a small value such as 1e-6.")
 
 
 @dataclass(frozen=True, kw_only=True)
 class OverlongConfig:
     """Overlong reward shaping and filtering (paper §3.4)."""
 
-    overlong_reward_penalty: bool = field(default=True, metadata=_key("reward.reward_kwargs.overlong_reward_penalty",
-                                                                       verl_native=False))
+    overlong_reward_penalty: bool = field(
+        default=True, metadata=verl_key("reward.reward_kwargs.overlong_reward_penalty", verl_native=False))
     """Add the soft overlong punishment to the reward of responses that run into the buffer before max_response_length
     (paper §3.4, Eq. 13).
     """
 
-    overlong_tokens: int = field(default=4096, metadata=_key("reward.reward_kwargs.overlong_tokens",
-                                                              verl_native=False))
+    overlong_tokens: int = field(default=4096, metadata=verl_key("reward.reward_kwargs.overlong_tokens",
+                                                                  verl_native=False))
     """Length of the penalty ramp in tokens, ending at max_response_length. Range (0, max_response_length]; paper §4.1
     uses 4096.
     """
 
-    overlong_penalty_factor: float = field(default=1.0, metadata=_key("reward.reward_kwargs.overlong_penalty_factor",
-                                                                       verl_native=False))
+    overlong_penalty_factor: float = field(
+        default=1.0, metadata=verl_key("reward.reward_kwargs.overlong_penalty_factor", verl_native=False))
     """Penalty at and beyond max_response_length. Range >= 0; paper §3.4 uses 1.0."""
 
-    overlong_schedule: str = field(default="linear", metadata=_key("reward.reward_kwargs.overlong_schedule",
-                                                                    verl_native=False))
+    overlong_schedule: str = field(default="linear", metadata=verl_key("reward.reward_kwargs.overlong_schedule",
+                                                                        verl_native=False))
     """Shape of the ramp: a name registered with dapo_verl.core.rewards.register_overlong_schedule; linear is the
     paper's.
     """
 
-    overlong_filtering: bool = field(default=False, metadata=_key("algorithm.overlong_filtering", verl_native=False))
+    overlong_filtering: bool = field(
+        default=False, metadata=verl_key("algorithm.overlong_filtering", verl_native=False))
     """Give truncated responses no loss (paper §3.4, overlong filtering); off as in the best published run."""
 
     def __post_init__(self) -> None:
-        for name in ("overlong_reward_penalty", "overlong_filtering"):
-            if not isinstance(getattr(self, name), bool):
-                _fail(_key_of(self, name), getattr(self, name), "must be a boolean", "Use true or false.")
-        _require_number(self, "overlong_tokens", low=0, low_open=True, integer=True,
+        require_bool(self, "overlong_reward_penalty", "overlong_filtering")
+        require_number(self, "overlong_tokens", low=0, low_open=True, integer=True,
                         fix="The paper uses 4096; to turn the penalty off set overlong_reward_penalty=false.")
-        _require_number(self, "overlong_penalty_factor", low=0.0, fix="The paper uses 1.0.")
-        _require_choice(self, "overlong_schedule", OVERLONG_SCHEDULES.names(),
+        require_number(self, "overlong_penalty_factor", low=0.0, fix="The paper uses 1.0.")
+        require_choice(self, "overlong_schedule", OVERLONG_SCHEDULES.names(),
                         fix="Register new schedules with @register_overlong_schedule in dapo_verl/core/rewards.py.")
 
 
@@ -234,109 +250,108 @@ class OverlongConfig:
 class SamplerConfig:
     """The dynamic-sampling batch replenisher (paper §3.2)."""
 
-    enable: bool = field(default=True, metadata=_key("algorithm.filter_groups.enable", verl_native=True))
+    enable: bool = field(default=True, metadata=verl_key("algorithm.filter_groups.enable", verl_native=True))
     """Train only on prompt groups whose responses disagree and refill the batch until it is full (paper §3.2)."""
 
-    metric: str = field(default="acc", metadata=_key("algorithm.filter_groups.metric", verl_native=True))
+    metric: str = field(default="acc", metadata=verl_key("algorithm.filter_groups.metric", verl_native=True))
     """Per-response value the filter reads: raw correctness (acc), never the length-shaped reward."""
 
-    max_num_gen_batches: int = field(default=10, metadata=_key("algorithm.filter_groups.max_num_gen_batches",
-                                                                verl_native=True))
+    max_num_gen_batches: int = field(default=10, metadata=verl_key("algorithm.filter_groups.max_num_gen_batches",
+                                                                    verl_native=True))
     """Most generation rounds per training step; on_shortfall says what happens at the limit. Range >= 1; the published
     run uses 10.
     """
 
-    train_batch_size: int = field(default=512, metadata=_key("data.train_batch_size", verl_native=True))
+    train_batch_size: int = field(default=512, metadata=verl_key("data.train_batch_size", verl_native=True))
     """Prompt groups per training step. Paper §4.1 uses 512."""
 
-    gen_batch_size: int | None = field(default=None, metadata=_key("data.gen_batch_size", verl_native=True))
+    gen_batch_size: int | None = field(default=None, metadata=verl_key("data.gen_batch_size", verl_native=True))
     """Prompts per generation round (barrier) or in the first round (adaptive); null means train_batch_size. The
     published run uses 1536.
     """
 
-    refill: str = field(default="adaptive", metadata=_key("algorithm.filter_groups.refill", verl_native=False))
+    refill: str = field(default="adaptive", metadata=verl_key("algorithm.filter_groups.refill", verl_native=False))
     """barrier: fixed-size rounds as in verl-recipe; adaptive: each round sized from the observed keep rate."""
 
-    single_round_probability: float = field(default=0.9, metadata=_key(
-        "algorithm.filter_groups.single_round_probability", verl_native=False))
+    single_round_probability: float = field(default=0.9, metadata=verl_key(
+            "algorithm.filter_groups.single_round_probability", verl_native=False))
     """Adaptive refill: target probability that one round fills the batch. Range (0, 1)."""
 
-    max_oversample_factor: float = field(default=4.0, metadata=_key("algorithm.filter_groups.max_oversample_factor",
-                                                                     verl_native=False))
+    max_oversample_factor: float = field(default=4.0, metadata=verl_key("algorithm.filter_groups.max_oversample_factor",
+                                                                         verl_native=False))
     """Adaptive refill: a round asks for at most about this many prompts per missing group, plus the single-round
     margin. Keep rates below 1 / max_oversample_factor count as that floor. Range >= 1.
     """
 
-    keep_rate_smoothing: float = field(default=0.3, metadata=_key("algorithm.filter_groups.keep_rate_smoothing",
-                                                                   verl_native=False))
+    keep_rate_smoothing: float = field(default=0.3, metadata=verl_key("algorithm.filter_groups.keep_rate_smoothing",
+                                                                       verl_native=False))
     """Weight of the newest train_batch_size generated groups in the running keep-rate estimate. It averages over
     groups, so a small top-up round barely moves it. Range (0, 1].
     """
 
-    surplus: str = field(default="discard", metadata=_key("algorithm.filter_groups.surplus", verl_native=False))
+    surplus: str = field(default="discard", metadata=verl_key("algorithm.filter_groups.surplus", verl_native=False))
     """Informative groups beyond a full batch: discard (paper) or carry to the next steps (opt-in, slightly off-policy).
     """
 
-    max_staleness_steps: int = field(default=1, metadata=_key("algorithm.filter_groups.max_staleness_steps",
-                                                               verl_native=False))
+    max_staleness_steps: int = field(default=1, metadata=verl_key("algorithm.filter_groups.max_staleness_steps",
+                                                                   verl_native=False))
     """Carried groups older than this many training steps are dropped and counted. Range >= 1."""
 
-    on_shortfall: str = field(default="error", metadata=_key("algorithm.filter_groups.on_shortfall",
-                                                              verl_native=False))
+    on_shortfall: str = field(default="error", metadata=verl_key("algorithm.filter_groups.on_shortfall",
+                                                                  verl_native=False))
     """At max_num_gen_batches with the batch not full: error (with the keep rate and the knob to turn) or partial (train
     on the groups found).
     """
 
-    skip_uninformative: bool = field(default=False, metadata=_key("algorithm.filter_groups.skip_uninformative",
-                                                                  verl_native=False))
+    skip_uninformative: bool = field(default=False, metadata=verl_key("algorithm.filter_groups.skip_uninformative",
+                                                                      verl_native=False))
     """Opt-in: skip prompts whose recent groups were all correct or all wrong, with a probability that decays back
     (arXiv 2506.02177).
     """
 
-    skip_keep_base: float = field(default=0.5, metadata=_key("algorithm.filter_groups.skip_keep_base",
-                                                              verl_native=False))
+    skip_keep_base: float = field(default=0.5, metadata=verl_key("algorithm.filter_groups.skip_keep_base",
+                                                                  verl_native=False))
     """A prompt found uninformative k times in a row is generated with probability skip_keep_base**k. Range (0, 1)."""
 
-    max_skip_probability: float = field(default=0.9, metadata=_key("algorithm.filter_groups.max_skip_probability",
-                                                                    verl_native=False))
+    max_skip_probability: float = field(default=0.9, metadata=verl_key("algorithm.filter_groups.max_skip_probability",
+                                                                        verl_native=False))
     """Upper bound on any prompt's skip probability, so no prompt is skipped for good. Range [0, 1)."""
 
-    seed: int = field(default=0, metadata=_key("data.seed", verl_native=True))
+    seed: int = field(default=0, metadata=verl_key("data.seed", verl_native=True))
     """Seed of the sampler's prompt order and skip draws."""
 
     def __post_init__(self) -> None:
-        for name in ("enable", "skip_uninformative"):
-            if not isinstance(getattr(self, name), bool):
-                _fail(_key_of(self, name), getattr(self, name), "must be a boolean", "Use true or false.")
+        require_bool(self, "enable", "skip_uninformative")
         if not isinstance(self.metric, str) or not self.metric:
-            _fail(_key_of(self, "metric"), self.metric, "must name a per-response value",
-                  "Use acc (raw correctness); filtering on a length-shaped score lets all-wrong groups through.")
-        _require_number(self, "max_num_gen_batches", low=1, integer=True,
+            config_error(key_of(self, "metric"), self.metric, "must name a per-response value",
+                         "Use acc (raw correctness); filtering on a length-shaped score lets all-wrong groups through.")
+        require_number(self, "max_num_gen_batches", low=1, integer=True,
                         fix="Unlimited rounds can loop forever on hard data; set a bound (the published run uses 10) "
                             "and choose algorithm.filter_groups.on_shortfall.")
-        _require_number(self, "train_batch_size", low=1, integer=True, fix="Use a positive number of prompts.")
+        require_number(self, "train_batch_size", low=1, integer=True, fix="Use a positive number of prompts.")
         if self.gen_batch_size is not None:
-            _require_number(self, "gen_batch_size", low=1, integer=True,
+            require_number(self, "gen_batch_size", low=1, integer=True,
                             fix="Use a positive number of prompts, or null for train_batch_size.")
-        _require_choice(self, "refill", RefillStrategy)
-        _require_number(self, "single_round_probability", low=0.0, high=1.0, low_open=True,
+        require_choice(self, "refill", RefillStrategy)
+        require_number(self, "single_round_probability", low=0.0, high=1.0, low_open=True,
                         fix="0.9 means 9 steps in 10 need a single round.")
         if self.single_round_probability >= 1.0:
-            _fail(_key_of(self, "single_round_probability"), 1.0, "would ask for unboundedly many prompts",
-                  "Use a value below 1, e.g. 0.9.")
-        _require_number(self, "max_oversample_factor", low=1.0, fix="4.0 allows a keep rate down to 25%.")
-        _require_number(self, "keep_rate_smoothing", low=0.0, high=1.0, low_open=True, fix="0.3 is a good start.")
-        _require_choice(self, "surplus", SurplusPolicy)
-        _require_number(self, "max_staleness_steps", low=1, integer=True, fix="1 carries groups one step.")
-        _require_choice(self, "on_shortfall", ShortfallPolicy)
-        _require_number(self, "skip_keep_base", low=0.0, high=1.0, low_open=True, fix="0.5 halves per repeat.")
+            config_error(key_of(self, "single_round_probability"), 1.0, "would ask for unboundedly many prompts",
+                         "Use a value below 1, e.g. 0.9.")
+        require_number(self, "max_oversample_factor", low=1.0, fix="4.0 allows a keep rate down to 25%.")
+        require_number(self, "keep_rate_smoothing", low=0.0, high=1.0, low_open=True, fix="0.3 is a good start.")
+        require_choice(self, "surplus", SurplusPolicy)
+        require_number(self, "max_staleness_steps", low=1, integer=True, fix="1 carries groups one step.")
+        require_choice(self, "on_shortfall", ShortfallPolicy)
+        require_number(self, "skip_keep_base", low=0.0, high=1.0, low_open=True, fix="0.5 halves per repeat.")
         if self.skip_keep_base >= 1.0:
-            _fail(_key_of(self, "skip_keep_base"), self.skip_keep_base, "would never skip", "Use a value below 1.")
-        _require_number(self, "max_skip_probability", low=0.0, high=1.0, fix="0.9 keeps 1 in 10 chances.")
+            config_error(key_of(self, "skip_keep_base"), self.skip_keep_base, "would never skip",
+                         "Use a value below 1.")
+        require_number(self, "max_skip_probability", low=0.0, high=1.0, fix="0.9 keeps 1 in 10 chances.")
         if self.max_skip_probability >= 1.0:
-            _fail(_key_of(self, "max_skip_probability"), self.max_skip_probability,
-                  "would skip prompts for good", "Use a value below 1, e.g. 0.9.")
-        _require_number(self, "seed", low=0, integer=True, fix="Use a non-negative integer seed.")
+            config_error(key_of(self, "max_skip_probability"), self.max_skip_probability,
+                         "would skip prompts for good", "Use a value below 1, e.g. 0.9.")
+        require_number(self, "seed", low=0, integer=True, fix="Use a non-negative integer seed.")
 
     @property
     def prompts_per_round(self) -> int:
@@ -360,20 +375,21 @@ class DapoConfig:
     sampler: SamplerConfig = field(default_factory=SamplerConfig)
     """Dynamic sampling."""
 
-    max_response_length: int = field(default=20480, metadata=_key("data.max_response_length", verl_native=True))
+    max_response_length: int = field(default=20480, metadata=verl_key("data.max_response_length", verl_native=True))
     """Generation budget per response in tokens. Paper §4.1 uses 20480."""
 
     def __post_init__(self) -> None:
-        _require_number(self, "max_response_length", low=1, integer=True, fix="The paper uses 20480.")
+        require_number(self, "max_response_length", low=1, integer=True, fix="The paper uses 20480.")
         if self.overlong.overlong_reward_penalty and self.overlong.overlong_tokens > self.max_response_length:
-            _fail("reward.reward_kwargs.overlong_tokens", self.overlong.overlong_tokens,
-                  f"exceeds data.max_response_length={self.max_response_length}; the penalty ramp must fit inside "
-                  f"the response budget",
-                  f"Set overlong_tokens <= {self.max_response_length} (the paper uses 4096 of 20480).")
+            config_error("reward.reward_kwargs.overlong_tokens", self.overlong.overlong_tokens,
+                         f"exceeds data.max_response_length={self.max_response_length}; the penalty ramp must fit "
+                         f"inside the response budget",
+                         f"Set overlong_tokens <= {self.max_response_length} (the paper uses 4096 of 20480).")
         if self.advantage.group_token_mean and self.loss.loss_agg_mode != "seq-mean-token-sum":
-            _fail("actor_rollout_ref.actor.loss_agg_mode", self.loss.loss_agg_mode,
-                  "does not match algorithm.group_token_mean=true, whose advantage weights assume a loss divided by "
-                  "the number of responses", "Set actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-sum.")
+            config_error("actor_rollout_ref.actor.loss_agg_mode", self.loss.loss_agg_mode,
+                         "does not match algorithm.group_token_mean=true, whose advantage weights assume a loss "
+                         "divided by the number of responses",
+                         "Set actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-sum.")
 
     @classmethod
     def from_verl(cls, cfg: Mapping[str, Any]) -> DapoConfig:
@@ -404,7 +420,8 @@ _MISSING = object()
 
 
 def read_verl_section(cls: type[_Section], cfg: Mapping[str, Any]) -> _Section:
-    """Build one config dataclass (``DapoConfig`` or a part such as ``OverlongConfig``) from a verl mapping.
+    """Build a config dataclass (``DapoConfig``, a part such as ``OverlongConfig``, or any dataclass tree whose
+    leaves carry :func:`verl_key` metadata) from a verl-shaped mapping.
 
     Only that dataclass's keys are read and validated, so a component that sees part of a verl config
     (the advantage estimator sees ``algorithm`` only) can read its own settings: wrap the part, e.g.
@@ -412,7 +429,7 @@ def read_verl_section(cls: type[_Section], cfg: Mapping[str, Any]) -> _Section:
     dataclass default; verl's ``overlong_buffer_cfg`` keys are accepted as aliases (see
     :meth:`DapoConfig.from_verl`).
     """
-    values = {path: _lookup(cfg, path) for path, _ in iter_verl_fields()}
+    values = {path: _lookup(cfg, path) for path, _ in iter_verl_fields(cls)}
     _merge_verl_overlong_aliases(cfg, values)
     return _build(cls, values)
 
@@ -486,17 +503,18 @@ def _merge_verl_overlong_aliases(cfg: Mapping[str, Any], values: dict[str, Any])
     }
     for verl_name, ours in aliases.items():
         theirs = buffer.get(verl_name, _MISSING) if isinstance(buffer, Mapping) else _MISSING
-        if theirs is _MISSING:
+        if theirs is _MISSING or ours not in values:
             continue
         if values[ours] not in (_MISSING, None) and values[ours] != theirs:
-            _fail(ours, values[ours], f"contradicts reward.reward_kwargs.overlong_buffer_cfg.{verl_name}={theirs!r}",
-                  "Set only one of the two (dapo_verl reads both).")
+            config_error(ours, values[ours],
+                         f"contradicts reward.reward_kwargs.overlong_buffer_cfg.{verl_name}={theirs!r}",
+                         "Set only one of the two (dapo_verl reads both).")
         values[ours] = theirs
     max_resp_len = _lookup(cfg, "reward.reward_kwargs.max_resp_len")
-    budget = values["data.max_response_length"]
+    budget = values.get("data.max_response_length", _MISSING)
     if max_resp_len not in (_MISSING, None) and budget not in (_MISSING, None) and max_resp_len != budget:
-        _fail("reward.reward_kwargs.max_resp_len", max_resp_len,
-              f"differs from data.max_response_length={budget}", "Remove max_resp_len; it is read from data.")
+        config_error("reward.reward_kwargs.max_resp_len", max_resp_len,
+                     f"differs from data.max_response_length={budget}", "Remove max_resp_len; it is read from data.")
 
 
 def _build(cls: type, values: Mapping[str, Any], prefix: tuple[str, ...] = ()) -> Any:
@@ -518,6 +536,18 @@ def _plain(value: Any) -> Any:
     if isinstance(value, StrEnum):
         return value.value
     return value
+
+
+def defaults_tree(cls: type) -> dict[str, Any]:
+    """Nested dict of every key of the config dataclass ``cls`` at its verl path, holding its default."""
+    tree: dict[str, Any] = {}
+    for path, leaf in iter_verl_fields(cls):
+        node = tree
+        *parents, name = path.split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[name] = leaf.default
+    return tree
 
 
 def clip_higher_inert_reason(*, train_batch_size: int, ppo_mini_batch_size: int, ppo_epochs: int) -> str | None:
@@ -562,15 +592,8 @@ def render_defaults_yaml() -> str:
         docs.update({f"{cls.__name__}.{k}": v for k, v in _field_docs(cls).items()})
     owner = {id(f): cls.__name__ for cls in (LossConfig, AdvantageConfig, OverlongConfig, SamplerConfig, DapoConfig)
              for f in fields(cls)}
-    tree: dict[str, Any] = {}
-    comments: dict[str, str] = {}
-    for path, leaf in iter_verl_fields():
-        node = tree
-        *parents, name = path.split(".")
-        for part in parents:
-            node = node.setdefault(part, {})
-        node[name] = leaf.default
-        comments[path] = docs[f"{owner[id(leaf.field)]}.{leaf.name}"]
+    tree = defaults_tree(DapoConfig)
+    comments = {path: docs[f"{owner[id(leaf.field)]}.{leaf.name}"] for path, leaf in iter_verl_fields()}
     header = (
         "# Generated from dapo_verl/config.py by `dapo-verl config --write`; do not edit by hand.\n"
         "# Every DAPO key at its verl path, with its default. Keys verl already has keep verl's meaning.\n"

@@ -69,7 +69,7 @@ def compose_run(overrides: Sequence[str] = (), *, out_dir: str | Path | None = N
     Raises:
         ValueError: for an override Hydra cannot apply or any invalid value, naming the key and the fix.
     """
-    ConfigStore.instance().store(name="local_defaults", node=defaults_tree())
+    ConfigStore.instance().store(name="local_defaults", node=defaults_tree(LocalRunConfig))
     try:
         with initialize_config_dir(version_base=None, config_dir=str(CONFIG_DIR), job_name="dapo_verl_local"):
             composed = compose(config_name=config_name, overrides=list(overrides))

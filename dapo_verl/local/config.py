@@ -18,13 +18,21 @@ through :func:`defaults_tree` (registered as the ``local_defaults`` config node 
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
-from dataclasses import MISSING, dataclass, field, fields, is_dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-# The private helpers keep every config error in dapo_verl.config's format ("key=value why. fix").
-from dapo_verl.config import _fail, _key, _require_choice, _require_number, iter_verl_fields
+from dapo_verl.config import (
+    config_error,
+    defaults_tree,
+    key_of,
+    read_verl_section,
+    require_bool,
+    require_choice,
+    require_number,
+    verl_key,
+)
 
 __all__ = [
     "ActorConfig",
@@ -58,158 +66,153 @@ class ResumeMode(StrEnum):
     RESUME_PATH = "resume_path"
 
 
-def _bool(config: object, *names: str) -> None:
-    for name in names:
-        if not isinstance(getattr(config, name), bool):
-            _fail(_key_of(config, name), getattr(config, name), "must be a boolean", "Use true or false.")
-
-
-def _key_of(config: Any, name: str) -> str:
-    return next(f.metadata["verl_key"] for f in fields(config) if f.name == name)
-
-
 @dataclass(frozen=True, kw_only=True)
 class RolloutConfig:
     """Sampling of the training responses."""
 
-    n: int = field(default=8, metadata=_key("actor_rollout_ref.rollout.n", verl_native=True))
+    n: int = field(default=8, metadata=verl_key("actor_rollout_ref.rollout.n", verl_native=True))
     """G, responses sampled per prompt. Range >= 2 (a group needs a baseline); paper §4.1 uses 16."""
 
-    temperature: float = field(default=1.0, metadata=_key("actor_rollout_ref.rollout.temperature", verl_native=True))
+    temperature: float = field(
+        default=1.0, metadata=verl_key("actor_rollout_ref.rollout.temperature", verl_native=True))
     """Sampling temperature of training rollouts; log-probs are computed at the same temperature. Range > 0."""
 
     def __post_init__(self) -> None:
-        _require_number(self, "n", low=2, integer=True, fix="Group-normalised advantages need G >= 2; use 8.")
-        _require_number(self, "temperature", low=0.0, low_open=True, fix="The paper samples at 1.0.")
+        require_number(self, "n", low=2, integer=True, fix="Group-normalised advantages need G >= 2; use 8.")
+        require_number(self, "temperature", low=0.0, low_open=True, fix="The paper samples at 1.0.")
 
 
 @dataclass(frozen=True, kw_only=True)
 class ActorConfig:
     """The policy update: batching, optimiser and regularisation."""
 
-    ppo_mini_batch_size: int = field(default=4, metadata=_key("actor_rollout_ref.actor.ppo_mini_batch_size",
-                                                               verl_native=True))
+    ppo_mini_batch_size: int = field(default=4, metadata=verl_key("actor_rollout_ref.actor.ppo_mini_batch_size",
+                                                                   verl_native=True))
     """Prompt groups per gradient step; train_batch_size / ppo_mini_batch_size steps per rollout and epoch. Range >= 1.
     """
 
-    ppo_micro_batch_size_per_gpu: int | None = field(default=None, metadata=_key(
-        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu", verl_native=True))
+    ppo_micro_batch_size_per_gpu: int | None = field(default=None, metadata=verl_key(
+            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu", verl_native=True))
     """Responses per forward/backward pass (gradient accumulation); null means the whole mini-batch. The loss is
     normalised by the mini-batch's token count, so this never changes the result.
     """
 
-    ppo_epochs: int = field(default=1, metadata=_key("actor_rollout_ref.actor.ppo_epochs", verl_native=True))
+    ppo_epochs: int = field(default=1, metadata=verl_key("actor_rollout_ref.actor.ppo_epochs", verl_native=True))
     """Passes over each rollout batch. Range >= 1."""
 
-    lr: float = field(default=1e-3, metadata=_key("actor_rollout_ref.actor.optim.lr", verl_native=True))
+    lr: float = field(default=1e-3, metadata=verl_key("actor_rollout_ref.actor.optim.lr", verl_native=True))
     """AdamW learning rate (constant). 1e-3 suits the tiny default model; 3e-3 collapses its entropy."""
 
-    weight_decay: float = field(default=0.0, metadata=_key("actor_rollout_ref.actor.optim.weight_decay",
-                                                            verl_native=True))
+    weight_decay: float = field(default=0.0, metadata=verl_key("actor_rollout_ref.actor.optim.weight_decay",
+                                                                verl_native=True))
     """AdamW weight decay. Range >= 0; 0 for the tiny model (verl defaults to 0.01)."""
 
-    grad_clip: float = field(default=1.0, metadata=_key("actor_rollout_ref.actor.grad_clip", verl_native=True))
+    grad_clip: float = field(default=1.0, metadata=verl_key("actor_rollout_ref.actor.grad_clip", verl_native=True))
     """Gradient-norm clipping threshold per gradient step. Range > 0; verl's default 1.0."""
 
-    entropy_coeff: float = field(default=0.0, metadata=_key("actor_rollout_ref.actor.entropy_coeff",
-                                                             verl_native=True))
+    entropy_coeff: float = field(default=0.0, metadata=verl_key("actor_rollout_ref.actor.entropy_coeff",
+                                                                 verl_native=True))
     """Weight of the entropy bonus subtracted from the policy loss. Range >= 0; DAPO uses 0."""
 
     def __post_init__(self) -> None:
-        _require_number(self, "ppo_mini_batch_size", low=1, integer=True, fix="Use e.g. train_batch_size / 4.")
+        require_number(self, "ppo_mini_batch_size", low=1, integer=True, fix="Use e.g. train_batch_size / 4.")
         if self.ppo_micro_batch_size_per_gpu is not None:
-            _require_number(self, "ppo_micro_batch_size_per_gpu", low=1, integer=True,
+            require_number(self, "ppo_micro_batch_size_per_gpu", low=1, integer=True,
                             fix="Use a positive number of responses, or null for the whole mini-batch.")
-        _require_number(self, "ppo_epochs", low=1, integer=True, fix="Use 1 or more.")
-        _require_number(self, "lr", low=0.0, low_open=True, fix="1e-3 works for the tiny default model.")
-        _require_number(self, "weight_decay", low=0.0, fix="Use 0.0 or a small value such as 0.01.")
-        _require_number(self, "grad_clip", low=0.0, low_open=True, fix="verl's default is 1.0.")
-        _require_number(self, "entropy_coeff", low=0.0, fix="DAPO uses 0.")
+        require_number(self, "ppo_epochs", low=1, integer=True, fix="Use 1 or more.")
+        require_number(self, "lr", low=0.0, low_open=True, fix="1e-3 works for the tiny default model.")
+        require_number(self, "weight_decay", low=0.0, fix="Use 0.0 or a small value such as 0.01.")
+        require_number(self, "grad_clip", low=0.0, low_open=True, fix="verl's default is 1.0.")
+        require_number(self, "entropy_coeff", low=0.0, fix="DAPO uses 0.")
 
 
 @dataclass(frozen=True, kw_only=True)
 class TrainerConfig:
     """Run length, evaluation, checkpoints and output."""
 
-    total_training_steps: int = field(default=200, metadata=_key("trainer.total_training_steps", verl_native=True))
+    total_training_steps: int = field(default=200, metadata=verl_key("trainer.total_training_steps", verl_native=True))
     """Training steps (one filled batch each, whatever the number of generation rounds). Range >= 1."""
 
-    test_freq: int = field(default=25, metadata=_key("trainer.test_freq", verl_native=True))
+    test_freq: int = field(default=25, metadata=verl_key("trainer.test_freq", verl_native=True))
     """Evaluate every this many steps and after the last one; -1 never (as in verl)."""
 
-    val_before_train: bool = field(default=True, metadata=_key("trainer.val_before_train", verl_native=True))
+    val_before_train: bool = field(default=True, metadata=verl_key("trainer.val_before_train", verl_native=True))
     """Evaluate the untrained model at step 0."""
 
-    save_freq: int = field(default=100, metadata=_key("trainer.save_freq", verl_native=True))
+    save_freq: int = field(default=100, metadata=verl_key("trainer.save_freq", verl_native=True))
     """Checkpoint every this many steps and after the last one; -1 never (as in verl)."""
 
-    default_local_dir: str = field(default="runs/local", metadata=_key("trainer.default_local_dir", verl_native=True))
+    default_local_dir: str = field(
+        default="runs/local", metadata=verl_key("trainer.default_local_dir", verl_native=True))
     """Run directory: metrics, plots, TensorBoard events, checkpoints and the final model (--out sets it)."""
 
-    resume_mode: str = field(default="auto", metadata=_key("trainer.resume_mode", verl_native=True))
+    resume_mode: str = field(default="auto", metadata=verl_key("trainer.resume_mode", verl_native=True))
     """auto: continue from the latest checkpoint in the run directory; disable: start fresh; resume_path: from
     trainer.resume_from_path.
     """
 
-    resume_from_path: str | None = field(default=None, metadata=_key("trainer.resume_from_path", verl_native=True))
+    resume_from_path: str | None = field(default=None, metadata=verl_key("trainer.resume_from_path", verl_native=True))
     """Checkpoint directory (global_step_N) to continue from when resume_mode=resume_path."""
 
     def __post_init__(self) -> None:
-        _require_number(self, "total_training_steps", low=1, integer=True, fix="Use a positive number of steps.")
+        require_number(self, "total_training_steps", low=1, integer=True, fix="Use a positive number of steps.")
         for name in ("test_freq", "save_freq"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or (value < 1 and value != -1):
-                _fail(_key_of(self, name), value, "must be a positive integer or -1", "Use -1 to turn it off.")
-        _bool(self, "val_before_train")
+                config_error(key_of(self, name), value, "must be a positive integer or -1", "Use -1 to turn it off.")
+        require_bool(self, "val_before_train")
         if not isinstance(self.default_local_dir, str) or not self.default_local_dir:
-            _fail("trainer.default_local_dir", self.default_local_dir, "must name a directory", "Pass --out DIR.")
-        _require_choice(self, "resume_mode", ResumeMode)
+            config_error("trainer.default_local_dir", self.default_local_dir, "must name a directory",
+                         "Pass --out DIR.")
+        require_choice(self, "resume_mode", ResumeMode)
         if self.resume_mode == ResumeMode.RESUME_PATH and not self.resume_from_path:
-            _fail("trainer.resume_from_path", self.resume_from_path, "is needed when trainer.resume_mode=resume_path",
-                  "Set it to a checkpoint directory such as runs/local/checkpoints/global_step_100.")
+            config_error("trainer.resume_from_path", self.resume_from_path,
+                         "is needed when trainer.resume_mode=resume_path",
+                         "Set it to a checkpoint directory such as runs/local/checkpoints/global_step_100.")
 
 
 @dataclass(frozen=True, kw_only=True)
 class ModelConfig:
     """The tiny randomly initialised Llama policy (vocabulary and positions come from the task)."""
 
-    hidden_size: int = field(default=64, metadata=_key("local.model.hidden_size", verl_native=False))
+    hidden_size: int = field(default=64, metadata=verl_key("local.model.hidden_size", verl_native=False))
     """Width of the residual stream. Range >= 8; 64 gives about 132k parameters with the other defaults."""
 
-    intermediate_size: int = field(default=256, metadata=_key("local.model.intermediate_size", verl_native=False))
+    intermediate_size: int = field(default=256, metadata=verl_key("local.model.intermediate_size", verl_native=False))
     """Width of each MLP. Range >= 1."""
 
-    num_hidden_layers: int = field(default=2, metadata=_key("local.model.num_hidden_layers", verl_native=False))
+    num_hidden_layers: int = field(default=2, metadata=verl_key("local.model.num_hidden_layers", verl_native=False))
     """Transformer blocks. Range >= 1."""
 
-    num_attention_heads: int = field(default=4, metadata=_key("local.model.num_attention_heads", verl_native=False))
+    num_attention_heads: int = field(default=4, metadata=verl_key("local.model.num_attention_heads", verl_native=False))
     """Attention heads; must divide hidden_size."""
 
     def __post_init__(self) -> None:
-        _require_number(self, "hidden_size", low=8, integer=True, fix="64 is the tested default.")
-        _require_number(self, "intermediate_size", low=1, integer=True, fix="256 is the tested default.")
-        _require_number(self, "num_hidden_layers", low=1, integer=True, fix="2 is the tested default.")
-        _require_number(self, "num_attention_heads", low=1, integer=True, fix="4 is the tested default.")
+        require_number(self, "hidden_size", low=8, integer=True, fix="64 is the tested default.")
+        require_number(self, "intermediate_size", low=1, integer=True, fix="256 is the tested default.")
+        require_number(self, "num_hidden_layers", low=1, integer=True, fix="2 is the tested default.")
+        require_number(self, "num_attention_heads", low=1, integer=True, fix="4 is the tested default.")
         if self.hidden_size % self.num_attention_heads or (self.hidden_size // self.num_attention_heads) % 2:
-            _fail("local.model.num_attention_heads", self.num_attention_heads,
-                  f"must divide local.model.hidden_size={self.hidden_size} into an even head size (rotary embeddings)",
-                  "Use e.g. 4 heads for hidden_size 64.")
+            config_error("local.model.num_attention_heads", self.num_attention_heads,
+                         f"must divide local.model.hidden_size={self.hidden_size} into an even head size "
+                         f"(rotary embeddings)",
+                         "Use e.g. 4 heads for hidden_size 64.")
 
 
 @dataclass(frozen=True, kw_only=True)
 class TaskConfig:
     """The synthetic verifiable task (see :mod:`dapo_verl.local.tasks`)."""
 
-    name: str = field(default="copy3", metadata=_key("local.task.name", verl_native=False))
+    name: str = field(default="copy3", metadata=verl_key("local.task.name", verl_native=False))
     """Registered task: copy3 (abcd> -> c, learned in a minute), summod (a+b= -> (a+b)%10, slower), summod2 (harder)."""
 
-    heldout_size: int = field(default=200, metadata=_key("local.task.heldout_size", verl_native=False))
+    heldout_size: int = field(default=200, metadata=verl_key("local.task.heldout_size", verl_native=False))
     """Prompts held out for greedy evaluation and never trained on (tasks too small to split evaluate on all)."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
-            _fail("local.task.name", self.name, "must name a registered task", "Use copy3, summod or summod2.")
-        _require_number(self, "heldout_size", low=1, integer=True, fix="200 is the default.")
+            config_error("local.task.name", self.name, "must name a registered task", "Use copy3, summod or summod2.")
+        require_number(self, "heldout_size", low=1, integer=True, fix="200 is the default.")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -222,18 +225,18 @@ class LocalConfig:
     task: TaskConfig = field(default_factory=TaskConfig)
     """The synthetic task."""
 
-    device: str = field(default="cpu", metadata=_key("local.device", verl_native=False))
+    device: str = field(default="cpu", metadata=verl_key("local.device", verl_native=False))
     """cpu, cuda, or auto (the GPU if one is visible); the default cpu keeps runs bit-reproducible."""
 
-    num_threads: int = field(default=1, metadata=_key("local.num_threads", verl_native=False))
+    num_threads: int = field(default=1, metadata=verl_key("local.num_threads", verl_native=False))
     """torch CPU threads for the run (restored afterwards); 1 is as fast as 2 for the tiny model. Range >= 1."""
 
-    cache_dir: str | None = field(default=None, metadata=_key("local.cache_dir", verl_native=False))
+    cache_dir: str | None = field(default=None, metadata=verl_key("local.cache_dir", verl_native=False))
     """Where built models are cached; null means $XDG_CACHE_HOME/dapo_verl (~/.cache/dapo_verl)."""
 
     def __post_init__(self) -> None:
-        _require_choice(self, "device", Device)
-        _require_number(self, "num_threads", low=1, integer=True, fix="1 thread is the tested default.")
+        require_choice(self, "device", Device)
+        require_number(self, "num_threads", low=1, integer=True, fix="1 thread is the tested default.")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -253,45 +256,10 @@ class LocalRunConfig:
     """Local-only settings."""
 
 
-def _nested(f: Any) -> Any:
-    factory = f.default_factory
-    return factory if factory is not MISSING and is_dataclass(factory) else None
-
-
-def defaults_tree(cls: type = LocalRunConfig) -> dict[str, Any]:
-    """Nested dict of every key of ``cls`` at its config path, holding the dataclass default."""
-    tree: dict[str, Any] = {}
-    for path, leaf in iter_verl_fields(cls):
-        node = tree
-        *parents, name = path.split(".")
-        for part in parents:
-            node = node.setdefault(part, {})
-        node[name] = leaf.default
-    return tree
-
-
-def _lookup(cfg: Mapping[str, Any], path: str) -> Iterator[Any]:
-    node: Any = cfg
-    for part in path.split("."):
-        if not isinstance(node, Mapping) or part not in node:
-            return
-        node = node[part]
-    yield node
-
-
 def read_run_config(cfg: Mapping[str, Any], cls: type = LocalRunConfig) -> Any:
-    """Build ``cls`` from a composed, resolved config mapping; absent keys take the dataclass default.
+    """Build ``cls`` from a composed, resolved config mapping; absent or null keys take the dataclass default.
 
     Raises:
         ValueError: naming the full key of any invalid value and how to fix it.
     """
-    kwargs: dict[str, Any] = {}
-    for f in fields(cls):
-        sub = _nested(f)
-        if sub is not None:
-            kwargs[f.name] = read_run_config(cfg, sub)
-            continue
-        for value in _lookup(cfg, f.metadata["verl_key"]):
-            if value is not None or f.default is None:
-                kwargs[f.name] = value
-    return cls(**kwargs)
+    return read_verl_section(cls, cfg)

@@ -30,7 +30,7 @@ def test_overrides_use_verl_key_names(tmp_path):
 
 
 def test_defaults_tree_round_trips_through_read_run_config():
-    assert read_run_config(defaults_tree()) == LocalRunConfig()
+    assert read_run_config(defaults_tree(LocalRunConfig)) == LocalRunConfig()
 
 
 def test_unknown_key_fails_with_the_key_and_the_fix():
