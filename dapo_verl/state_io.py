@@ -2,10 +2,12 @@
 
 A state is a nested structure of dicts (string keys), lists, strings, numbers, booleans, None and
 tensors. It is written as one safetensors file: the tensors as tensors, everything else as JSON in the
-file's metadata, plus a SHA-256 of the tensor bytes. Loading parses JSON and raw tensor bytes only -- no
-pickle, so a planted file cannot execute code -- and a truncated or altered file is reported as such.
-Writes go to a temporary file in the same directory and are renamed into place, so a crash mid-write
-leaves the previous file intact.
+file's metadata, plus a SHA-256 over the tensor bytes and that JSON text (format ``dapo_verl.state/2``;
+files of format ``/1`` checksummed the tensors only and are still read). Loading parses JSON and raw
+tensor bytes only -- no pickle, so a planted file cannot execute code -- and a truncated or altered file,
+whether the flipped byte lies in a tensor or in the plain data, is reported as such. Writes go to a
+temporary file in the same directory (``.<name>.<random>.tmp``), which is flushed to disk and renamed
+into place, so a crash mid-write leaves the previous file intact and at most a stale temporary file.
 """
 
 from __future__ import annotations
@@ -23,7 +25,8 @@ from safetensors.torch import load_file, save_file
 
 __all__ = ["CorruptStateError", "load_state", "save_state"]
 
-_FORMAT = "dapo_verl.state/1"
+_FORMAT = "dapo_verl.state/2"
+_LEGACY_FORMAT = "dapo_verl.state/1"  # checksum over the tensors only
 _TENSOR = "__tensor__"
 
 
@@ -63,8 +66,12 @@ def _unflatten(obj: Any, tensors: dict[str, torch.Tensor]) -> Any:
     return obj
 
 
-def _digest(tensors: dict[str, torch.Tensor]) -> str:
+def _digest(tensors: dict[str, torch.Tensor], body: str | None) -> str:
+    """SHA-256 over every tensor (name, dtype, shape, bytes) and, unless None (format /1), the JSON body."""
     sha = hashlib.sha256()
+    if body is not None:
+        sha.update(f"state:{len(body)}:".encode())
+        sha.update(body.encode())
     for name in sorted(tensors):
         tensor = tensors[name]
         sha.update(f"{name}:{tensor.dtype}:{tuple(tensor.shape)}".encode())
@@ -83,7 +90,7 @@ def save_state(state: Any, path: str | os.PathLike[str]) -> Path:
     target.parent.mkdir(parents=True, exist_ok=True)
     tensors: dict[str, torch.Tensor] = {}
     body = json.dumps(_flatten(state, tensors, "state"))
-    metadata = {"format": _FORMAT, "state": body, "sha256": _digest(tensors)}
+    metadata = {"format": _FORMAT, "state": body, "sha256": _digest(tensors, body)}
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     os.close(fd)
     try:
@@ -118,14 +125,20 @@ def load_state(path: str | os.PathLike[str]) -> Any:
             f"{source} is not a readable dapo_verl state file ({err}); it is truncated or was not written by "
             f"dapo_verl. Resume from an earlier checkpoint."
         ) from None
-    if metadata.get("format") != _FORMAT:
-        raise CorruptStateError(f"{source} has format {metadata.get('format')!r}, expected {_FORMAT!r}.")
-    if metadata.get("sha256") != _digest(tensors):
+    fmt = metadata.get("format")
+    if fmt not in (_FORMAT, _LEGACY_FORMAT):
+        raise CorruptStateError(f"{source} has format {fmt!r}, expected {_FORMAT!r}; it is damaged or was not "
+                                f"written by dapo_verl. Resume from an earlier checkpoint.")
+    text = metadata.get("state")
+    if not isinstance(text, str):
+        raise CorruptStateError(f"{source} holds no state metadata; it is damaged. Resume from an earlier checkpoint.")
+    if metadata.get("sha256") != _digest(tensors, text if fmt == _FORMAT else None):
         raise CorruptStateError(
-            f"{source} failed its checksum: its tensors were altered after writing. Resume from an earlier checkpoint."
+            f"{source} failed its checksum: its contents were altered after writing. Resume from an earlier "
+            f"checkpoint."
         )
     try:
-        body = json.loads(metadata["state"])
-    except (KeyError, json.JSONDecodeError) as err:
-        raise CorruptStateError(f"{source} holds unreadable state metadata ({err}).") from None
-    return _unflatten(body, tensors)
+        body = json.loads(text)
+        return _unflatten(body, tensors)
+    except (json.JSONDecodeError, KeyError, TypeError) as err:
+        raise CorruptStateError(f"{source} holds unreadable state metadata ({err!r}).") from None

@@ -69,3 +69,26 @@ def test_a_planted_pickle_is_refused_and_never_executed(tmp_path, monkeypatch):
     with pytest.raises(CorruptStateError):
         load_state(path)
     assert not (tmp_path / "PLANTED").exists()
+
+
+def test_an_altered_plain_value_fails_the_checksum(tmp_path):
+    path = save_state({"step": 12345, "w": torch.ones(4)}, tmp_path / "s.safetensors")
+    data = bytearray(path.read_bytes())
+    data[data.find(b"12345")] = ord("9")  # still valid JSON, still a number: only the checksum can tell
+    path.write_bytes(bytes(data))
+    with pytest.raises(CorruptStateError, match="checksum"):
+        load_state(path)
+
+
+def test_files_of_the_first_format_are_still_read(tmp_path):
+    from safetensors.torch import save_file
+
+    from dapo_verl.state_io import _digest
+
+    tensors = {"t0": torch.arange(3)}
+    body = '{"step": 4, "w": {"__tensor__": "t0"}}'
+    path = tmp_path / "old.safetensors"
+    save_file(tensors, str(path), metadata={"format": "dapo_verl.state/1", "state": body,
+                                            "sha256": _digest(tensors, None)})
+    loaded = load_state(path)
+    assert loaded["step"] == 4 and torch.equal(loaded["w"], torch.arange(3))
