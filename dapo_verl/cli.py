@@ -10,6 +10,7 @@ from pathlib import Path
 __all__ = ["main"]
 
 DEFAULTS_YAML = Path(__file__).parent / "configs" / "dapo_defaults.yaml"
+README = Path(__file__).parent.parent / "README.md"  # present in a source checkout, not in an installed wheel
 
 
 def _cmd_prepare_data(args: argparse.Namespace) -> int:
@@ -62,20 +63,24 @@ def _cmd_toy(args: argparse.Namespace) -> int:
 
 
 def _cmd_config(args: argparse.Namespace) -> int:
-    from dapo_verl.config import render_defaults_yaml
+    from dapo_verl.config_docs import render_defaults_yaml, render_reference_markdown, update_readme
 
-    text = render_defaults_yaml()
+    outputs = {DEFAULTS_YAML: render_defaults_yaml()}
+    if README.exists():
+        outputs[README] = update_readme(README.read_text(), render_reference_markdown())
     if args.write:
-        DEFAULTS_YAML.write_text(text)
-        print(f"Wrote {DEFAULTS_YAML}")
+        for path, text in outputs.items():
+            path.write_text(text)
+            print(f"Wrote {path}")
         return 0
     if args.check:
-        if DEFAULTS_YAML.read_text() != text:
-            print(f"{DEFAULTS_YAML} is out of date with dapo_verl/config.py; run `dapo-verl config --write`.")
-            return 1
-        print(f"{DEFAULTS_YAML} matches dapo_verl/config.py.")
-        return 0
-    print(text, end="")
+        stale = [path for path, text in outputs.items() if path.read_text() != text]
+        for path in stale:
+            print(f"{path} is out of date with dapo_verl/config.py; run `dapo-verl config --write`.")
+        if not stale:
+            print(f"{', '.join(map(str, outputs))} match dapo_verl/config.py.")
+        return 1 if stale else 0
+    print(outputs[DEFAULTS_YAML], end="")
     return 0
 
 
@@ -144,8 +149,9 @@ def _parser() -> argparse.ArgumentParser:
 
     config = commands.add_parser("config", help="print the generated DAPO defaults (verl key paths)")
     mode = config.add_mutually_exclusive_group()
-    mode.add_argument("--write", action="store_true", help=f"regenerate {DEFAULTS_YAML.name}")
-    mode.add_argument("--check", action="store_true", help=f"fail if {DEFAULTS_YAML.name} is out of date")
+    mode.add_argument("--write", action="store_true",
+                      help=f"regenerate {DEFAULTS_YAML.name} and README.md's configuration reference")
+    mode.add_argument("--check", action="store_true", help="fail if either is out of date")
     config.set_defaults(func=_cmd_config)
 
     doctor = commands.add_parser("doctor", help="check that verl sees the dapo loss, estimator and reward manager")

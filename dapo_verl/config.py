@@ -7,9 +7,9 @@ related verl keys (``algorithm.filter_groups.refill``, ``reward.reward_kwargs.ov
 The same mapping drives:
 
 * :meth:`DapoConfig.from_verl`, which reads a (composed) verl-shaped config, local or cluster;
-* :func:`render_defaults_yaml`, which generates ``configs/dapo_defaults.yaml`` with each key's comment
-  taken from the first sentence of its field docstring (``tests/unit/test_config_yaml.py`` keeps the
-  file and the dataclasses in step);
+* :mod:`dapo_verl.config_docs`, which generates ``configs/dapo_defaults.yaml`` (each key's comment is the
+  first sentence of its field docstring) and the README's configuration reference, and tests that keep
+  both in step with the dataclasses;
 * ``dapo_verl.adapter.verl_config``, which extends verl's own config dataclasses with the new keys.
 
 Defaults follow the paper (arXiv 2503.14476, §4.1) and the published verl DAPO run; behaviour beyond
@@ -19,11 +19,7 @@ enums from ``dapo_verl.core``.
 
 from __future__ import annotations
 
-import ast
-import inspect
-import itertools
 import math
-import re
 from collections.abc import Iterator, Mapping
 from dataclasses import MISSING, dataclass, field, fields, is_dataclass
 from enum import StrEnum
@@ -48,7 +44,6 @@ __all__ = [
     "iter_verl_fields",
     "key_of",
     "read_verl_section",
-    "render_defaults_yaml",
     "require_bool",
     "require_choice",
     "require_number",
@@ -564,70 +559,3 @@ def clip_higher_inert_reason(*, train_batch_size: int, ppo_mini_batch_size: int,
             f"takes 16 gradient steps per rollout: ppo_mini_batch_size = train_batch_size / 16)."
         )
     return None
-
-
-_FIRST_SENTENCE = re.compile(r"(?<!Eq)(?<!Fig)(?<!Dr)(?<!e\.g)(?<!i\.e)\.\s+(?=[A-Z])")
-
-
-def _field_docs(cls: type) -> dict[str, str]:
-    """First sentence of each field's docstring (the string literal below the field), read with ast."""
-    tree = ast.parse(inspect.getsource(cls))
-    body = tree.body[0].body  # type: ignore[attr-defined]
-    docs: dict[str, str] = {}
-    for node, after in itertools.pairwise(body):
-        if isinstance(node, ast.AnnAssign) and isinstance(after, ast.Expr) and isinstance(after.value, ast.Constant):
-            text = " ".join(str(after.value.value).split())
-            docs[node.target.id] = _FIRST_SENTENCE.split(text, maxsplit=1)[0].rstrip(".") + "."  # type: ignore[union-attr]
-    return docs
-
-
-def render_defaults_yaml() -> str:
-    """The text of ``configs/dapo_defaults.yaml``: every DAPO key at its verl path with its default.
-
-    Each key is preceded by the first sentence of its field docstring as a comment, keys are separated by
-    a blank line and there are no inline comments (verl's own YAML conventions).
-    """
-    docs: dict[str, str] = {}
-    for cls in (LossConfig, AdvantageConfig, OverlongConfig, SamplerConfig, DapoConfig):
-        docs.update({f"{cls.__name__}.{k}": v for k, v in _field_docs(cls).items()})
-    owner = {id(f): cls.__name__ for cls in (LossConfig, AdvantageConfig, OverlongConfig, SamplerConfig, DapoConfig)
-             for f in fields(cls)}
-    tree = defaults_tree(DapoConfig)
-    comments = {path: docs[f"{owner[id(leaf.field)]}.{leaf.name}"] for path, leaf in iter_verl_fields()}
-    header = (
-        "# Generated from dapo_verl/config.py by `dapo-verl config --write`; do not edit by hand.\n"
-        "# Every DAPO key at its verl path, with its default. Keys verl already has keep verl's meaning.\n"
-    )
-    return header + "\n" + "\n".join(_yaml_lines(tree, comments, ())) + "\n"
-
-
-def _yaml_lines(tree: Mapping[str, Any], comments: Mapping[str, str], parents: tuple[str, ...]) -> Iterator[str]:
-    indent = "  " * len(parents)
-    for i, (name, value) in enumerate(tree.items()):
-        path = ".".join((*parents, name))
-        if isinstance(value, dict):
-            if parents and i:
-                yield ""
-            yield f"{indent}{name}:"
-            yield from _yaml_lines(value, comments, (*parents, name))
-            if not parents:
-                yield ""
-            continue
-        if i:
-            yield ""
-        yield f"{indent}# {comments[path]}"
-        yield f"{indent}{name}: {_yaml_scalar(value)}"
-
-
-def _yaml_scalar(value: Any) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, float):
-        text = repr(value)
-        if "e" in text and "." not in text:  # YAML 1.1 needs a dot in exponent floats
-            mantissa, exponent = text.split("e")
-            text = f"{mantissa}.0e{exponent}"
-        return text
-    return str(value)

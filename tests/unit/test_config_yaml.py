@@ -1,4 +1,4 @@
-"""configs/dapo_defaults.yaml is generated from dapo_verl/config.py and must not drift from it."""
+"""configs/dapo_defaults.yaml and README.md's configuration reference are generated from the dataclasses."""
 
 from __future__ import annotations
 
@@ -6,9 +6,11 @@ from pathlib import Path
 
 import yaml
 
-from dapo_verl.config import DapoConfig, render_defaults_yaml
+from dapo_verl.config import DapoConfig, iter_verl_fields
+from dapo_verl.config_docs import render_defaults_yaml, render_reference_markdown, update_readme
 
-DEFAULTS = Path(__file__).resolve().parents[2] / "dapo_verl" / "configs" / "dapo_defaults.yaml"
+ROOT = Path(__file__).resolve().parents[2]
+DEFAULTS = ROOT / "dapo_verl" / "configs" / "dapo_defaults.yaml"
 
 
 def test_defaults_yaml_is_up_to_date():
@@ -27,3 +29,14 @@ def test_every_key_has_a_comment_above_it_and_no_inline_comments():
             continue
         assert "#" not in stripped, f"inline comment on line {i + 1}"
         assert lines[i - 1].strip().startswith("#"), f"key on line {i + 1} has no comment above it"
+
+
+def test_readme_configuration_reference_is_up_to_date():
+    readme = (ROOT / "README.md").read_text()
+    assert update_readme(readme, render_reference_markdown()) == readme, "run `dapo-verl config --write`"
+
+
+def test_reference_lists_every_dapo_key_once():
+    table = render_reference_markdown()
+    for key, _ in iter_verl_fields():
+        assert table.count(f"| `{key}` |") == 1, key
