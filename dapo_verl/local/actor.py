@@ -154,7 +154,9 @@ class _StepMetrics:
             self.ratio_max = max(self.ratio_max, float(diag["ratio_max"]))
 
     def result(self) -> dict[str, float]:
-        tokens = max(self.tokens, 1.0)
+        # Per-token statistics of a step without a loss token (e.g. every response truncated under overlong
+        # filtering) are undefined: NaN, logged as null, so run averages skip the step instead of counting 0.
+        tokens = self.tokens if self.tokens > 0 else math.nan
         frac = {key: self.sums[key] / tokens for key in _CLIP_KEYS}
         has_tokens = self.tokens > 0
         return {
@@ -163,8 +165,8 @@ class _StepMetrics:
             "actor/entropy": self.sums["entropy"] / tokens,
             "actor/grad_norm": sum(self.grad_norms) / max(len(self.grad_norms), 1),
             **{f"dapo/actor/{key}": value for key, value in frac.items()},
-            "dapo/actor/ratio_min": self.ratio_min if has_tokens else 1.0,
-            "dapo/actor/ratio_max": self.ratio_max if has_tokens else 1.0,
+            "dapo/actor/ratio_min": self.ratio_min if has_tokens else math.nan,
+            "dapo/actor/ratio_max": self.ratio_max if has_tokens else math.nan,
             "dapo/actor/gradient_steps": float(len(self.grad_norms)),
         }
 
@@ -185,7 +187,8 @@ def update_policy(model: PreTrainedModel, optimizer: torch.optim.Optimizer, batc
         ``actor/pg_loss`` (mean over gradient steps), ``actor/pg_clipfrac``, ``actor/entropy``,
         ``actor/grad_norm`` (mean over gradient steps), ``dapo/actor/{clip_upper_fraction,
         clip_lower_fraction, dual_clip_fraction, clip_higher_kept_fraction, ratio_mean, ratio_min,
-        ratio_max, gradient_steps}``; fractions are over every valid token seen in the step.
+        ratio_max, gradient_steps}``; fractions are over every valid token seen in the step. When the batch
+        has no valid token, ``actor/entropy``, the clip fractions and the ratio statistics are NaN (undefined).
     """
     rows = batch.mask.shape[0]
     micro = actor.ppo_micro_batch_size_per_gpu

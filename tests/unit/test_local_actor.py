@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import math
 
 import pytest
 import torch
@@ -97,3 +98,19 @@ def test_batch_metrics_count_uninformative_groups(gen):
     metrics = batch_metrics(assemble_batch(groups, torch.zeros(4, S, dtype=torch.int64), DapoConfig()))
     assert metrics["dapo/actor/uninformative_groups"] == 1.0
     assert 0.0 <= metrics["response_length/clip_ratio"] <= 1.0
+
+
+def test_per_token_metrics_are_undefined_when_no_token_is_trained(model, gen):
+    groups = _groups(gen)
+    groups = [GroupResult(prompt_id=g.prompt_id, metric=g.metric, response_lengths=g.response_lengths,
+                          truncated=torch.ones(G, dtype=torch.bool), scores=g.scores, payload=g.payload)
+              for g in groups]
+    dapo = DapoConfig(overlong=OverlongConfig(overlong_filtering=True))
+    batch = assemble_batch(groups, torch.randint(3, 17, (4, S), generator=gen), dapo)
+    assert not batch.mask.any()
+    _, metrics = _update(model, batch, dapo, ActorConfig(ppo_mini_batch_size=2))
+    undefined = ["actor/entropy", "actor/pg_clipfrac", "dapo/actor/clip_upper_fraction", "dapo/actor/ratio_mean",
+                 "dapo/actor/ratio_min", "dapo/actor/ratio_max"]
+    assert all(math.isnan(metrics[key]) for key in undefined), {k: metrics[k] for k in undefined}
+    assert metrics["actor/pg_loss"] == 0.0
+    assert metrics["dapo/actor/gradient_steps"] == 2.0
