@@ -6,13 +6,16 @@ verl's ``FileLogger``, so tools that read verl's logs read these) and to TensorB
 class is not imported because the local backend must not import verl or ray (STYLE.md §2); the two
 formats are reproduced instead.
 
-On resume the JSONL file is cut back to the checkpoint's step and TensorBoard is told to purge later
-events, so a resumed run's logs read as one uninterrupted run.
+On resume the JSONL file is cut back to the checkpoint's step (rewritten atomically) and TensorBoard is
+told to purge later events, so a resumed run's logs read as one uninterrupted run. A process killed while
+appending a line leaves that line cut short; :func:`read_history` drops such a last line with a warning
+(its step is recomputed after the resume), while a damaged line before it is an error.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 from pathlib import Path
@@ -20,16 +23,47 @@ from typing import Any
 
 from torch.utils.tensorboard import SummaryWriter
 
+from dapo_verl.local.files import write_text_atomically
+
 __all__ = ["MetricsLog", "read_history"]
+
+logger = logging.getLogger(__name__)
+
+
+def _record(line: str) -> dict[str, Any] | None:
+    """The ``{"step", "data"}`` record of a line, or None if the line is not one."""
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError:
+        return None
+    ok = isinstance(record, dict) and isinstance(record.get("step"), int) and isinstance(record.get("data"), dict)
+    return record if ok else None
 
 
 def read_history(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
-    """The records of a ``metrics.jsonl`` file, in order (empty if the file does not exist)."""
+    """The records of a ``metrics.jsonl`` file, in order (empty if the file does not exist).
+
+    A last line cut short by a crash is dropped with a warning.
+
+    Raises:
+        ValueError: if a line other than the last is not a ``{"step": int, "data": {...}}`` record.
+    """
     source = Path(path)
     if not source.exists():
         return []
-    with source.open() as handle:
-        return [json.loads(line) for line in handle if line.strip()]
+    lines = [(n, line) for n, line in enumerate(source.read_text(errors="replace").splitlines(), 1) if line.strip()]
+    records = []
+    for position, (number, line) in enumerate(lines):
+        record = _record(line)
+        if record is not None:
+            records.append(record)
+        elif position == len(lines) - 1:
+            logger.warning("%s line %d is cut short (the run was interrupted while writing it); dropping it: %.60s",
+                           source, number, line)
+        else:
+            raise ValueError(f"{source} line {number} is not a metrics record ({line[:60]!r}); the file was edited or "
+                             f"damaged. Delete that line, or start over with trainer.resume_mode=disable.")
+    return records
 
 
 def _plain(value: Any) -> float | None:
@@ -51,9 +85,7 @@ class MetricsLog:
         self.tensorboard_dir = run_dir / "tensorboard"
         kept = [r for r in read_history(self.jsonl_path) if r["step"] <= resume_step] if resume_step is not None else []
         self.history: list[dict[str, Any]] = kept
-        tmp = self.jsonl_path.with_suffix(".jsonl.tmp")
-        tmp.write_text("".join(json.dumps(r) + "\n" for r in kept))
-        os.replace(tmp, self.jsonl_path)
+        write_text_atomically(self.jsonl_path, "".join(json.dumps(r) + "\n" for r in kept))
         purge = resume_step + 1 if resume_step is not None else None
         self.writer = SummaryWriter(str(self.tensorboard_dir), purge_step=purge)
         self._file = self.jsonl_path.open("a")

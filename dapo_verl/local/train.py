@@ -27,6 +27,12 @@ Reproducibility: with ``local.device=cpu`` and the same ``local.num_threads``, t
 identical metrics (except ``timing_s/*``), and a resumed run continues exactly as the uninterrupted one.
 The run sets torch's thread count and deterministic-algorithm mode for its duration and restores them.
 Results can differ across torch versions and CPU instruction sets; GPU runs are not bit-reproducible.
+
+Crash safety: every output file is replaced atomically (:mod:`.files`), checkpoints are checksummed and
+the run directory's stale temporary files are removed when a run starts. With ``trainer.resume_mode=auto``
+a killed run continues from the newest good checkpoint -- a damaged one is logged by name and skipped
+(:func:`~dapo_verl.local.checkpoint.find_resume_point`) -- and ends exactly where the uninterrupted run
+would have (``dapo_verl.reliability.faults`` checks this by injecting crashes).
 """
 
 from __future__ import annotations
@@ -44,9 +50,16 @@ import torch
 from tqdm import tqdm
 
 from dapo_verl.local.actor import assemble_batch, batch_metrics, update_policy
-from dapo_verl.local.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from dapo_verl.local.checkpoint import (
+    ResumePoint,
+    find_resume_point,
+    read_checkpoint,
+    restore_checkpoint,
+    save_checkpoint,
+)
 from dapo_verl.local.compose import RunSpec, compose_run
 from dapo_verl.local.config import ResumeMode
+from dapo_verl.local.files import remove_stale_temporaries, replace_directory, write_text_atomically
 from dapo_verl.local.model import default_cache_dir, describe, load_or_build, quiet_hf_progress
 from dapo_verl.local.plots import plot_history
 from dapo_verl.local.rollout import Rollout
@@ -244,21 +257,28 @@ class _Trainer:
 
     # -- resume -------------------------------------------------------------------------------------
 
-    def _resume(self) -> int | None:
+    def _resume_point(self) -> ResumePoint | None:
         trainer = self.spec.run.trainer
         if trainer.resume_mode == ResumeMode.DISABLE:
             return None
-        path = (Path(str(trainer.resume_from_path)) if trainer.resume_mode == ResumeMode.RESUME_PATH
-                else latest_checkpoint(self.run_dir))
-        if path is None:
+        if trainer.resume_mode == ResumeMode.AUTO:
+            return find_resume_point(self.run_dir)  # falls back past damaged checkpoints
+        path = Path(str(trainer.resume_from_path))  # the user's explicit choice: no fallback
+        state = read_checkpoint(path)
+        return ResumePoint(path=path, step=int(state["step"]), state=state)
+
+    def _resume(self) -> int | None:
+        point = self._resume_point()
+        if point is None:
             return None
-        step, saved = load_checkpoint(path, model=self.model, optimizer=self.optimizer, sampler=self.sampler)
+        step, saved = restore_checkpoint(point.state, model=self.model, optimizer=self.optimizer,
+                                         sampler=self.sampler)
         changed = sorted(k for k, v in _flat(self.spec.cfg).items()
                          if _flat(saved).get(k) != v and k not in _RESUME_FREE_KEYS)
         if changed:
             logger.warning("Resuming from %s with a changed configuration (%s); the run is no longer one experiment.",
-                           path, ", ".join(changed))
-        logger.info("Resumed from %s (step %d).", path, step)
+                           point.path, ", ".join(changed))
+        logger.info("Resumed from %s (step %d).", point.path, step)
         return step
 
     # -- the loop -----------------------------------------------------------------------------------
@@ -266,11 +286,12 @@ class _Trainer:
     def fit(self, *, progress: bool) -> RunResult:
         """Train from step 0 or the resumed checkpoint to ``trainer.total_training_steps``."""
         trainer = self.spec.run.trainer
+        remove_stale_temporaries(self.run_dir)
         resumed = self._resume()
         if resumed is None:
             torch.manual_seed(self.spec.seed)
         start = resumed or 0
-        (self.run_dir / "config.yaml").write_text(self.spec.to_yaml())
+        write_text_atomically(self.run_dir / "config.yaml", self.spec.to_yaml())
         log = MetricsLog(self.run_dir, resume_step=resumed)
         total = trainer.total_training_steps
         bar = tqdm(total=total, initial=min(start, total), desc="dapo-verl train", disable=not progress,
@@ -356,9 +377,7 @@ class _Trainer:
         }
         title = f"dapo-verl train: task {self.task.name}, seed {self.spec.seed}"
         plot_history(history, paths["plot"], task=self.task.name, title=title)
-        with quiet_hf_progress():
-            self.model.save_pretrained(paths["model"])
-        self.tokenizer.save_pretrained(paths["model"])
+        replace_directory(paths["model"], self._save_model)
         result = RunResult(
             run_dir=self.run_dir, task=self.task.name, heldout=self.task.heldout, history=history,
             initial_accuracy=vals[0]["data"][f"{key}/acc/mean@1"] if vals and vals[0]["step"] == 0 else None,
@@ -369,5 +388,10 @@ class _Trainer:
         )
         summary = {k: v for k, v in vars(result).items() if k not in ("history", "paths", "run_dir")}
         summary |= {"seed": self.spec.seed, "model": describe(self.model)}
-        paths["summary"].write_text(json.dumps(summary, indent=2) + "\n")
+        write_text_atomically(paths["summary"], json.dumps(summary, indent=2) + "\n")
         return result
+
+    def _save_model(self, folder: Path) -> None:
+        with quiet_hf_progress():
+            self.model.save_pretrained(folder)
+        self.tokenizer.save_pretrained(folder)
