@@ -114,6 +114,35 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_ablate(args: argparse.Namespace) -> int:
+    import logging
+
+    from dapo_verl.local.ablate import DEFAULT_JOBS, DEFAULT_SEEDS, QUIET_LOGGERS, Progress, run_ablation
+    from dapo_verl.local.arms import CLIP_STUDY, LADDER_STUDY
+    from dapo_verl.sampler import ShortfallError
+
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    for name in QUIET_LOGGERS:
+        logging.getLogger(name).setLevel(logging.ERROR)
+    study = LADDER_STUDY if args.ladder else CLIP_STUDY
+    seeds = args.seed_list if args.seed_list is not None else list(range(
+        DEFAULT_SEEDS if args.seeds is None else args.seeds))
+    out = args.out or f"runs/ablate/{study.name}"
+    jobs = DEFAULT_JOBS if args.jobs is None else args.jobs
+    print(f"{study.title}: {len(study.arms)} arms x seeds {seeds} -> {out}", flush=True)
+    try:
+        result = run_ablation(study, seeds, out, steps=args.steps, extra_overrides=args.overrides,
+                              jobs=jobs, on_run=Progress(lambda line: print(line, flush=True)))
+    except (OSError, ValueError, ShortfallError) as err:
+        print(f"dapo-verl ablate: {err}", file=sys.stderr)
+        return 2
+    print()
+    print(result.files["summary"].read_text(), end="")
+    print(f"\nDone in {result.wall_s:.0f} s. Wrote {', '.join(str(p) for p in result.files.values())}")
+    print(f"Run directories: {out}/<arm>/seed<k> (compare them again with `dapo-verl compare {out}/*/seed*`).")
+    return 0
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="dapo-verl", description="DAPO for verl, plus a local backend.")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -173,6 +202,26 @@ def _parser() -> argparse.ArgumentParser:
     compare.add_argument("--last-frac", type=float, metavar="F", help="share of a training metric's last logged "
                          "values averaged into its final value (default: 0.2); validation metrics use the last value")
     compare.set_defaults(func=_cmd_compare)
+
+    ablate = commands.add_parser("ablate", help="run the clip ablation (or --ladder) over several seeds on this "
+                                 "machine and write the report", description="Train every arm of the clip-higher "
+                                 "ablation (eps_high 0.2 vs 0.28, otherwise the default local run) or, with --ladder, "
+                                 "of the paper's Table 1 ladder, once per seed, with the local backend; then write "
+                                 "report.md, report.json, ablation.md and plots. Runs already finished in --out are "
+                                 "reused, interrupted ones continue. Give KEY=VALUE overrides before the options.")
+    ablate.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides applied to every arm, "
+                        "e.g. local.task.name=summod")
+    ablate.add_argument("--ladder", action="store_true", help="run the ladder: naive GRPO, + overlong filtering, "
+                        "+ clip-higher, + soft overlong punishment, + token-level loss, + dynamic sampling")
+    seeds = ablate.add_mutually_exclusive_group()
+    seeds.add_argument("--seeds", type=int, metavar="N", help="seeds 0..N-1 in every arm (default: 8)")
+    seeds.add_argument("--seed-list", type=int, nargs="+", metavar="K", help="these seeds in every arm")
+    ablate.add_argument("--steps", type=int, metavar="N", help="training steps per run (default: the config's, 200)")
+    ablate.add_argument("--out", metavar="DIR", help="ablation directory (default: runs/ablate/clip or "
+                        "runs/ablate/ladder)")
+    ablate.add_argument("--jobs", type=int, metavar="N", help="runs trained at the same time, one torch "
+                        "thread each (default: 2; 1 trains in this process)")
+    ablate.set_defaults(func=_cmd_ablate)
     return parser
 
 

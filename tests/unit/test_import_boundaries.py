@@ -50,7 +50,8 @@ def test_import_dapo_verl_is_fast_after_torch():
 LOCAL_MODULES = ["dapo_verl.local", "dapo_verl.local.config", "dapo_verl.local.compose", "dapo_verl.local.tasks",
                  "dapo_verl.local.model", "dapo_verl.local.rollout", "dapo_verl.local.actor",
                  "dapo_verl.local.checkpoint", "dapo_verl.local.tracking", "dapo_verl.local.plots",
-                 "dapo_verl.local.files", "dapo_verl.local.train"]
+                 "dapo_verl.local.files", "dapo_verl.local.train", "dapo_verl.local.arms",
+                 "dapo_verl.local.ablation_report", "dapo_verl.local.ablate"]
 
 
 def test_local_backend_imports_with_verl_and_ray_blocked():

@@ -1,0 +1,191 @@
+"""What ``dapo-verl ablate`` writes and shows: run outcomes, progress lines, the report files, the summary table.
+
+:func:`write_ablation_report` builds :func:`dapo_verl.report.build_report` from every run of an ablation
+(``report.md``, ``report.json``, ``accuracy.png``, ``entropy.png``, ``clip_fractions.png``) and adds
+``ablation.md`` (:func:`summary_markdown`: one row per arm with the spread over seeds, the final held-out
+accuracy of every seed, the arms' overrides, run times) and ``curves.png`` (held-out accuracy,
+answer-then-EOS, entropy and response length over steps, one line per arm).
+
+:mod:`dapo_verl.report` is pure Python (numpy, pandas, matplotlib) and imports no verl or ray, so the local
+backend's import boundary (no verl, no ray) still holds.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from dapo_verl.local.arms import Study
+from dapo_verl.report import DEFAULT_METRICS, Report, RunLog, build_report, load_runs
+from dapo_verl.report.plots import plot_arms
+from dapo_verl.report.summary import Spread, accuracy_keys
+
+__all__ = ["CURVES_FILE", "SUMMARY_FILE", "Progress", "RunOutcome", "summary_markdown", "write_ablation_report"]
+
+SUMMARY_FILE = "ablation.md"
+CURVES_FILE = "curves.png"
+
+
+@dataclass(frozen=True)
+class RunOutcome:
+    """A finished run of an ablation.
+
+    Attributes:
+        arm: The arm's name.
+        seed: ``data.seed``.
+        run_dir: Where its outputs are.
+        final_accuracy: Held-out greedy accuracy after the last step (None if never evaluated).
+        final_exact: Held-out share of exact responses (answer then EOS) after the last step.
+        steps: Training steps.
+        wall_s: The run's own wall time (the earlier run's when reused).
+        reused: True when a finished run was found in ``run_dir`` and not rerun.
+    """
+
+    arm: str
+    seed: int
+    run_dir: Path
+    final_accuracy: float | None
+    final_exact: float | None
+    steps: int
+    wall_s: float
+    reused: bool
+
+
+def _clock(seconds: float) -> str:
+    minutes, secs = divmod(round(seconds), 60)
+    return f"{minutes}:{secs:02d}"
+
+
+class Progress:
+    """An ``on_run`` callback that writes one line per finished run, with an estimate of the time left.
+
+    Args:
+        write: Where each line goes (``print`` in the CLI).
+        clock: Seconds since some fixed point (``time.perf_counter``); the estimate counts from construction.
+    """
+
+    def __init__(self, write: Callable[[str], object], clock: Callable[[], float] = time.perf_counter) -> None:
+        self.write, self.clock = write, clock
+        self.started = clock()
+        self.trained = 0
+
+    def __call__(self, outcome: RunOutcome, done: int, total: int) -> None:
+        """Write the line of one finished (or reused) run."""
+        elapsed = self.clock() - self.started
+
+        def fmt(value: float | None) -> str:
+            return "n/a" if value is None else f"{value:.2f}"
+
+        if outcome.reused:
+            timing = f"reused ({outcome.wall_s:.0f} s earlier)"
+        else:
+            self.trained += 1
+            left = elapsed / self.trained * (total - done)
+            timing = f"{outcome.wall_s:.0f} s; elapsed {_clock(elapsed)}, about {_clock(left)} left"
+        width = len(str(total))
+        self.write(f"[{done:>{width}}/{total}] {outcome.arm} seed {outcome.seed}: held-out accuracy "
+                   f"{fmt(outcome.final_accuracy)}, answer+EOS {fmt(outcome.final_exact)}, {timing}")
+
+
+def _report_metrics(arms: Mapping[str, Sequence[RunLog]]) -> list[str]:
+    """Held-out accuracy, answer-then-EOS, the report's default metrics, then the share of truncated responses."""
+    available = sorted({key for runs in arms.values() for run in runs for key in run.metrics})
+    exact = fnmatch.filter(available, "val-aux/*/exact/mean@*")
+    wanted = [*accuracy_keys(available), *exact, *DEFAULT_METRICS, "response_length/clip_ratio"]
+    return [key for key in dict.fromkeys(wanted) if key in available]
+
+
+def write_ablation_report(study: Study, outcomes: Sequence[RunOutcome], out: Path) -> tuple[Report, dict[str, Path]]:
+    """Write the report files of an ablation into ``out`` (see the module docstring).
+
+    Returns:
+        The report and name -> file written (the report's files plus ``curves`` and ``summary``).
+    """
+    paths: dict[str, list[Path]] = {}
+    for outcome in outcomes:
+        paths.setdefault(outcome.arm, []).append(outcome.run_dir)
+    arms = load_runs(paths)
+    report = build_report(arms, out, metrics=_report_metrics(arms))
+    files = dict(report.files)
+    panels = [k for k in report.metrics if k.startswith("val-")] + [
+        k for k in ("actor/entropy", "response_length/mean") if k in report.metrics]
+    files["curves"] = plot_arms(arms, panels, out / CURVES_FILE, title=study.title)
+    files["summary"] = out / SUMMARY_FILE
+    files["summary"].write_text(summary_markdown(study, outcomes, report))
+    return report, files
+
+
+# -- the summary table -----------------------------------------------------------------------------
+
+_COLUMNS = (
+    ("held-out acc", "val-core/*/acc/mean@*", "final"),
+    ("answer+EOS", "val-aux/*/exact/mean@*", "final"),
+    ("entropy (run mean)", "actor/entropy", "run_mean"),
+    ("response length (run mean)", "response_length/mean", "run_mean"),
+    ("upper clip frac. (run mean)", "dapo/actor/clip_upper_fraction", "run_mean"),
+    ("lower clip frac. (run mean)", "dapo/actor/clip_lower_fraction", "run_mean"),
+    ("generated/trained (run mean)", "dapo/sampler/generated_per_trained", "run_mean"),
+)
+"""(column title, metric key or pattern, which statistic) of the summary table."""
+
+
+def _spread_cell(spread: Spread) -> str:
+    if spread.mean is None:
+        return "n/a"
+    std = "" if spread.std is None else f" ± {spread.std:.2g}"
+    return f"{spread.mean:.3g}{std} ({spread.min:.3g}–{spread.max:.3g})"
+
+
+def _columns(report: Report) -> list[tuple[str, str, str]]:
+    chosen = []
+    for title, pattern, stat in _COLUMNS:
+        key = next(iter(fnmatch.filter(report.metrics, pattern)), None)
+        if key is not None:
+            chosen.append((title, key, stat))
+    return chosen
+
+
+def summary_markdown(study: Study, outcomes: Sequence[RunOutcome], report: Report) -> str:
+    """The ablation in Markdown: one row per arm (mean ± std (min–max) over seeds), per-seed accuracy, the arms.
+
+    Args:
+        study: The arms.
+        outcomes: Every run.
+        report: The report built from the runs.
+    """
+    lines = [f"# {study.title}", "", "Mean ± sample std (min–max) over seeds. Final held-out values are the last "
+             "evaluation; run means average every logged step (see report.md).", ""]
+    lines += _arm_table(study, outcomes, report)
+    lines += ["", "Final held-out accuracy per seed (the same seed gives every arm the same initial model):", ""]
+    lines += _seed_table(study, outcomes)
+    lines += ["", "| arm | what | overrides |", "|---|---|---|"]
+    lines += [f"| {a.name} | {a.description} | `{' '.join(a.overrides)}` |" for a in study.arms]
+    walls = [o.wall_s for o in outcomes]
+    lines += ["", f"{len(outcomes)} runs of {max(o.steps for o in outcomes)} steps; run wall time "
+              f"{min(walls):.0f}–{max(walls):.0f} s, {sum(walls):.0f} s in all "
+              f"({sum(o.reused for o in outcomes)} reused from an earlier call)."]
+    return "\n".join(lines) + "\n"
+
+
+def _arm_table(study: Study, outcomes: Sequence[RunOutcome], report: Report) -> list[str]:
+    columns = _columns(report)
+    lines = ["| arm | seeds | " + " | ".join(title for title, _, _ in columns) + " |",
+             "|---|---|" + "---|" * len(columns)]
+    for arm in study.arms:
+        cells = [_spread_cell(getattr(report.row(key, arm.name), stat)) for _, key, stat in columns]
+        runs = sum(o.arm == arm.name for o in outcomes)
+        lines.append(f"| {arm.name} | {runs} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def _seed_table(study: Study, outcomes: Sequence[RunOutcome]) -> list[str]:
+    seeds = list(dict.fromkeys(o.seed for o in outcomes))
+    by_run = {(o.arm, o.seed): o.final_accuracy for o in outcomes}
+    lines = ["| arm | " + " | ".join(f"seed {s}" for s in seeds) + " |", "|---|" + "---|" * len(seeds)]
+    for arm in study.arms:
+        values = [by_run.get((arm.name, s)) for s in seeds]
+        lines.append(f"| {arm.name} | " + " | ".join("n/a" if v is None else f"{v:.2f}" for v in values) + " |")
+    return lines

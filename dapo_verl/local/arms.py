@@ -1,0 +1,128 @@
+"""The arms of the local ablations, as data: a name, what it tests, and the Hydra overrides that make it.
+
+Two studies (``dapo-verl ablate``, :mod:`dapo_verl.local.ablate`):
+
+* :data:`CLIP_STUDY` -- Clip-Higher alone (paper §3.1, Fig. 2): ``eps_high`` 0.2 versus 0.28 on top of the
+  embedded default run (``configs/local.yaml``: token-level loss, dynamic sampling, soft overlong
+  punishment, overlong filtering off); nothing else differs.
+* :data:`LADDER_STUDY` -- the paper's Table 1, cumulative: naive GRPO, then one technique per rung in the
+  paper's order: overlong filtering, clip-higher, soft overlong punishment, token-level loss, dynamic
+  sampling. The last rung is full DAPO with overlong filtering on.
+
+Every override uses the verl key the local backend reads (``actor_rollout_ref.actor.clip_ratio_high``, ...),
+so an arm can be pasted after ``dapo-verl train`` or into a cluster recipe. Naive GRPO here is the paper's
+baseline as the local backend can express it: symmetric clip 0.2/0.2, sample-level loss (verl's
+``seq-mean-token-mean``: each response's token mean, averaged over responses), the plain +1/-1 reward,
+no overlong filtering, and every generated group trained (``algorithm.filter_groups.enable=false``,
+zero-advantage groups included). Like every local run it has no KL term (the paper's baseline may have
+had one; DAPO drops it).
+
+At the local scale the two overlong techniques act differently from the paper's. With the default
+``data.max_response_length=6`` and ``overlong_tokens=4`` the punishment ramp starts at 2 tokens, which is
+exactly the answer digit plus EOS: the soft punishment becomes a "stop right after the answer" reward,
+not a rare penalty on 16k-token outliers. And a response is truncated whenever it emits no EOS within 6
+tokens, which is most responses of the untrained model, so overlong filtering without the punishment
+removes most of the early loss tokens.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+__all__ = [
+    "CLIP_HIGH", "CLIP_LOW", "CLIP_STUDY", "DYNAMIC_SAMPLING", "LADDER_STUDY", "LOSS_AGG", "OVERLONG_FILTERING",
+    "OVERLONG_PENALTY", "STUDIES", "Arm", "Study",
+]
+
+CLIP_LOW = "actor_rollout_ref.actor.clip_ratio_low"
+CLIP_HIGH = "actor_rollout_ref.actor.clip_ratio_high"
+LOSS_AGG = "actor_rollout_ref.actor.loss_agg_mode"
+OVERLONG_PENALTY = "reward.reward_kwargs.overlong_reward_penalty"
+OVERLONG_FILTERING = "algorithm.overlong_filtering"
+DYNAMIC_SAMPLING = "algorithm.filter_groups.enable"
+
+
+@dataclass(frozen=True)
+class Arm:
+    """One arm of an ablation.
+
+    Attributes:
+        name: Directory-safe name; the arm's runs go to ``<out>/<name>/seed<k>`` and its report label is
+            ``name`` (so ``dapo-verl compare <out>/*/seed*`` groups the same way).
+        description: What the arm is, in a few words.
+        settings: verl key -> override value (Hydra syntax), applied on top of ``configs/local.yaml``.
+    """
+
+    name: str
+    description: str
+    settings: Mapping[str, str]
+
+    @property
+    def overrides(self) -> list[str]:
+        """The settings as Hydra overrides, ``key=value``, in a fixed order."""
+        return [f"{key}={value}" for key, value in self.settings.items()]
+
+
+@dataclass(frozen=True)
+class Study:
+    """A set of arms compared against each other.
+
+    Attributes:
+        name: ``clip`` or ``ladder``.
+        title: One line for reports.
+        arms: The arms, in report order.
+    """
+
+    name: str
+    title: str
+    arms: tuple[Arm, ...]
+
+    @property
+    def varied_keys(self) -> list[str]:
+        """The keys whose value differs between arms (the keys the study is about)."""
+        keys = list(dict.fromkeys(k for arm in self.arms for k in arm.settings))
+        return [k for k in keys if len({arm.settings.get(k) for arm in self.arms}) > 1]
+
+
+def _clip_arm(eps_high: str) -> Arm:
+    return Arm(name=f"eps_high_{eps_high}", description=f"full DAPO, clip 0.2/{eps_high}",
+               settings={CLIP_LOW: "0.2", CLIP_HIGH: eps_high})
+
+
+CLIP_STUDY = Study(
+    name="clip",
+    title="Clip-Higher ablation: eps_high 0.2 vs 0.28 on the default local run, otherwise identical",
+    arms=(_clip_arm("0.2"), _clip_arm("0.28")),
+)
+
+_NAIVE_GRPO = {CLIP_LOW: "0.2", CLIP_HIGH: "0.2", LOSS_AGG: "seq-mean-token-mean", OVERLONG_PENALTY: "false",
+               OVERLONG_FILTERING: "false", DYNAMIC_SAMPLING: "false"}
+
+_RUNGS = (
+    ("overlong_filtering", "+ overlong filtering", OVERLONG_FILTERING, "true"),
+    ("clip_higher", "+ clip-higher (eps_high 0.28)", CLIP_HIGH, "0.28"),
+    ("soft_overlong_punishment", "+ soft overlong punishment", OVERLONG_PENALTY, "true"),
+    ("token_level_loss", "+ token-level loss (token-mean)", LOSS_AGG, "token-mean"),
+    ("dynamic_sampling", "+ dynamic sampling (= DAPO)", DYNAMIC_SAMPLING, "true"),
+)
+"""Paper Table 1, in order: (name, description, the key the rung changes, its new value)."""
+
+
+def _ladder_arms() -> tuple[Arm, ...]:
+    settings = dict(_NAIVE_GRPO)
+    arms = [Arm(name="0_naive_grpo", description="naive GRPO", settings=dict(settings))]
+    for rung, (name, description, key, value) in enumerate(_RUNGS, start=1):
+        settings[key] = value
+        arms.append(Arm(name=f"{rung}_{name}", description=description, settings=dict(settings)))
+    return tuple(arms)
+
+
+LADDER_STUDY = Study(
+    name="ladder",
+    title="The paper's ablation ladder (Table 1): naive GRPO plus one technique per rung, cumulative",
+    arms=_ladder_arms(),
+)
+
+STUDIES = {study.name: study for study in (CLIP_STUDY, LADDER_STUDY)}
+"""Study name -> study."""

@@ -1,0 +1,129 @@
+"""`dapo-verl ablate` end to end on a tiny size: run directories, report files, reuse, resume and the CLI."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from dapo_verl.cli import main
+from dapo_verl.local.ablate import run_ablation
+from dapo_verl.local.arms import CLIP_STUDY, LADDER_STUDY
+
+pytestmark = pytest.mark.e2e
+
+TINY = [
+    "trainer.test_freq=2", "trainer.save_freq=2", "data.train_batch_size=4", "data.gen_batch_size=8",
+    "actor_rollout_ref.rollout.n=4", "actor_rollout_ref.actor.ppo_mini_batch_size=2", "local.task.heldout_size=50",
+]
+REPORT_FILES = ("report.md", "report.json", "ablation.md", "curves.png", "accuracy.png", "entropy.png",
+                "clip_fractions.png")
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    return f"local.cache_dir={tmp_path_factory.mktemp('cache')}"
+
+
+@pytest.fixture(scope="module")
+def clip(tmp_path_factory, cache):
+    out = tmp_path_factory.mktemp("clip")
+    lines = []
+    result = run_ablation(CLIP_STUDY, [0, 1], out, steps=2, extra_overrides=[*TINY, cache], jobs=1,
+                          on_run=lambda outcome, done, total: lines.append((outcome.arm, outcome.seed, done, total)))
+    return {"out": out, "result": result, "lines": lines}
+
+
+def test_every_arm_and_seed_trains_into_its_own_directory(clip):
+    out = clip["out"]
+    assert clip["lines"] == [("eps_high_0.2", 0, 1, 4), ("eps_high_0.28", 0, 2, 4), ("eps_high_0.2", 1, 3, 4),
+                             ("eps_high_0.28", 1, 4, 4)]
+    for arm in ("eps_high_0.2", "eps_high_0.28"):
+        for seed in (0, 1):
+            summary = json.loads((out / arm / f"seed{seed}" / "summary.json").read_text())
+            assert (summary["seed"], summary["steps"]) == (seed, 2)
+            assert f"clip_ratio_high: {arm.removeprefix('eps_high_')}" in (out / arm / f"seed{seed}" /
+                                                                         "config.yaml").read_text()
+
+
+def test_the_report_files_hold_both_arms(clip):
+    out, result = clip["out"], clip["result"]
+    assert {path.name for path in result.files.values()} == set(REPORT_FILES)
+    for name in REPORT_FILES:
+        assert (out / name).is_file(), name
+    assert (out / "curves.png").read_bytes()[:4] == b"\x89PNG"
+    report = json.loads((out / "report.json").read_text())
+    assert list(report["arms"]) == ["eps_high_0.2", "eps_high_0.28"]
+    assert all(len(arm["runs"]) == 2 for arm in report["arms"].values())
+    assert "val-aux/copy3/exact/mean@1" in report["metrics"]
+    summary = (out / "ablation.md").read_text()
+    assert "| eps_high_0.28 | 2 |" in summary
+    assert "4 runs of 2 steps" in summary
+
+
+def test_a_second_call_reuses_finished_runs_without_training(clip, cache):
+    out = clip["out"]
+    metrics = out / "eps_high_0.2" / "seed0" / "metrics.jsonl"
+    before = metrics.stat().st_mtime_ns
+    again = run_ablation(CLIP_STUDY, [0, 1], out, steps=2, extra_overrides=[*TINY, cache], jobs=1)
+    assert all(o.reused for o in again.outcomes)
+    assert metrics.stat().st_mtime_ns == before
+    assert [o.final_accuracy for o in again.outcomes] == [o.final_accuracy for o in clip["result"].outcomes]
+
+
+def test_a_changed_configuration_is_refused_before_any_run(clip, cache):
+    with pytest.raises(ValueError, match=r"seed0 holds a run of another configuration .*optim\.lr"):
+        run_ablation(CLIP_STUDY, [0, 1, 2], clip["out"], steps=2, jobs=1,
+                     extra_overrides=[*TINY, cache, "actor_rollout_ref.actor.optim.lr=0.01"])
+    assert not (clip["out"] / "eps_high_0.2" / "seed2").exists()
+
+
+def test_an_interrupted_run_continues_from_its_checkpoint(tmp_path, cache):
+    study = CLIP_STUDY
+    run_ablation(study, [0], tmp_path / "whole", steps=4, extra_overrides=[*TINY, cache], jobs=1)
+    part = tmp_path / "part"
+    run_ablation(study, [0], part, steps=2, extra_overrides=[*TINY, cache], jobs=1)
+    (part / "eps_high_0.2" / "seed0" / "summary.json").unlink()  # as if killed after its step-2 checkpoint
+    resumed = run_ablation(study, [0], part, steps=4, extra_overrides=[*TINY, cache], jobs=1)
+    assert not any(o.reused for o in resumed.outcomes)
+
+    def records(root):
+        lines = (root / "eps_high_0.2" / "seed0" / "metrics.jsonl").read_text().splitlines()
+        return [{k: v for k, v in json.loads(line)["data"].items() if not k.startswith("timing_s/")}
+                for line in lines]
+
+    assert records(part) == records(tmp_path / "whole")
+
+
+def test_cli_runs_the_ladder_and_prints_the_table(tmp_path, cache, capsys):
+    out = tmp_path / "ladder"
+    code = main(["ablate", *TINY, cache, "--ladder", "--seed-list", "3", "--steps", "2", "--jobs", "1",
+                 "--out", str(out)])
+    printed = capsys.readouterr().out
+    assert code == 0
+    for arm in LADDER_STUDY.arms:
+        assert (out / arm.name / "seed3" / "summary.json").is_file()
+        assert f"| {arm.name} | 1 |" in printed
+    assert f"[6/6] {LADDER_STUDY.arms[-1].name} seed 3: held-out accuracy" in printed
+    assert str(out / "ablation.md") in printed
+    assert main(["compare", *map(str, sorted(out.glob("*/seed*"))), "--out", str(tmp_path / "compare")]) == 0
+    compared = json.loads((tmp_path / "compare" / "report.json").read_text())
+    assert list(compared["arms"]) == [arm.name for arm in LADDER_STUDY.arms]
+
+
+def test_cli_reports_a_bad_override_with_exit_code_2(tmp_path, capsys):
+    code = main(["ablate", "actor_rollout_ref.actor.clip_ratio_high=0.3", "--out", str(tmp_path)])
+    assert code == 2
+    assert "clip study varies" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_two_jobs_give_the_same_runs_as_one(tmp_path, cache):
+    one = run_ablation(CLIP_STUDY, [0], tmp_path / "one", steps=3, extra_overrides=[*TINY, cache], jobs=1)
+    two = run_ablation(CLIP_STUDY, [0], tmp_path / "two", steps=3, extra_overrides=[*TINY, cache], jobs=2)
+    for a, b in zip(one.outcomes, two.outcomes, strict=True):
+        assert (a.arm, a.seed, a.final_accuracy) == (b.arm, b.seed, b.final_accuracy)
+        lines = [(o.run_dir / "metrics.jsonl").read_text().splitlines() for o in (a, b)]
+        strip = [[{k: v for k, v in json.loads(x)["data"].items() if not k.startswith("timing_s/")} for x in ls]
+                 for ls in lines]
+        assert strip[0] == strip[1]

@@ -1,0 +1,90 @@
+"""The ablation arms: the clip arms differ in eps_high only; each ladder rung adds exactly its technique."""
+
+from __future__ import annotations
+
+import itertools
+import re
+
+import pytest
+
+from dapo_verl.config import LossAggregation
+from dapo_verl.local.arms import (
+    CLIP_HIGH,
+    CLIP_STUDY,
+    DYNAMIC_SAMPLING,
+    LADDER_STUDY,
+    LOSS_AGG,
+    OVERLONG_FILTERING,
+    OVERLONG_PENALTY,
+    STUDIES,
+)
+from dapo_verl.local.compose import compose_run
+from dapo_verl.report import derive_label
+
+
+def _flat(tree, prefix=""):
+    out = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            out.update(_flat(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def _composed(arm):
+    return _flat(compose_run(arm.overrides).cfg)
+
+
+def _differences(a, b):
+    return {key: (a.get(key), b.get(key)) for key in a.keys() | b.keys() if a.get(key) != b.get(key)}
+
+
+def test_clip_arms_differ_only_in_clip_ratio_high_once_composed():
+    low, high = (_composed(arm) for arm in CLIP_STUDY.arms)
+    assert _differences(low, high) == {CLIP_HIGH: (0.2, 0.28)}
+    assert CLIP_STUDY.varied_keys == [CLIP_HIGH]
+
+
+def test_clip_arms_keep_the_default_run_apart_from_eps_high():
+    default = _flat(compose_run().cfg)
+    assert _differences(default, _composed(CLIP_STUDY.arms[1])) == {}  # the default already clips 0.2/0.28
+    assert _differences(default, _composed(CLIP_STUDY.arms[0])) == {CLIP_HIGH: (0.28, 0.2)}
+
+
+def test_naive_grpo_is_read_by_the_local_backend_as_naive_grpo():
+    spec = compose_run(LADDER_STUDY.arms[0].overrides)
+    assert (spec.dapo.loss.clip_ratio_low, spec.dapo.loss.clip_ratio_high) == (0.2, 0.2)
+    assert spec.dapo.loss.aggregation == LossAggregation.SEQ_MEAN_TOKEN_MEAN
+    assert spec.dapo.overlong.overlong_reward_penalty is False
+    assert spec.dapo.overlong.overlong_filtering is False
+    assert spec.dapo.sampler.enable is False
+
+
+def test_each_ladder_rung_adds_exactly_its_technique_in_the_papers_order():
+    composed = [_composed(arm) for arm in LADDER_STUDY.arms]
+    expected = [(OVERLONG_FILTERING, (False, True)), (CLIP_HIGH, (0.2, 0.28)), (OVERLONG_PENALTY, (False, True)),
+                (LOSS_AGG, ("seq-mean-token-mean", "token-mean")), (DYNAMIC_SAMPLING, (False, True))]
+    changes = [_differences(before, after) for before, after in itertools.pairwise(composed)]
+    assert changes == [dict([item]) for item in expected]
+
+
+def test_the_last_rung_is_the_default_run_with_overlong_filtering():
+    full = _flat(compose_run([f"{OVERLONG_FILTERING}=true"]).cfg)
+    assert _differences(full, _composed(LADDER_STUDY.arms[-1])) == {}
+
+
+@pytest.mark.parametrize("study", list(STUDIES.values()), ids=list(STUDIES))
+def test_arm_names_are_unique_directory_names_that_compare_groups_back(study, tmp_path):
+    names = [arm.name for arm in study.arms]
+    assert len(set(names)) == len(names)
+    assert all(re.fullmatch(r"[A-Za-z0-9_.]+", name) for name in names)
+    for arm in study.arms:
+        run_dir = tmp_path / arm.name / "seed3"
+        run_dir.mkdir(parents=True)
+        assert derive_label(run_dir) == arm.name
+
+
+def test_ladder_directories_sort_in_ladder_order():
+    names = [arm.name for arm in LADDER_STUDY.arms]
+    assert sorted(names) == names
