@@ -19,7 +19,8 @@ The hooks and the simulated crash are described in :mod:`.injection`; they need 
 code. ``tests/e2e/test_faults.py`` also kills a real ``dapo-verl train`` process with SIGKILL.
 
 A trial *survives* when the fault fired and the resumed run continued from the last checkpoint committed
-before the crash (for a damaged one: the one before it, after an error log naming the damaged file), left
+before the crash (for a damaged one: the one before it, after an error log naming the damaged file; when
+the very first marker was never written, the complete state file beside it), left
 no temporary file behind, and equals the reference: every metric of every step bit-identical
 (``timing_s/*`` excepted), the same groups trained at each step (prompt ids plus a digest of responses and
 correctness; a reference group missing from a step is *lost*, an extra one *trained twice*), the

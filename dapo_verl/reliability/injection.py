@@ -158,7 +158,9 @@ class EventTracker:
                 self._crash(self._last_committed())
             written = original(state, path)
             if self._strikes("checkpoint_marker", "save"):
-                self._crash(self._last_committed())
+                # Without any marker yet, the complete state file is the newest checkpoint (see find_resume_point).
+                step = int(target.parent.name.removeprefix("global_step_"))
+                self._crash(self._last_committed() if self.committed else step)
             return written
 
         return save_state

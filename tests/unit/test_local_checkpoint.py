@@ -149,3 +149,10 @@ def test_a_damaged_metrics_line_before_the_last_is_an_error(tmp_path):
     path.write_text('{"step": 0, "data": {}}\nnot json\n{"step": 1, "data": {}}\n')
     with pytest.raises(ValueError, match="line 2 is not a metrics record"):
         read_history(path)
+
+
+def test_before_the_first_marker_a_complete_state_file_is_used(tmp_path):
+    _save(tmp_path, [2])
+    (tmp_path / "checkpoints" / LATEST).unlink()  # killed after the state file, before its marker
+    point = find_resume_point(tmp_path)
+    assert point is not None and point.step == 2
