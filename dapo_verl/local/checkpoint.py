@@ -15,8 +15,9 @@ Damage after the fact (a truncated file, a flipped byte, a deleted directory) is
 :func:`find_resume_point`: it tries the marker's checkpoint, then every earlier ``global_step_N`` in
 descending order, logs each unusable file with the reason, resumes from the newest good one and points
 the marker at it. Checkpoints newer than the marker are never used: they may belong to an earlier run in
-the same directory. When checkpoints exist but none is readable it raises instead of silently starting
-over, because a fresh start would replace the run's metrics.
+the same directory. Without a marker (a run killed between its first state file and its first marker)
+every ``global_step_N`` holding a state file is a candidate. When checkpoints exist but none is readable
+it raises instead of silently starting over, because a fresh start would replace the run's metrics.
 """
 
 from __future__ import annotations
