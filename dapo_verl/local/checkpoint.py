@@ -206,11 +206,13 @@ def find_resume_point(run_dir: Path) -> ResumePoint | None:
         ValueError: if a checkpoint was written by another checkpoint version.
     """
     skipped: list[str] = []
+    damaged: list[str] = []
     for step in _candidates(run_dir):
         state, why = _usable(run_dir, step)
         if state is None:
             logger.error("Checkpoint %s is unusable: %s", checkpoint_dir(run_dir, step) / STATE_FILE, why)
             skipped.append(why)
+            damaged.append(checkpoint_dir(run_dir, step).name)
             continue
         point = ResumePoint(path=checkpoint_dir(run_dir, step), step=step, state=state, skipped=tuple(skipped))
         if skipped:
@@ -220,7 +222,8 @@ def find_resume_point(run_dir: Path) -> ResumePoint | None:
         return point
     if skipped:
         raise CorruptStateError(
-            f"No usable checkpoint in {Path(run_dir) / 'checkpoints'}: {' '.join(skipped)} To start this run over "
-            f"(replacing its metrics) set trainer.resume_mode=disable or choose another --out directory."
+            f"No usable checkpoint in {Path(run_dir) / 'checkpoints'}: all {len(damaged)} are damaged or missing "
+            f"({', '.join(damaged)}; the reason for each is logged above), so the run cannot continue. To start it "
+            f"over (replacing its metrics) set trainer.resume_mode=disable, or train into another --out directory."
         )
     return None

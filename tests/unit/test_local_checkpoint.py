@@ -102,7 +102,8 @@ def test_when_every_checkpoint_is_damaged_resuming_refuses_with_the_fix(tmp_path
     _save(tmp_path, [1, 2])
     _damage(tmp_path, 1, "flip")
     _damage(tmp_path, 2, "truncate")
-    with pytest.raises(CorruptStateError, match=r"No usable checkpoint .* trainer.resume_mode=disable"):
+    fix = r"all 2 are damaged or missing \(global_step_2, global_step_1; .* trainer.resume_mode=disable"
+    with pytest.raises(CorruptStateError, match=fix):
         find_resume_point(tmp_path)
 
 
