@@ -76,6 +76,8 @@ class Trial:
         detected: Logged errors that named the damaged file (``corrupt_checkpoint``).
         lost_groups: Groups the reference trained that the recovered run did not (counted per step).
         duplicated_groups: Groups the recovered run trained beyond the reference's (counted per step).
+        recomputed_steps: Training steps the crashed run had started after its resume point; the resumed
+            run did them again (identically) -- the crash's only cost.
         metric_values: Metric values (step x key) compared with the reference.
         checks: Checks made.
         problems: Every failed check; empty when the trial survived.
@@ -90,6 +92,7 @@ class Trial:
     detected: list[str] = field(default_factory=list)
     lost_groups: int = 0
     duplicated_groups: int = 0
+    recomputed_steps: int = 0
     metric_values: int = 0
     checks: int = 0
     problems: list[str] = field(default_factory=list)
@@ -119,6 +122,8 @@ class FaultResult:
         survived: Trials that survived, by kind.
         lost_groups: Groups lost over all trials (target 0).
         duplicated_groups: Groups trained twice over all trials (target 0).
+        recomputed_steps: Training steps redone after a resume, over all trials (up to save_freq per crash,
+            twice that when a damaged checkpoint is skipped).
         corruptions_detected: Damaged checkpoints named in an error log and skipped.
         metric_values_compared: Metric values compared with the reference over all trials.
         invariant_checks: Checks made over all trials.
@@ -132,6 +137,7 @@ class FaultResult:
     survived: dict[str, int] = field(default_factory=dict)
     lost_groups: int = 0
     duplicated_groups: int = 0
+    recomputed_steps: int = 0
     corruptions_detected: int = 0
     metric_values_compared: int = 0
     invariant_checks: int = 0
@@ -295,6 +301,7 @@ def _check_outcome(trial: Trial, run_dir: Path, ref: _Reference, crashed: EventT
     trial.metric_values = metric_values(history)
     trial.expect(not (diffs := history_differences(ref.history, history)), f"metrics differ: {diffs[:3]}")
     kept = {s: b for s, b in crashed.batches.items() if trial.resumed_from is not None and s <= trial.resumed_from}
+    trial.recomputed_steps = len(crashed.batches) - len(kept)
     got = kept | resumed.batches
     for step, (ids, digest) in sorted(ref.tracker.batches.items()):
         have, want = Counter(got.get(step, ((), ""))[0]), Counter(ids)
@@ -326,6 +333,7 @@ def _tally(result: FaultResult) -> None:
         result.survived[trial.kind] += trial.survived
         result.lost_groups += trial.lost_groups
         result.duplicated_groups += trial.duplicated_groups
+        result.recomputed_steps += trial.recomputed_steps
         result.corruptions_detected += bool(trial.detected)
         result.metric_values_compared += trial.metric_values
         result.invariant_checks += trial.checks

@@ -60,6 +60,7 @@ def test_default_fault_injection_survives_every_fault():
     assert result.failures == []
     assert sum(result.injected.values()) == 12 and result.survived == result.injected
     assert result.lost_groups == result.duplicated_groups == 0 and result.corruptions_detected == 2
+    assert 0 < result.recomputed_steps <= 2 * 2 * len(result.trials)  # save_freq=2, doubled by a skipped checkpoint
 
 
 def _train_command(out, overrides):
