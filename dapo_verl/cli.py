@@ -84,6 +84,36 @@ def _cmd_config(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_reliability(args: argparse.Namespace) -> int:
+    from dapo_verl.config_docs import update_readme
+    from dapo_verl.reliability.report import (
+        README_END,
+        README_START,
+        check_lines,
+        environment_note,
+        render_markdown,
+        run_all,
+    )
+
+    report = run_all()
+    table = render_markdown(report)
+    print(table)
+    print(f"\n({environment_note()}; " + ", ".join(f"{k} {v:.0f} s" for k, v in report.seconds.items()) + ")")
+    for line in check_lines(report):
+        print(f"FAILED {line}")
+    if args.write or args.check:
+        current = README.read_text()
+        updated = update_readme(current, table, start_marker=README_START, end_marker=README_END)
+        if args.write:
+            README.write_text(updated)
+            print(f"Wrote the reliability table into {README}")
+        elif updated != current:
+            print(f"{README}'s reliability table differs from what the checks produce; run "
+                  f"`dapo-verl reliability --write`.")
+            return 1
+    return 0 if report.passed else 1
+
+
 def _cmd_doctor(args: argparse.Namespace) -> int:
     from dapo_verl.adapter.doctor import run_checks
 
@@ -132,7 +162,7 @@ def _cmd_ablate(args: argparse.Namespace) -> int:
     print(f"{study.title}: {len(study.arms)} arms x seeds {seeds} -> {out}", flush=True)
     try:
         result = run_ablation(study, seeds, out, steps=args.steps, extra_overrides=args.overrides,
-                              jobs=jobs, on_run=Progress(lambda line: print(line, flush=True)))
+                              jobs=jobs, on_run=Progress(lambda line: print(line, flush=True), jobs=jobs))
     except (OSError, ValueError, ShortfallError) as err:
         print(f"dapo-verl ablate: {err}", file=sys.stderr)
         return 2
@@ -183,6 +213,13 @@ def _parser() -> argparse.ArgumentParser:
     mode.add_argument("--check", action="store_true", help="fail if either is out of date")
     config.set_defaults(func=_cmd_config)
 
+    reliability = commands.add_parser("reliability", help="run the fuzzing, stress, crash-resume, safe-loading "
+                                                          "and determinism checks; print the reliability table")
+    which = reliability.add_mutually_exclusive_group()
+    which.add_argument("--write", action="store_true", help="write the table into README.md")
+    which.add_argument("--check", action="store_true", help="fail if README.md's table differs")
+    reliability.set_defaults(func=_cmd_reliability)
+
     doctor = commands.add_parser("doctor", help="check that verl sees the dapo loss, estimator and reward manager")
     doctor.set_defaults(func=_cmd_doctor)
 
@@ -214,7 +251,7 @@ def _parser() -> argparse.ArgumentParser:
     ablate.add_argument("--ladder", action="store_true", help="run the ladder: naive GRPO, + overlong filtering, "
                         "+ clip-higher, + soft overlong punishment, + token-level loss, + dynamic sampling")
     seeds = ablate.add_mutually_exclusive_group()
-    seeds.add_argument("--seeds", type=int, metavar="N", help="seeds 0..N-1 in every arm (default: 8)")
+    seeds.add_argument("--seeds", type=int, metavar="N", help="seeds 0..N-1 in every arm (default: 10)")
     seeds.add_argument("--seed-list", type=int, nargs="+", metavar="K", help="these seeds in every arm")
     ablate.add_argument("--steps", type=int, metavar="N", help="training steps per run (default: the config's, 200)")
     ablate.add_argument("--out", metavar="DIR", help="ablation directory (default: runs/ablate/clip or "

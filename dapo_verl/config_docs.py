@@ -150,14 +150,16 @@ def render_reference_markdown() -> str:
     return "\n".join(lines).rstrip("\n")
 
 
-def update_readme(readme: str, table: str) -> str:
-    """``readme`` with the text between :data:`README_START` and :data:`README_END` replaced by ``table``.
+def update_readme(readme: str, table: str, *, start_marker: str = README_START, end_marker: str = README_END) -> str:
+    """``readme`` with the text between two marker lines replaced by ``table``.
+
+    The defaults are the configuration reference's markers; other generated sections pass their own.
 
     Raises:
         ValueError: if the markers are missing.
     """
-    start, end = readme.find(README_START), readme.find(README_END)
+    start, end = readme.find(start_marker), readme.find(end_marker)
     if start < 0 or end < start:
-        raise ValueError(f"README.md has no configuration-reference markers; add {README_START!r} and "
-                         f"{README_END!r} where the tables belong.")
-    return readme[: start + len(README_START)] + "\n\n" + table + "\n\n" + readme[end:]
+        raise ValueError(f"README.md has no generated-section markers; add {start_marker!r} and {end_marker!r} "
+                         f"where the section belongs.")
+    return readme[: start + len(start_marker)] + "\n\n" + table + "\n\n" + readme[end:]
