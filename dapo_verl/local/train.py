@@ -352,12 +352,16 @@ class _Trainer:
         data = history[-1]["data"]
         acc_key = f"val-core/{self.task.name}/acc/mean@1"
         last_val = next((r["data"][acc_key] for r in reversed(history) if acc_key in r["data"]), None)
+
+        def fmt(value: float | None, digits: int = 2) -> str:  # None: not logged, or undefined (NaN) this step
+            return "-" if value is None else f"{value:.{digits}f}"
+
         return {
-            "val_acc": f"{last_val:.2f}" if last_val is not None else "-",
-            "acc": f"{data.get('dapo/sampler/prefilter_acc', 0.0):.2f}",
-            "keep": f"{data.get('dapo/sampler/keep_rate', 0.0):.2f}",
-            "ent": f"{data.get('actor/entropy', 0.0):.2f}",
-            "len": f"{data.get('response_length/mean', 0.0):.1f}",
+            "val_acc": fmt(last_val),
+            "acc": fmt(data.get("dapo/sampler/prefilter_acc")),
+            "keep": fmt(data.get("dapo/sampler/keep_rate")),
+            "ent": fmt(data.get("actor/entropy")),
+            "len": fmt(data.get("response_length/mean"), 1),
         }
 
     # -- outputs ------------------------------------------------------------------------------------

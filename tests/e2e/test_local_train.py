@@ -99,3 +99,17 @@ def test_resume_from_an_explicit_checkpoint_path_continues_that_run(runs):
                   f"trainer.resume_from_path={checkpoint}"], runs["root"] / "from_path")
     assert result.resumed_from == 3
     assert _comparable(result.history) == _comparable(whole[4:])
+
+
+def test_a_step_without_loss_tokens_logs_undefined_per_token_metrics(runs):
+    # A 2-token budget leaves the untrained model's responses truncated; overlong filtering masks them all.
+    result = run(["trainer.total_training_steps=2", "trainer.test_freq=-1", "trainer.save_freq=-1",
+                  "trainer.val_before_train=false", "data.train_batch_size=2", "actor_rollout_ref.rollout.n=4",
+                  "actor_rollout_ref.actor.ppo_mini_batch_size=1", "data.max_response_length=2",
+                  "reward.reward_kwargs.overlong_tokens=1", "algorithm.overlong_filtering=true",
+                  "algorithm.filter_groups.enable=false", "local.task.heldout_size=50", "data.seed=0",
+                  f"local.cache_dir={runs['root'] / 'cache'}"], runs["root"] / "no_loss_tokens", progress=True)
+    assert [value for _, value in result.series("dapo/actor/loss_tokens")] == [0.0, 0.0]
+    assert result.series("actor/entropy") == []  # logged as null: undefined, not 0
+    lines = (runs["root"] / "no_loss_tokens" / "metrics.jsonl").read_text().splitlines()
+    assert all(json.loads(line)["data"]["actor/entropy"] is None for line in lines)
