@@ -40,11 +40,13 @@ __all__ = ["DEFAULT_JOBS", "DEFAULT_SEEDS", "QUIET_LOGGERS", "AblationResult", "
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_SEEDS = 8
-"""Seeds per arm (``data.seed`` 0..N-1) of ``dapo-verl ablate``; seed variance dominates at this scale."""
+DEFAULT_SEEDS = 10
+"""Seeds per arm (``data.seed`` 0..N-1) of ``dapo-verl ablate``: seed variance dominates at this scale, and 10
+seeds keep the default clip ablation near 7 minutes on 2 CPU cores (the ladder near 11)."""
 
 DEFAULT_JOBS = 2
-"""Runs trained at the same time, one torch thread each; 2 finishes an ablation about 1.7x sooner on 2 cores."""
+"""Runs trained at the same time, one torch thread each; on 2 cores 2 jobs finished 4 default runs in 78 s
+instead of 115 s (one job)."""
 
 _OWN_KEYS = {"data.seed": "--seeds or --seed-list", "trainer.default_local_dir": "--out",
              "trainer.total_training_steps": "--steps"}

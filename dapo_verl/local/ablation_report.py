@@ -13,6 +13,7 @@ backend's import boundary (no verl, no ray) still holds.
 from __future__ import annotations
 
 import fnmatch
+import itertools
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -62,15 +63,20 @@ def _clock(seconds: float) -> str:
 class Progress:
     """An ``on_run`` callback that writes one line per finished run, with an estimate of the time left.
 
+    The estimate is the mean wall time of the runs trained so far times the runs left, divided by the runs
+    trained at once.
+
     Args:
         write: Where each line goes (``print`` in the CLI).
-        clock: Seconds since some fixed point (``time.perf_counter``); the estimate counts from construction.
+        jobs: Runs trained at the same time.
+        clock: Seconds since some fixed point (``time.perf_counter``); elapsed time counts from construction.
     """
 
-    def __init__(self, write: Callable[[str], object], clock: Callable[[], float] = time.perf_counter) -> None:
-        self.write, self.clock = write, clock
+    def __init__(self, write: Callable[[str], object], *, jobs: int = 1,
+                 clock: Callable[[], float] = time.perf_counter) -> None:
+        self.write, self.jobs, self.clock = write, jobs, clock
         self.started = clock()
-        self.trained = 0
+        self.trained_s: list[float] = []
 
     def __call__(self, outcome: RunOutcome, done: int, total: int) -> None:
         """Write the line of one finished (or reused) run."""
@@ -82,9 +88,10 @@ class Progress:
         if outcome.reused:
             timing = f"reused ({outcome.wall_s:.0f} s earlier)"
         else:
-            self.trained += 1
-            left = elapsed / self.trained * (total - done)
-            timing = f"{outcome.wall_s:.0f} s; elapsed {_clock(elapsed)}, about {_clock(left)} left"
+            self.trained_s.append(outcome.wall_s)
+            left = total - done
+            estimate = sum(self.trained_s) / len(self.trained_s) * left / max(1, min(self.jobs, left))
+            timing = f"{outcome.wall_s:.0f} s; elapsed {_clock(elapsed)}, about {_clock(estimate)} left"
         width = len(str(total))
         self.write(f"[{done:>{width}}/{total}] {outcome.arm} seed {outcome.seed}: held-out accuracy "
                    f"{fmt(outcome.final_accuracy)}, answer+EOS {fmt(outcome.final_exact)}, {timing}")
@@ -161,6 +168,8 @@ def summary_markdown(study: Study, outcomes: Sequence[RunOutcome], report: Repor
     lines += _arm_table(study, outcomes, report)
     lines += ["", "Final held-out accuracy per seed (the same seed gives every arm the same initial model):", ""]
     lines += _seed_table(study, outcomes)
+    lines += ["", "Each arm against the arm above it, paired by seed (final held-out accuracy):", ""]
+    lines += _paired_table(study, outcomes)
     lines += ["", "| arm | what | overrides |", "|---|---|---|"]
     lines += [f"| {a.name} | {a.description} | `{' '.join(a.overrides)}` |" for a in study.arms]
     walls = [o.wall_s for o in outcomes]
@@ -188,4 +197,20 @@ def _seed_table(study: Study, outcomes: Sequence[RunOutcome]) -> list[str]:
     for arm in study.arms:
         values = [by_run.get((arm.name, s)) for s in seeds]
         lines.append(f"| {arm.name} | " + " | ".join("n/a" if v is None else f"{v:.2f}" for v in values) + " |")
+    return lines
+
+
+def _paired_table(study: Study, outcomes: Sequence[RunOutcome]) -> list[str]:
+    by_run = {(o.arm, o.seed): o.final_accuracy for o in outcomes}
+    seeds = list(dict.fromkeys(o.seed for o in outcomes))
+    lines = ["| arm | against | difference, mean ± std | better / same / worse seeds |", "|---|---|---|---|"]
+    for before, arm in itertools.pairwise(study.arms):
+        pairs = [(by_run.get((arm.name, s)), by_run.get((before.name, s))) for s in seeds]
+        # accuracies are multiples of 1 / (evaluation prompts): round so float noise cannot break a tie
+        diffs = [round(a - b, 6) for a, b in pairs if a is not None and b is not None]
+        spread = Spread.of(diffs)
+        cell = "n/a" if spread.mean is None else f"{spread.mean:+.3f}" + (
+            "" if spread.std is None else f" ± {spread.std:.3f}")
+        counts = f"{sum(d > 0 for d in diffs)} / {sum(d == 0 for d in diffs)} / {sum(d < 0 for d in diffs)}"
+        lines.append(f"| {arm.name} | {before.name} | {cell} | {counts} |")
     return lines

@@ -59,6 +59,8 @@ def test_the_report_files_hold_both_arms(clip):
     summary = (out / "ablation.md").read_text()
     assert "| eps_high_0.28 | 2 |" in summary
     assert "4 runs of 2 steps" in summary
+    paired = next(line for line in summary.splitlines() if line.startswith("| eps_high_0.28 | eps_high_0.2 |"))
+    assert sum(int(n) for n in paired.rstrip(" |").rsplit("|", 1)[1].split("/")) == 2  # better + same + worse
 
 
 def test_a_second_call_reuses_finished_runs_without_training(clip, cache):

@@ -72,13 +72,16 @@ def _outcome(arm, seed, *, reused=False, acc=0.5, wall=10.0):
 
 
 def test_progress_writes_one_line_per_run_with_the_time_left():
-    lines, now = [], iter([100.0, 100.0, 160.0])
-    progress = Progress(lines.append, clock=lambda: next(now))
-    progress(_outcome("eps_high_0.2", 0, reused=True, wall=31.0), 1, 4)
-    progress(_outcome("eps_high_0.28", 0, acc=0.9, wall=58.0), 2, 4)
-    assert lines[0] == "[1/4] eps_high_0.2 seed 0: held-out accuracy 0.50, answer+EOS n/a, reused (31 s earlier)"
-    assert lines[1] == ("[2/4] eps_high_0.28 seed 0: held-out accuracy 0.90, answer+EOS n/a, 58 s; "
-                        "elapsed 1:00, about 2:00 left")
+    lines, now = [], iter([100.0, 100.0, 160.0, 200.0])
+    progress = Progress(lines.append, jobs=2, clock=lambda: next(now))
+    progress(_outcome("eps_high_0.2", 0, reused=True, wall=31.0), 1, 5)
+    progress(_outcome("eps_high_0.28", 0, acc=0.9, wall=58.0), 2, 5)
+    progress(_outcome("eps_high_0.2", 1, acc=None, wall=62.0), 4, 5)
+    assert lines[0] == "[1/5] eps_high_0.2 seed 0: held-out accuracy 0.50, answer+EOS n/a, reused (31 s earlier)"
+    assert lines[1] == ("[2/5] eps_high_0.28 seed 0: held-out accuracy 0.90, answer+EOS n/a, 58 s; "
+                        "elapsed 1:00, about 1:27 left")  # 3 runs of 58 s left, 2 at a time
+    assert lines[2] == ("[4/5] eps_high_0.2 seed 1: held-out accuracy n/a, answer+EOS n/a, 62 s; "
+                        "elapsed 1:40, about 1:00 left")  # the last run alone: the mean run time
 
 
 def test_cli_help_states_the_driver_defaults():
