@@ -7,7 +7,7 @@ are ordered seed by seed, so an interrupted ablation has about as many seeds in 
 ``jobs=2`` the two arms of a seed train side by side. Each run uses ``local.num_threads`` torch threads (1).
 
 Resuming: a run whose directory holds a finished run of the same configuration (``summary.json`` at the
-requested step count, ``config.yaml`` equal except for run-length and output keys) is reused, not rerun;
+requested step count, ``config.yaml`` equal except for run-length, output and cache keys) is reused;
 an unfinished one continues from its latest checkpoint (``trainer.resume_mode=auto``); a directory holding
 a run of a different configuration is an error, never overwritten. A run's metrics do not depend on
 ``jobs``: on CPU with a fixed thread count a run is bit-reproducible.
@@ -53,8 +53,8 @@ _OWN_KEYS = {"data.seed": "--seeds or --seed-list", "trainer.default_local_dir":
 """Keys the driver sets itself -> the option that sets them."""
 
 _RUN_LENGTH_KEYS = ("trainer.total_training_steps", "trainer.default_local_dir", "trainer.resume_mode",
-                    "trainer.resume_from_path", "trainer.save_freq")
-"""Keys in which a reused run's saved config.yaml may differ from the requested one."""
+                    "trainer.resume_from_path", "trainer.save_freq", "local.cache_dir")
+"""Keys in which a reused run's saved config.yaml may differ from the requested one (none changes a metric)."""
 
 QUIET_LOGGERS = ("dapo_verl.sampler.replenisher", "dapo_verl.local.train")
 """Loggers of per-run warnings (partial batches, also counted in ``dapo/sampler/partial``) that ``dapo-verl

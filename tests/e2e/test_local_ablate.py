@@ -63,11 +63,12 @@ def test_the_report_files_hold_both_arms(clip):
     assert sum(int(n) for n in paired.rstrip(" |").rsplit("|", 1)[1].split("/")) == 2  # better + same + worse
 
 
-def test_a_second_call_reuses_finished_runs_without_training(clip, cache):
+def test_a_second_call_reuses_finished_runs_without_training(clip):
     out = clip["out"]
     metrics = out / "eps_high_0.2" / "seed0" / "metrics.jsonl"
     before = metrics.stat().st_mtime_ns
-    again = run_ablation(CLIP_STUDY, [0, 1], out, steps=2, extra_overrides=[*TINY, cache], jobs=1)
+    elsewhere = f"local.cache_dir={out / 'another_cache'}"  # where models are cached changes no metric
+    again = run_ablation(CLIP_STUDY, [0, 1], out, steps=2, extra_overrides=[*TINY, elsewhere], jobs=1)
     assert all(o.reused for o in again.outcomes)
     assert metrics.stat().st_mtime_ns == before
     assert [o.final_accuracy for o in again.outcomes] == [o.final_accuracy for o in clip["result"].outcomes]
