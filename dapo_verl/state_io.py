@@ -16,6 +16,7 @@ import hashlib
 import json
 import os
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +24,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-__all__ = ["CorruptStateError", "load_state", "save_state"]
+__all__ = ["CorruptStateError", "atomic_write", "load_state", "save_state"]
 
 _FORMAT = "dapo_verl.state/2"
 _LEGACY_FORMAT = "dapo_verl.state/1"  # checksum over the tensors only
@@ -91,10 +92,21 @@ def save_state(state: Any, path: str | os.PathLike[str]) -> Path:
     tensors: dict[str, torch.Tensor] = {}
     body = json.dumps(_flatten(state, tensors, "state"))
     metadata = {"format": _FORMAT, "state": body, "sha256": _digest(tensors, body)}
+    return atomic_write(target, lambda tmp: save_file(tensors, tmp, metadata=metadata))
+
+
+def atomic_write(path: str | os.PathLike[str], write: Callable[[str], None]) -> Path:
+    """Call ``write(tmp)`` on a temporary file beside ``path``, flush it to disk and rename it over ``path``.
+
+    The temporary file is named ``.<name>.<random>.tmp``; a crash leaves at most that file, never a
+    half-written ``path``. Returns ``path``.
+    """
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     os.close(fd)
     try:
-        save_file(tensors, tmp, metadata=metadata)
+        write(tmp)
         with open(tmp, "rb") as handle:
             os.fsync(handle.fileno())
         os.replace(tmp, target)

@@ -32,7 +32,7 @@ from omegaconf import OmegaConf
 
 from dapo_verl.local.ablation_report import Progress, RunOutcome, write_ablation_report
 from dapo_verl.local.arms import Arm, Study
-from dapo_verl.local.compose import RunSpec, compose_run
+from dapo_verl.local.compose import RunSpec, changed_keys, compose_run
 from dapo_verl.report import Report
 
 __all__ = ["DEFAULT_JOBS", "DEFAULT_SEEDS", "QUIET_LOGGERS", "AblationResult", "PlannedRun", "Progress",
@@ -135,16 +135,6 @@ def plan_runs(study: Study, seeds: Sequence[int], out_dir: str | Path, *, steps:
             for seed in seeds for arm in study.arms]
 
 
-def _flat(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in tree.items():
-        if isinstance(value, Mapping):
-            out.update(_flat(value, f"{prefix}{key}."))
-        else:
-            out[f"{prefix}{key}"] = value
-    return out
-
-
 def _finished(planned: PlannedRun, spec: RunSpec) -> RunOutcome | None:
     """The outcome of a finished run of ``spec`` in ``planned.run_dir``; None when it must (still) run.
 
@@ -154,10 +144,8 @@ def _finished(planned: PlannedRun, spec: RunSpec) -> RunOutcome | None:
     config, summary = planned.run_dir / "config.yaml", planned.run_dir / "summary.json"
     if not config.exists():
         return None
-    saved = _flat(OmegaConf.to_container(OmegaConf.load(config), resolve=True))  # type: ignore[arg-type]
-    wanted = _flat(spec.cfg)
-    changed = sorted(k for k in saved.keys() | wanted.keys()
-                     if saved.get(k) != wanted.get(k) and k not in _RUN_LENGTH_KEYS)
+    saved = OmegaConf.to_container(OmegaConf.load(config), resolve=True)
+    changed = changed_keys(saved, spec.cfg, ignore=_RUN_LENGTH_KEYS)  # type: ignore[arg-type]
     if changed:
         raise ValueError(f"{planned.run_dir} holds a run of another configuration (differs in {', '.join(changed)}); "
                          "an ablation never overwrites a run. Use another --out, or delete that directory to "

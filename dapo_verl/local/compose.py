@@ -10,7 +10,7 @@ error (prefix ``+`` to add one deliberately).
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -112,3 +112,19 @@ def check_run(spec: RunSpec) -> None:
                                       ppo_epochs=actor.ppo_epochs)
     if reason is not None:
         logger.warning("%s", reason)
+
+
+def _flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in tree.items():
+        if isinstance(value, Mapping):
+            out.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def changed_keys(saved: Mapping[str, Any], wanted: Mapping[str, Any], *, ignore: Collection[str] = ()) -> list[str]:
+    """Dotted keys whose values differ between two nested configs (present in either), minus ``ignore``."""
+    a, b = _flatten(saved), _flatten(wanted)
+    return sorted(k for k in a.keys() | b.keys() if a.get(k) != b.get(k) and k not in ignore)

@@ -19,6 +19,8 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
+from dapo_verl.state_io import atomic_write
+
 __all__ = ["TMP_SUFFIX", "remove_stale_temporaries", "replace_directory", "write_text_atomically"]
 
 logger = logging.getLogger(__name__)
@@ -33,19 +35,7 @@ def _temporary_name(target: Path) -> str:
 
 def write_text_atomically(path: str | os.PathLike[str], text: str) -> Path:
     """Replace ``path`` with ``text`` (UTF-8) through a flushed temporary file and a rename. Returns the path."""
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=_temporary_name(target), suffix=TMP_SUFFIX, dir=target.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, target)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    return target
+    return atomic_write(path, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
 
 
 def replace_directory(path: str | os.PathLike[str], fill: Callable[[Path], None]) -> Path:

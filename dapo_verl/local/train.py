@@ -57,7 +57,7 @@ from dapo_verl.local.checkpoint import (
     restore_checkpoint,
     save_checkpoint,
 )
-from dapo_verl.local.compose import RunSpec, compose_run
+from dapo_verl.local.compose import RunSpec, changed_keys, compose_run
 from dapo_verl.local.config import ResumeMode
 from dapo_verl.local.files import remove_stale_temporaries, replace_directory, write_text_atomically
 from dapo_verl.local.model import default_cache_dir, describe, load_or_build, quiet_hf_progress
@@ -207,16 +207,6 @@ def _due(step: int, freq: int, last: int) -> bool:
     return freq > 0 and (step % freq == 0 or step == last)
 
 
-def _flat(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in tree.items():
-        if isinstance(value, dict):
-            out.update(_flat(value, f"{prefix}{key}."))
-        else:
-            out[f"{prefix}{key}"] = value
-    return out
-
-
 _RESUME_FREE_KEYS = ("trainer.total_training_steps", "trainer.resume_mode", "trainer.resume_from_path",
                      "trainer.default_local_dir", "trainer.test_freq", "trainer.save_freq")
 """Keys a resumed run may change without a warning."""
@@ -273,8 +263,7 @@ class _Trainer:
             return None
         step, saved = restore_checkpoint(point.state, model=self.model, optimizer=self.optimizer,
                                          sampler=self.sampler)
-        changed = sorted(k for k, v in _flat(self.spec.cfg).items()
-                         if _flat(saved).get(k) != v and k not in _RESUME_FREE_KEYS)
+        changed = changed_keys(saved, self.spec.cfg, ignore=_RESUME_FREE_KEYS)
         if changed:
             logger.warning("Resuming from %s with a changed configuration (%s); the run is no longer one experiment.",
                            point.path, ", ".join(changed))
