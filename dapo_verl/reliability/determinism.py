@@ -26,10 +26,7 @@ Limits -- where torch itself is not deterministic, so neither is this check:
 from __future__ import annotations
 
 import logging
-import tempfile
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -47,6 +44,7 @@ from dapo_verl.reliability.runs import (
     quiet_run_logs,
     state_differences,
     tiny_overrides,
+    work_directory,
 )
 from dapo_verl.sampler import BatchReplenisher
 from dapo_verl.sampler.simulation import SimulatedPolicy, drifting_pass_rates
@@ -109,7 +107,7 @@ def run_determinism(seed: int = 0, steps: int = 8, sampler_steps: int = 200,
     started = time.perf_counter()
     result = DeterminismResult(seed=seed)
     records: list[logging.LogRecord] = []
-    with _directory(work_dir) as root, quiet_run_logs(records):
+    with work_directory(work_dir, prefix="dapo_verl_determinism_") as root, quiet_run_logs(records):
         first, second, other = (_local(root / name, s, steps, root / "cache")
                                 for name, s in (("first", seed), ("second", seed), ("other_seed", seed + 1)))
         result.local_metric_values = metric_values(first["history"])
@@ -123,16 +121,6 @@ def run_determinism(seed: int = 0, steps: int = 8, sampler_steps: int = 200,
     result.sampler_other_seed_steps = _steps_differing(a["history"], c["history"])
     result.wall_s = time.perf_counter() - started
     return result
-
-
-@contextmanager
-def _directory(work_dir: str | Path | None) -> Iterator[Path]:
-    if work_dir is None:
-        with tempfile.TemporaryDirectory(prefix="dapo_verl_determinism_") as tmp:
-            yield Path(tmp)
-        return
-    Path(work_dir).mkdir(parents=True, exist_ok=True)
-    yield Path(work_dir)
 
 
 def _local(run_dir: Path, seed: int, steps: int, cache: Path) -> dict[str, Any]:

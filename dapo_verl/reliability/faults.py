@@ -32,12 +32,9 @@ from __future__ import annotations
 
 import logging
 import random
-import shutil
-import tempfile
 import time
 from collections import Counter
-from collections.abc import Iterator
-from contextlib import contextmanager, suppress
+from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -55,6 +52,7 @@ from dapo_verl.reliability.runs import (
     quiet_run_logs,
     state_differences,
     tiny_overrides,
+    work_directory,
 )
 
 __all__ = ["FAULT_KINDS", "FaultResult", "Trial", "draw_faults", "run_fault_injection"]
@@ -181,7 +179,8 @@ def run_fault_injection(seed: int = 0, trials: int = 12, steps: int = 8,
     started = time.perf_counter()
     result = FaultResult(seed=seed, steps=steps)
     records: list[logging.LogRecord] = []
-    with _directory(work_dir) as root, quiet_run_logs(records):
+    with work_directory(work_dir, prefix="dapo_verl_faults_", stale=("reference", "trial_*")) as root, \
+            quiet_run_logs(records):
         overrides = tiny_overrides(steps=steps, seed=seed, cache_dir=root / "cache")
         reference = _reference(root / "reference", overrides)
         result.reference_s = time.perf_counter() - started
@@ -190,19 +189,6 @@ def run_fault_injection(seed: int = 0, trials: int = 12, steps: int = 8,
     _tally(result)
     result.wall_s = time.perf_counter() - started
     return result
-
-
-@contextmanager
-def _directory(work_dir: str | Path | None) -> Iterator[Path]:
-    if work_dir is None:
-        with tempfile.TemporaryDirectory(prefix="dapo_verl_faults_") as tmp:
-            yield Path(tmp)
-        return
-    root = Path(work_dir)
-    for old in [root / "reference", *root.glob("trial_*")]:
-        shutil.rmtree(old, ignore_errors=True)
-    root.mkdir(parents=True, exist_ok=True)
-    yield root
 
 
 def _reference(run_dir: Path, overrides: list[str]) -> _Reference:

@@ -13,6 +13,8 @@ checkpoint states tensor by tensor and value by value.
 from __future__ import annotations
 
 import logging
+import shutil
+import tempfile
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -21,7 +23,7 @@ from typing import Any
 import torch
 
 __all__ = ["comparable_history", "history_differences", "metric_values", "quiet_run_logs", "state_differences",
-           "tiny_overrides"]
+           "tiny_overrides", "work_directory"]
 
 _TINY = (
     "data.train_batch_size=4", "data.gen_batch_size=8", "actor_rollout_ref.rollout.n=4",
@@ -124,3 +126,24 @@ def quiet_run_logs(records: list[logging.LogRecord]) -> Iterator[None]:
         package.removeHandler(handler)
         package.setLevel(saved[0])
         package.propagate = saved[1]
+
+
+@contextmanager
+def work_directory(work_dir: str | Path | None, *, prefix: str, stale: Sequence[str] = ()) -> Iterator[Path]:
+    """A directory for a check's runs: a temporary one (removed after) or ``work_dir``, cleared of ``stale``.
+
+    Args:
+        work_dir: Where to run, or None for a fresh temporary directory.
+        prefix: Name prefix of the temporary directory.
+        stale: Glob patterns of earlier runs to delete from ``work_dir`` first.
+    """
+    if work_dir is None:
+        with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
+            yield Path(tmp)
+        return
+    root = Path(work_dir)
+    for pattern in stale:
+        for old in root.glob(pattern):
+            shutil.rmtree(old, ignore_errors=True)
+    root.mkdir(parents=True, exist_ok=True)
+    yield root
