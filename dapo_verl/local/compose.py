@@ -24,7 +24,7 @@ from omegaconf.errors import OmegaConfBaseException
 from dapo_verl.config import DapoConfig, clip_higher_inert_reason
 from dapo_verl.local.config import LocalRunConfig, defaults_tree, read_run_config
 
-__all__ = ["CONFIG_DIR", "PRIMARY_CONFIG", "RunSpec", "compose_run"]
+__all__ = ["CONFIG_DIR", "PRIMARY_CONFIG", "RunSpec", "changed_keys", "compose_run", "flatten_keys"]
 
 logger = logging.getLogger(__name__)
 
@@ -114,11 +114,12 @@ def check_run(spec: RunSpec) -> None:
         logger.warning("%s", reason)
 
 
-def _flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+def flatten_keys(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """A nested config as ``{dotted.key: value}``."""
     out: dict[str, Any] = {}
     for key, value in tree.items():
         if isinstance(value, Mapping):
-            out.update(_flatten(value, f"{prefix}{key}."))
+            out.update(flatten_keys(value, f"{prefix}{key}."))
         else:
             out[f"{prefix}{key}"] = value
     return out
@@ -126,5 +127,5 @@ def _flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
 
 def changed_keys(saved: Mapping[str, Any], wanted: Mapping[str, Any], *, ignore: Collection[str] = ()) -> list[str]:
     """Dotted keys whose values differ between two nested configs (present in either), minus ``ignore``."""
-    a, b = _flatten(saved), _flatten(wanted)
+    a, b = flatten_keys(saved), flatten_keys(wanted)
     return sorted(k for k in a.keys() | b.keys() if a.get(k) != b.get(k) and k not in ignore)

@@ -18,22 +18,12 @@ from dapo_verl.local.arms import (
     OVERLONG_PENALTY,
     STUDIES,
 )
-from dapo_verl.local.compose import compose_run
+from dapo_verl.local.compose import compose_run, flatten_keys
 from dapo_verl.report import derive_label
 
 
-def _flat(tree, prefix=""):
-    out = {}
-    for key, value in tree.items():
-        if isinstance(value, dict):
-            out.update(_flat(value, f"{prefix}{key}."))
-        else:
-            out[f"{prefix}{key}"] = value
-    return out
-
-
 def _composed(arm):
-    return _flat(compose_run(arm.overrides).cfg)
+    return flatten_keys(compose_run(arm.overrides).cfg)
 
 
 def _differences(a, b):
@@ -47,7 +37,7 @@ def test_clip_arms_differ_only_in_clip_ratio_high_once_composed():
 
 
 def test_clip_arms_keep_the_default_run_apart_from_eps_high():
-    default = _flat(compose_run().cfg)
+    default = flatten_keys(compose_run().cfg)
     assert _differences(default, _composed(CLIP_STUDY.arms[1])) == {}  # the default already clips 0.2/0.28
     assert _differences(default, _composed(CLIP_STUDY.arms[0])) == {CLIP_HIGH: (0.28, 0.2)}
 
@@ -70,7 +60,7 @@ def test_each_ladder_rung_adds_exactly_its_technique_in_the_papers_order():
 
 
 def test_the_last_rung_is_the_default_run_with_overlong_filtering():
-    full = _flat(compose_run([f"{OVERLONG_FILTERING}=true"]).cfg)
+    full = flatten_keys(compose_run([f"{OVERLONG_FILTERING}=true"]).cfg)
     assert _differences(full, _composed(LADDER_STUDY.arms[-1])) == {}
 
 
