@@ -109,7 +109,8 @@ def require_bool(config: Any, *names: str) -> None:
     """Raise unless each named field of ``config`` is a boolean."""
     for name in names:
         if not isinstance(getattr(config, name), bool):
-            config_error(key_of(config, name), getattr(config, name), "must be a boolean", "Use true or false.")
+            config_error(key_of(config, name), getattr(config, name), "must be a boolean",
+                         "Use true or false, unquoted (a quoted 'false' is a string).")
 
 
 def require_number(config: object, name: str, *, low: float, high: float = math.inf, low_open=False,
@@ -198,7 +199,7 @@ class AdvantageConfig:
     """
 
     def __post_init__(self) -> None:
-        require_bool(self, "norm_adv_by_std_in_grpo")
+        require_bool(self, "norm_adv_by_std_in_grpo", "group_token_mean")
         require_number(self, "adv_epsilon", low=0.0, fix="Use a small value such as 1e-6.")
 
 

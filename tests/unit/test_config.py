@@ -113,3 +113,34 @@ def test_clip_higher_inert_reason():
     assert clip_higher_inert_reason(train_batch_size=8, ppo_mini_batch_size=8, ppo_epochs=1) is not None
     assert clip_higher_inert_reason(train_batch_size=8, ppo_mini_batch_size=4, ppo_epochs=1) is None
     assert clip_higher_inert_reason(train_batch_size=8, ppo_mini_batch_size=8, ppo_epochs=2) is None
+
+
+def _bool_keys(cls):
+    return [key for key, leaf in iter_verl_fields(cls) if isinstance(leaf.default, bool)]
+
+
+@pytest.mark.parametrize("key", _bool_keys(DapoConfig))
+@pytest.mark.parametrize("value", ["", [], "false", "true", 0, 1, "yes"])
+def test_every_boolean_key_refuses_anything_but_a_boolean(key, value):
+    tree = DapoConfig().to_verl()
+    node = tree
+    *parents, leaf = key.split(".")
+    for part in parents:
+        node = node[part]
+    node[leaf] = value
+    with pytest.raises(ValueError, match=rf"^{key.replace('.', '[.]')}=.* must be a boolean\. Use true or false, unquoted"):
+        DapoConfig.from_verl(tree)
+
+
+def test_every_boolean_key_of_the_local_backend_refuses_a_string():
+    from dapo_verl.local.config import LocalRunConfig, defaults_tree, read_run_config
+
+    for key in _bool_keys(LocalRunConfig):
+        tree = defaults_tree(LocalRunConfig)
+        node = tree
+        *parents, leaf = key.split(".")
+        for part in parents:
+            node = node[part]
+        node[leaf] = "false"
+        with pytest.raises(ValueError, match=rf"^{key.replace('.', '[.]')}='false' must be a boolean"):
+            read_run_config(tree)
