@@ -247,7 +247,7 @@ def _parser() -> argparse.ArgumentParser:
                                  "report.md, report.json, ablation.md and plots. Runs already finished in --out are "
                                  "reused, interrupted ones continue. Give KEY=VALUE overrides before the options.")
     ablate.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides applied to every arm, "
-                        "e.g. local.task.name=summod")
+                        "e.g. local.task.name=summod2")
     ablate.add_argument("--ladder", action="store_true", help="run the ladder: naive GRPO, + overlong filtering, "
                         "+ clip-higher, + soft overlong punishment, + token-level loss, + dynamic sampling")
     seeds = ablate.add_mutually_exclusive_group()

@@ -3,12 +3,15 @@
 The primary config is ``configs/local.yaml``: it composes ``dapo_defaults`` (every DAPO key, generated
 from :mod:`dapo_verl.config`), ``local_defaults`` (the keys of :mod:`dapo_verl.local.config`, registered
 here from the dataclass defaults so they have a single home) and its own overrides for the embedded
-experiment. Command-line overrides use Hydra's ``key=value`` grammar; a key that does not exist is an
-error (prefix ``+`` to add one deliberately).
+experiment. Command-line overrides use Hydra's ``key=value`` grammar. A key the composed config does not
+hold is refused before Hydra sees it, ``+key`` and ``++key`` included, with the closest valid key: the
+local backend reads only its own keys, so an added key would be ignored without a word.
 """
 
 from __future__ import annotations
 
+import difflib
+import functools
 import logging
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
@@ -17,12 +20,14 @@ from typing import Any
 
 from hydra import compose, initialize_config_dir
 from hydra.core.config_store import ConfigStore
+from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from dapo_verl.config import DapoConfig, clip_higher_inert_reason
 from dapo_verl.local.config import LocalRunConfig, defaults_tree, read_run_config
+from dapo_verl.local.tasks import make_task
 
 __all__ = ["CONFIG_DIR", "PRIMARY_CONFIG", "RunSpec", "changed_keys", "compose_run", "flatten_keys"]
 
@@ -69,22 +74,64 @@ def compose_run(overrides: Sequence[str] = (), *, out_dir: str | Path | None = N
     Raises:
         ValueError: for an override Hydra cannot apply or any invalid value, naming the key and the fix.
     """
-    ConfigStore.instance().store(name="local_defaults", node=defaults_tree(LocalRunConfig))
+    known = _known_keys(config_name)
     try:
-        with initialize_config_dir(version_base=None, config_dir=str(CONFIG_DIR), job_name="dapo_verl_local"):
-            composed = compose(config_name=config_name, overrides=list(overrides))
+        _check_override_keys(overrides, known, config_name)
+        composed = _compose(config_name, overrides)
     except (HydraException, OmegaConfBaseException) as err:
         raise ValueError(
             f"Cannot compose configs/{config_name}.yaml with overrides {list(overrides)}: "
             f"{' '.join(str(err).split()).rstrip('.')}. Use key=value with "
-            f"an existing key (see `dapo-verl train --print-config`); prefix + only to add a new key."
+            f"an existing key (see `dapo-verl train --print-config`)."
         ) from None
     if out_dir is not None:
         composed.trainer.default_local_dir = str(out_dir)
     cfg: dict[str, Any] = OmegaConf.to_container(composed, resolve=True)  # type: ignore[assignment]
+    extra = sorted(set(flatten_keys(cfg)) - known.leaves)
+    if extra:
+        raise ValueError(_unknown_key_message(extra[0], f"in overrides {list(overrides)}", known, config_name))
     spec = RunSpec(cfg=cfg, dapo=DapoConfig.from_verl(cfg), run=read_run_config(cfg))
     check_run(spec)
     return spec
+
+
+def _compose(config_name: str, overrides: Sequence[str]) -> Any:
+    ConfigStore.instance().store(name="local_defaults", node=defaults_tree(LocalRunConfig))
+    with initialize_config_dir(version_base=None, config_dir=str(CONFIG_DIR), job_name="dapo_verl_local"):
+        return compose(config_name=config_name, overrides=list(overrides))
+
+
+@dataclass(frozen=True)
+class _KnownKeys:
+    leaves: frozenset[str]
+    """Every dotted key of the composed config without overrides."""
+    nodes: frozenset[str]
+    """Every section above them (``local``, ``local.model``, ...), which an override may replace whole."""
+
+
+@functools.lru_cache(maxsize=4)
+def _known_keys(config_name: str) -> _KnownKeys:
+    """The keys of ``configs/<config_name>.yaml`` as composed without overrides (cached per process)."""
+    leaves = frozenset(flatten_keys(OmegaConf.to_container(_compose(config_name, ()), resolve=False)))  # type: ignore[arg-type]
+    nodes = frozenset(".".join(key.split(".")[:n]) for key in leaves for n in range(1, key.count(".") + 1))
+    return _KnownKeys(leaves, nodes)
+
+
+def _check_override_keys(overrides: Sequence[str], known: _KnownKeys, config_name: str) -> None:
+    """Refuse an override whose key the config does not hold, whatever its ``+``, ``++`` or ``~`` prefix."""
+    for override in OverridesParser.create().parse_overrides(list(overrides)):
+        key = override.key_or_group
+        if key.startswith("hydra.") or key in known.leaves or key in known.nodes:
+            continue
+        raise ValueError(_unknown_key_message(key, f"in override {override.input_line!r}", known, config_name))
+
+
+def _unknown_key_message(key: str, where: str, known: _KnownKeys, config_name: str) -> str:
+    close = difflib.get_close_matches(key, sorted(known.leaves | known.nodes), n=1, cutoff=0.6)
+    hint = f"did you mean {close[0]}?" if close else "no key of it is close."
+    return (f"{key} ({where}) is not a key of the local backend's config (configs/{config_name}.yaml); {hint} "
+            f"The local backend reads only its own keys, so an added key (+key) would be ignored. Use one of the keys "
+            f"`dapo-verl train --print-config` lists.")
 
 
 def check_run(spec: RunSpec) -> None:
@@ -95,6 +142,7 @@ def check_run(spec: RunSpec) -> None:
     """
     dapo, actor = spec.dapo, spec.run.actor
     _ = dapo.loss.aggregation  # raises for loss_agg_mode values only verl implements
+    make_task(spec.run.local.task.name, heldout_size=spec.run.local.task.heldout_size, seed=spec.seed)  # fits?
     if dapo.sampler.metric not in _FILTER_METRICS:
         raise ValueError(
             f"algorithm.filter_groups.metric={dapo.sampler.metric!r} is not reported by the local verifier, which "

@@ -207,12 +207,15 @@ class TaskConfig:
     """Registered task: copy3 (abcd> -> c, learned in a minute), summod (a+b= -> (a+b)%10, slower), summod2 (harder)."""
 
     heldout_size: int = field(default=200, metadata=verl_key("local.task.heldout_size", verl_native=False))
-    """Prompts held out for greedy evaluation and never trained on (tasks too small to split evaluate on all)."""
+    """Prompts held out for greedy evaluation and never trained on; 0 evaluates on every prompt, the training prompts
+    included (for tasks too small to split, such as summod). Range 0 to the task's size minus 50.
+    """
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
             config_error("local.task.name", self.name, "must name a registered task", "Use copy3, summod or summod2.")
-        require_number(self, "heldout_size", low=1, integer=True, fix="200 is the default.")
+        require_number(self, "heldout_size", low=0, integer=True,
+                        fix="200 is the default; 0 evaluates on every prompt.")
 
 
 @dataclass(frozen=True, kw_only=True)

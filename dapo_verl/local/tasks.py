@@ -16,7 +16,8 @@ Tasks (``local.task.name``):
   ``local.task.heldout_size`` are held out for evaluation and never trained on. One attention pattern to
   find, so a 132k-parameter model learns it by RL alone in about a minute.
 * ``summod``: ``a+b=`` -> ``(a + b) % 10`` for digits a, b: a 100-entry table, learned more slowly. Too few
-  prompts for the default held-out split, so evaluation then runs on all 100 (the training prompts).
+  prompts for the default held-out split: run it with ``local.task.heldout_size=0`` to evaluate on all 100
+  (the training prompts), or hold out at most 50.
 * ``summod2``: ``ab+cd=`` -> the last digit of the two-digit sum ``ab + cd``: 10,000 prompts with a held-out
   split; the model must also learn to ignore the tens digits (not learned within the default budget).
 
@@ -64,7 +65,7 @@ TASKS.register("summod2", _summod2)
 TASKS.register("copy3", _copy3)
 
 _MIN_TRAIN_PROMPTS = 50
-"""Below this many prompts left for training, a task has no held-out split and evaluates on all prompts."""
+"""A held-out split must leave at least this many prompts for training."""
 
 
 @dataclass(frozen=True)
@@ -75,8 +76,8 @@ class TaskData:
         name: The task's registered name.
         train_prompts, train_answers: What the sampler draws from.
         eval_prompts, eval_answers: What greedy evaluation scores.
-        heldout: True when the evaluation prompts are disjoint from the training prompts; False when the
-            task is too small to split and evaluation uses every prompt.
+        heldout: True when the evaluation prompts are disjoint from the training prompts; False when
+            ``heldout_size=0`` asked to evaluate on every prompt.
     """
 
     name: str
@@ -102,20 +103,26 @@ def make_task(name: str, *, heldout_size: int, seed: int) -> TaskData:
 
     Args:
         name: A name in :data:`TASKS` (``local.task.name``).
-        heldout_size: Prompts held out for evaluation (``local.task.heldout_size``).
+        heldout_size: Prompts held out for evaluation (``local.task.heldout_size``); 0 evaluates on every
+            prompt, the training prompts included (``TaskData.heldout`` is then False).
         seed: Seed of the split (``data.seed``).
 
     Raises:
-        ValueError: for an unknown task, a non-positive ``heldout_size``, or prompts or answers of unequal
-            length or outside :data:`ALPHABET`.
+        ValueError: for an unknown task, a negative ``heldout_size`` or one that leaves fewer than 50
+            training prompts, or prompts or answers of unequal length or outside :data:`ALPHABET`.
     """
     pairs = TASKS.get(name)()
     _check_pairs(name, pairs)
-    if heldout_size < 1:
-        raise ValueError(f"local.task.heldout_size={heldout_size} must be >= 1; evaluation needs prompts. "
-                         f"Use e.g. 200.")
     prompts, answers = [p for p, _ in pairs], [a for _, a in pairs]
-    if len(pairs) - heldout_size < _MIN_TRAIN_PROMPTS:
+    largest = len(pairs) - _MIN_TRAIN_PROMPTS
+    if heldout_size < 0 or heldout_size > largest:
+        raise ValueError(
+            f"local.task.heldout_size={heldout_size} does not fit task {name} ({len(pairs):,} prompts): a held-out "
+            f"split must leave at least {_MIN_TRAIN_PROMPTS} prompts to train on, and a larger one would evaluate "
+            f"on training prompts under val-core/. Set local.task.heldout_size <= {largest}, or "
+            f"local.task.heldout_size=0 to evaluate on every prompt (the training prompts included)."
+        )
+    if heldout_size == 0:
         return TaskData(name, prompts, answers, prompts, answers, heldout=False)
     order = torch.randperm(len(pairs), generator=torch.Generator().manual_seed(seed)).tolist()
     held, train = sorted(order[:heldout_size]), sorted(order[heldout_size:])

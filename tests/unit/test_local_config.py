@@ -81,3 +81,36 @@ def test_cli_prints_the_composed_config(capsys):
     out = capsys.readouterr().out
     assert "seed: 3" in out
     assert "local:" in out
+
+
+@pytest.mark.parametrize("override", [
+    "actor_rollout_ref.actor.clip_ratio_hihg=0.2",
+    "+actor_rollout_ref.actor.clip_ratio_hihg=0.2",
+    "++actor_rollout_ref.actor.clip_ratio_hihg=0.2",
+])
+def test_a_misspelled_key_is_refused_with_the_closest_valid_key(override):
+    with pytest.raises(ValueError) as info:
+        compose_run([override])
+    message = str(info.value)
+    assert "actor_rollout_ref.actor.clip_ratio_hihg" in message
+    assert "did you mean actor_rollout_ref.actor.clip_ratio_high?" in message
+    assert "use +" not in message.lower()  # Hydra's hint leads to a silently ignored key
+    assert "\n" not in message
+
+
+def test_an_added_key_the_local_backend_does_not_read_is_refused():
+    with pytest.raises(ValueError, match=r"trainer\.nnodes.*not a key of the local backend"):
+        compose_run(["+trainer.nnodes=2"])
+
+
+def test_a_whole_section_and_a_forced_existing_key_may_be_overridden():
+    spec = compose_run(["local.model={hidden_size: 32, intermediate_size: 64, num_hidden_layers: 1, "
+                        "num_attention_heads: 4}", "++data.seed=3"])
+    assert spec.run.local.model.hidden_size == 32
+    assert spec.seed == 3
+
+
+
+def test_a_heldout_size_the_task_cannot_hold_fails_when_the_config_is_composed():
+    with pytest.raises(ValueError, match=r"local\.task\.heldout_size=200 does not fit task summod"):
+        compose_run(["local.task.name=summod"])

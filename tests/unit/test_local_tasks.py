@@ -11,7 +11,7 @@ EOS = 1
 
 
 def test_summod_answers_are_the_last_digit_of_the_sum():
-    task = make_task("summod", heldout_size=200, seed=0)
+    task = make_task("summod", heldout_size=0, seed=0)
     pairs = dict(zip(task.train_prompts, task.train_answers))
     assert pairs["7+8="] == "5"
     assert pairs["0+0="] == "0"
@@ -38,8 +38,15 @@ def test_heldout_split_is_disjoint_seeded_and_complete():
     assert a.eval_prompts != c.eval_prompts
 
 
-def test_task_too_small_to_split_evaluates_on_every_prompt():
-    task = make_task("summod", heldout_size=200, seed=0)
+def test_heldout_size_larger_than_the_task_is_refused():
+    with pytest.raises(ValueError, match=r"local\.task\.heldout_size=20000 .*copy3.*10,000 prompts.*<= 9950"):
+        make_task("copy3", heldout_size=20000, seed=0)
+    with pytest.raises(ValueError, match=r"local\.task\.heldout_size=200 .*summod.*local\.task\.heldout_size=0"):
+        make_task("summod", heldout_size=200, seed=0)
+
+
+def test_heldout_size_zero_evaluates_on_the_training_prompts_and_says_so():
+    task = make_task("summod", heldout_size=0, seed=0)
     assert not task.heldout
     assert task.eval_prompts == task.train_prompts
 
