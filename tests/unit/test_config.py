@@ -128,7 +128,8 @@ def test_every_boolean_key_refuses_anything_but_a_boolean(key, value):
     for part in parents:
         node = node[part]
     node[leaf] = value
-    with pytest.raises(ValueError, match=rf"^{key.replace('.', '[.]')}=.* must be a boolean\. Use true or false, unquoted"):
+    expected = rf"^{key.replace('.', '[.]')}=.* must be a boolean\. Use true or false, unquoted"
+    with pytest.raises(ValueError, match=expected):
         DapoConfig.from_verl(tree)
 
 
