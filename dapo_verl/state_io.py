@@ -8,6 +8,8 @@ tensor bytes only -- no pickle, so a planted file cannot execute code -- and a t
 whether the flipped byte lies in a tensor or in the plain data, is reported as such. Writes go to a
 temporary file in the same directory (``.<name>.<random>.tmp``), which is flushed to disk and renamed
 into place, so a crash mid-write leaves the previous file intact and at most a stale temporary file.
+The temporary file is created private (``tempfile`` uses mode 0600) and given the mode the umask allows
+before it is renamed, so the result is as readable as any file the user creates (:func:`apply_umask`).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-__all__ = ["CorruptStateError", "atomic_write", "load_state", "save_state"]
+__all__ = ["CorruptStateError", "apply_umask", "atomic_write", "current_umask", "load_state", "save_state"]
 
 _FORMAT = "dapo_verl.state/2"
 _LEGACY_FORMAT = "dapo_verl.state/1"  # checksum over the tensors only
@@ -95,6 +97,29 @@ def save_state(state: Any, path: str | os.PathLike[str]) -> Path:
     return atomic_write(target, lambda tmp: save_file(tensors, tmp, metadata=metadata))
 
 
+def current_umask() -> int:
+    """The process's umask, read from ``/proc/self/status`` where possible (setting it to read it races threads)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def apply_umask(path: str | os.PathLike[str], *, directory: bool = False) -> None:
+    """Give ``path`` the mode a plain ``open``/``mkdir`` would have: 0666 (files) or 0777 (directories) minus the umask.
+
+    ``tempfile.mkstemp`` and ``mkdtemp`` create 0600 / 0700 entries; renamed into place they would make run
+    outputs unreadable to the rest of a shared machine.
+    """
+    os.chmod(path, (0o777 if directory else 0o666) & ~current_umask())
+
+
 def atomic_write(path: str | os.PathLike[str], write: Callable[[str], None]) -> Path:
     """Call ``write(tmp)`` on a temporary file beside ``path``, flush it to disk and rename it over ``path``.
 
@@ -107,6 +132,7 @@ def atomic_write(path: str | os.PathLike[str], write: Callable[[str], None]) -> 
     os.close(fd)
     try:
         write(tmp)
+        apply_umask(tmp)  # after writing: a writer may recreate the file (safetensors writes it 0600)
         with open(tmp, "rb") as handle:
             os.fsync(handle.fileno())
         os.replace(tmp, target)

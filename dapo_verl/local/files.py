@@ -19,7 +19,7 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from dapo_verl.state_io import atomic_write
+from dapo_verl.state_io import apply_umask, atomic_write
 
 __all__ = ["TMP_SUFFIX", "remove_stale_temporaries", "replace_directory", "write_text_atomically"]
 
@@ -41,7 +41,8 @@ def write_text_atomically(path: str | os.PathLike[str], text: str) -> Path:
 def replace_directory(path: str | os.PathLike[str], fill: Callable[[Path], None]) -> Path:
     """Build a directory with ``fill(tmp_dir)`` and swap it in for ``path``. Returns the path.
 
-    POSIX cannot rename a directory over a non-empty one, so the old directory is first renamed aside
+    Every entry gets the mode the umask allows (as :func:`~dapo_verl.state_io.apply_umask`). POSIX cannot
+    rename a directory over a non-empty one, so the old directory is first renamed aside
     (to a temporary name) and deleted after the swap; a crash in between leaves the new or the old
     directory plus a temporary one, never a half-written ``path``.
     """
@@ -49,7 +50,10 @@ def replace_directory(path: str | os.PathLike[str], fill: Callable[[Path], None]
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=_temporary_name(target), suffix=TMP_SUFFIX, dir=target.parent))
     try:
+        apply_umask(tmp, directory=True)
         fill(tmp)
+        for entry in tmp.rglob("*"):
+            apply_umask(entry, directory=entry.is_dir())  # writers such as safetensors create files 0600
         old = None
         if target.exists():
             old = Path(tempfile.mkdtemp(prefix=_temporary_name(target), suffix=TMP_SUFFIX, dir=target.parent))

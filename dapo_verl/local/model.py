@@ -27,6 +27,7 @@ from transformers.utils import logging as hf_logging
 
 from dapo_verl.local.config import ModelConfig
 from dapo_verl.local.tasks import ALPHABET
+from dapo_verl.state_io import apply_umask
 
 __all__ = [
     "EOS", "PAD", "build_tokenizer", "default_cache_dir", "load_or_build", "model_cache_key", "quiet_hf_progress",
@@ -133,9 +134,12 @@ def _save_atomically(model: LlamaForCausalLM, tokenizer: PreTrainedTokenizerFast
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
     try:
+        apply_umask(tmp, directory=True)
         with quiet_hf_progress():
             model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
+        for file in tmp.rglob("*"):
+            apply_umask(file, directory=file.is_dir())  # safetensors writes its files 0600
         if path.exists():  # an unreadable earlier copy, or a concurrent build of the same key
             shutil.rmtree(path, ignore_errors=True)
         os.replace(tmp, path)
