@@ -4,6 +4,12 @@ Both are built in code -- nothing is downloaded -- and cached on disk in Hugging
 (``save_pretrained``), keyed by everything that determines them (architecture, vocabulary, seed), so a
 second run with the same settings loads the identical weights instead of rebuilding them. A cache hit
 and a fresh build give bit-identical models.
+
+Each cached model directory holds ``checksums.json``: the SHA-256 of every file in it. A cached copy is
+verified before it is read, and one whose files were altered, truncated, removed or joined by another file
+(a planted ``pytorch_model.bin`` pickle, say) is not loaded: a warning names the file and the model is
+rebuilt from its seed, which gives the same weights the cache should have held. Weights are only ever
+read from safetensors, never unpickled.
 """
 
 from __future__ import annotations
@@ -30,13 +36,16 @@ from dapo_verl.local.tasks import ALPHABET
 from dapo_verl.state_io import apply_umask
 
 __all__ = [
-    "EOS", "PAD", "build_tokenizer", "default_cache_dir", "load_or_build", "model_cache_key", "quiet_hf_progress",
+    "CHECKSUMS", "EOS", "PAD", "build_tokenizer", "cache_problem", "default_cache_dir", "load_or_build",
+    "model_cache_key", "quiet_hf_progress",
 ]
 
 logger = logging.getLogger(__name__)
 
 PAD, EOS, UNK = "<pad>", "<eos>", "<unk>"
-_CACHE_FORMAT = 1
+_CACHE_FORMAT = 2  # 2: checksums.json in every cached directory
+CHECKSUMS = "checksums.json"
+"""The manifest of a cached model directory: ``{"files": {name: sha256}}``."""
 
 
 def build_tokenizer() -> PreTrainedTokenizerFast:
@@ -99,11 +108,15 @@ def load_or_build(cfg: ModelConfig, *, max_positions: int, seed: int,
         directory, and whether it was built now (False for a cache hit).
     """
     path = Path(cache_dir) / "models" / model_cache_key(cfg, max_positions, seed)
-    if (path / "config.json").exists():
-        try:
-            return _load(path), PreTrainedTokenizerFast.from_pretrained(path), path, False
-        except (OSError, ValueError) as err:
-            logger.warning("Cached model at %s is unreadable (%s); rebuilding it.", path, err)
+    if path.exists():
+        problem = cache_problem(path)
+        if problem is None:
+            try:
+                return _load(path), PreTrainedTokenizerFast.from_pretrained(path), path, False
+            except (OSError, ValueError) as err:
+                problem = f"it is unreadable ({err})"
+        logger.warning("Cached model at %s is not used: %s. Rebuilding it from data.seed=%d, which gives the "
+                       "weights the cache should hold.", path, problem, seed)
     tokenizer = build_tokenizer()
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
@@ -124,9 +137,44 @@ def quiet_hf_progress() -> Iterator[None]:
             hf_logging.enable_progress_bar()
 
 
+def _sha256(file: Path) -> str:
+    digest = hashlib.sha256()
+    with file.open("rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _write_checksums(folder: Path) -> None:
+    files = {p.name: _sha256(p) for p in sorted(folder.iterdir()) if p.is_file() and p.name != CHECKSUMS}
+    (folder / CHECKSUMS).write_text(json.dumps({"format": _CACHE_FORMAT, "files": files}, indent=2) + "\n")
+
+
+def cache_problem(path: Path) -> str | None:
+    """Why the cached model directory ``path`` must not be loaded, or None when every file matches its checksum."""
+    try:
+        manifest = json.loads((path / CHECKSUMS).read_text())
+        expected = manifest["files"]
+        if not isinstance(expected, dict):
+            raise TypeError("files is not a mapping")
+    except FileNotFoundError:
+        return f"it has no {CHECKSUMS}"
+    except (OSError, ValueError, TypeError, KeyError) as err:
+        return f"its {CHECKSUMS} is unreadable ({err})"
+    present = {p.name for p in path.iterdir() if p.name != CHECKSUMS}
+    if extra := sorted(present - set(expected)):
+        return f"it holds {', '.join(extra)}, which the cache never writes"
+    if missing := sorted(set(expected) - present):
+        return f"{', '.join(missing)} is missing"
+    altered = [name for name, digest in sorted(expected.items()) if _sha256(path / name) != digest]
+    if altered:
+        return f"{', '.join(altered)} failed its checksum (the file was altered or truncated)"
+    return None
+
+
 def _load(path: Path) -> LlamaForCausalLM:
     with quiet_hf_progress():
-        model = LlamaForCausalLM.from_pretrained(path, dtype=torch.float32)
+        model = LlamaForCausalLM.from_pretrained(path, dtype=torch.float32, use_safetensors=True)
     return model.train()
 
 
@@ -138,6 +186,7 @@ def _save_atomically(model: LlamaForCausalLM, tokenizer: PreTrainedTokenizerFast
         with quiet_hf_progress():
             model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
+        _write_checksums(tmp)
         for file in tmp.rglob("*"):
             apply_umask(file, directory=file.is_dir())  # safetensors writes its files 0600
         if path.exists():  # an unreadable earlier copy, or a concurrent build of the same key
@@ -145,7 +194,7 @@ def _save_atomically(model: LlamaForCausalLM, tokenizer: PreTrainedTokenizerFast
         os.replace(tmp, path)
     except OSError:
         shutil.rmtree(tmp, ignore_errors=True)
-        if not (path / "config.json").exists():
+        if cache_problem(path) is not None:  # not a concurrent build of the same key that won the race
             raise
 
 

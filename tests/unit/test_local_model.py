@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import logging
+import os
+
 import torch
 
 from dapo_verl.local.config import ModelConfig
@@ -37,3 +40,43 @@ def test_different_seeds_give_different_models(tmp_path):
     a, *_ = load_or_build(ModelConfig(), max_positions=12, seed=0, cache_dir=tmp_path)
     b, *_ = load_or_build(ModelConfig(), max_positions=12, seed=1, cache_dir=tmp_path)
     assert not torch.equal(a.model.embed_tokens.weight, b.model.embed_tokens.weight)
+
+
+def _same_weights(a, b):
+    return all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
+
+
+def _flip_last_byte(file):
+    data = bytearray(file.read_bytes())
+    data[-1] ^= 0x01
+    file.write_bytes(bytes(data))
+
+
+def test_a_flipped_byte_in_the_model_cache_is_detected_and_the_model_rebuilt(tmp_path, caplog):
+    reference, _, path, _ = load_or_build(ModelConfig(), max_positions=12, seed=0, cache_dir=tmp_path)
+    _flip_last_byte(path / "model.safetensors")
+    with caplog.at_level(logging.WARNING, logger="dapo_verl.local.model"):
+        model, _, path2, built = load_or_build(ModelConfig(), max_positions=12, seed=0, cache_dir=tmp_path)
+    assert built and path2 == path
+    assert _same_weights(model, reference)
+    warning = " ".join(r.getMessage() for r in caplog.records).lower()
+    assert "model.safetensors" in warning and "checksum" in warning and "rebuil" in warning
+    _, _, _, built_again = load_or_build(ModelConfig(), max_positions=12, seed=0, cache_dir=tmp_path)
+    assert not built_again  # the rebuilt copy verifies
+
+
+def test_a_pickle_planted_in_the_model_cache_is_never_loaded(tmp_path, caplog):
+    reference, _, path, _ = load_or_build(ModelConfig(), max_positions=12, seed=0, cache_dir=tmp_path)
+    marker = tmp_path / "PAYLOAD_RAN"
+
+    class Payload:
+        def __reduce__(self):
+            return (os.system, (f"touch {marker}",))
+
+    (path / "model.safetensors").unlink()
+    torch.save({"model.embed_tokens.weight": Payload()}, path / "pytorch_model.bin")
+    with caplog.at_level(logging.WARNING, logger="dapo_verl.local.model"):
+        model, _, _, built = load_or_build(ModelConfig(), max_positions=12, seed=0, cache_dir=tmp_path)
+    assert built and not marker.exists()
+    assert _same_weights(model, reference)
+    assert "pytorch_model.bin" in " ".join(r.getMessage() for r in caplog.records)
