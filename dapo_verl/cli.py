@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -13,6 +14,31 @@ DEFAULTS_YAML = Path(__file__).parent / "configs" / "dapo_defaults.yaml"
 README = Path(__file__).parent.parent / "README.md"  # present in a source checkout, not in an installed wheel
 
 
+def _fail(command: str, message: object) -> int:
+    """Print ``dapo-verl <command>: <message>`` on one line of stderr; return exit status 2."""
+    print(f"dapo-verl {command}: {' '.join(str(message).split())}", file=sys.stderr)
+    return 2
+
+
+_OS_FIXES = {
+    errno.ENOSPC: "Free disk space and run the same command again (a run continues from its last checkpoint).",
+    errno.EDQUOT: "Free space within your quota and run the same command again.",
+    errno.EROFS: "Pass an --out on a writable disk.",
+    errno.EACCES: "Pass an --out you may write to, or fix its permissions.",
+    errno.EPERM: "Pass an --out you may write to, or fix its permissions.",
+    errno.ENOTDIR: "--out must name a directory, not a file.",
+    errno.EEXIST: "--out must name a directory, not a file.",
+}
+
+
+def _os_error(err: OSError) -> str:
+    """An OSError as one line that names the file and the fix (a message without errno is already one)."""
+    if err.errno is None or not err.strerror:
+        return str(err)
+    where = f" ({err.filename})" if err.filename else ""
+    return f"{err.strerror}{where}. {_OS_FIXES.get(err.errno, 'Check that path and run the command again.')}"
+
+
 def _cmd_prepare_data(args: argparse.Namespace) -> int:
     from dapo_verl.data import PrepareOptions, prepare_data, summary_lines
 
@@ -21,9 +47,10 @@ def _cmd_prepare_data(args: argparse.Namespace) -> int:
     try:
         options = PrepareOptions(**{name: value for name, value in given.items() if value is not None})
         prepared = prepare_data(out_dir=args.out, dapo_math=args.dapo_math, aime=args.aime, options=options)
-    except (OSError, ValueError, TypeError) as err:
-        print(f"dapo-verl prepare-data: {err}", file=sys.stderr)
-        return 2
+    except OSError as err:
+        return _fail("prepare-data", _os_error(err))
+    except (ValueError, TypeError) as err:
+        return _fail("prepare-data", err)
     print("\n".join(summary_lines(prepared)))
     return 0
 
@@ -34,7 +61,8 @@ def _cmd_train(args: argparse.Namespace) -> int:
     from tqdm.contrib.logging import logging_redirect_tqdm
 
     from dapo_verl.local.compose import compose_run
-    from dapo_verl.local.train import run_spec, summary_lines
+    from dapo_verl.local.rundir import RunDirectoryBusy
+    from dapo_verl.local.train import RunInterrupted, run_spec, summary_lines
     from dapo_verl.sampler import ShortfallError
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
@@ -45,10 +73,11 @@ def _cmd_train(args: argparse.Namespace) -> int:
             print(spec.to_yaml(), end="")
             return 0
         with logging_redirect_tqdm():
-            result = run_spec(spec, progress=True)
-    except (ValueError, ShortfallError) as err:
-        print(f"dapo-verl train: {err}", file=sys.stderr)
-        return 2
+            result = run_spec(spec, progress=True, allow_config_change=args.allow_config_change)
+    except OSError as err:
+        return _fail("train", _os_error(err))
+    except (ValueError, ShortfallError, RunDirectoryBusy, RunInterrupted) as err:
+        return _fail("train", err)
     print("\n".join(summary_lines(result)))
     return 0
 
@@ -136,9 +165,10 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     options = {"metrics": args.metrics} | ({"last_frac": args.last_frac} if args.last_frac is not None else {})
     try:
         report = build_report(group_runs(args.runs, args.label), args.out, **options)
-    except (OSError, ValueError) as err:
-        print(f"dapo-verl compare: {err}", file=sys.stderr)
-        return 2
+    except OSError as err:
+        return _fail("compare", _os_error(err))
+    except ValueError as err:
+        return _fail("compare", err)
     print(report.to_markdown(), end="")
     print(f"\nWrote {', '.join(str(path) for path in report.files.values())}")
     return 0
@@ -149,6 +179,8 @@ def _cmd_ablate(args: argparse.Namespace) -> int:
 
     from dapo_verl.local.ablate import DEFAULT_JOBS, DEFAULT_SEEDS, QUIET_LOGGERS, Progress, run_ablation
     from dapo_verl.local.arms import CLIP_STUDY, LADDER_STUDY
+    from dapo_verl.local.rundir import RunDirectoryBusy
+    from dapo_verl.local.train import RunInterrupted
     from dapo_verl.sampler import ShortfallError
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
@@ -163,9 +195,10 @@ def _cmd_ablate(args: argparse.Namespace) -> int:
     try:
         result = run_ablation(study, seeds, out, steps=args.steps, extra_overrides=args.overrides,
                               jobs=jobs, on_run=Progress(lambda line: print(line, flush=True), jobs=jobs))
-    except (OSError, ValueError, ShortfallError) as err:
-        print(f"dapo-verl ablate: {err}", file=sys.stderr)
-        return 2
+    except OSError as err:
+        return _fail("ablate", _os_error(err))
+    except (ValueError, ShortfallError, RunDirectoryBusy, RunInterrupted) as err:
+        return _fail("ablate", err)
     print()
     print(result.files["summary"].read_text(), end="")
     print(f"\nDone in {result.wall_s:.0f} s. Wrote {', '.join(str(p) for p in result.files.values())}")
@@ -184,6 +217,9 @@ def _parser() -> argparse.ArgumentParser:
                        help="config overrides, e.g. actor_rollout_ref.actor.clip_ratio_high=0.2 data.seed=1")
     train.add_argument("--out", metavar="DIR", help="run directory (default: trainer.default_local_dir, runs/local)")
     train.add_argument("--print-config", action="store_true", help="print the composed config and exit")
+    train.add_argument("--allow-config-change", action="store_true", help="continue the run in --out although its "
+                       "configuration differs from this one (the change is recorded in its history.jsonl); without "
+                       "it such a run is refused")
     train.set_defaults(func=_cmd_train)
 
     toy = commands.add_parser("toy", help="run the paper's exercises on the core math; writes JSON and a PNG plot")
@@ -266,7 +302,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``dapo-verl`` console script."""
     args = _parser().parse_args(argv)
     func: Callable[[argparse.Namespace], int] = args.func
-    return func(args)
+    try:
+        return func(args)
+    except KeyboardInterrupt:
+        after = " A run continues from its last checkpoint when started again." if args.command in ("train",
+                                                                                                   "ablate") else ""
+        return _fail(args.command, f"interrupted by Ctrl-C.{after}")
 
 
 if __name__ == "__main__":

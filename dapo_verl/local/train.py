@@ -32,13 +32,25 @@ Crash safety: every output file is replaced atomically (:mod:`.files`), checkpoi
 the run directory's stale temporary files are removed when a run starts. With ``trainer.resume_mode=auto``
 a killed run continues from the newest good checkpoint -- a damaged one is logged by name and skipped
 (:func:`~dapo_verl.local.checkpoint.find_resume_point`) -- and ends exactly where the uninterrupted run
-would have (``dapo_verl.reliability.faults`` checks this by injecting crashes).
+would have (``dapo_verl.reliability.faults`` checks this by injecting crashes). Every start logs
+"Starting fresh" or "Resumed from step N".
+
+One run directory, one writer, one configuration (:mod:`.rundir`): a run holds the directory's lock, so a
+second run on it is refused; a run whose configuration differs from the one the directory's checkpoint
+(or ``config.yaml``) records is refused unless ``allow_config_change`` (``--allow-config-change``), and
+then the change is recorded in ``history.jsonl`` and ``summary.json``.
+
+Ctrl-C (SIGINT) stops the run at the next step boundary: the step is finished, logged and checkpointed,
+and :class:`RunInterrupted` is raised; running the same command again continues from that step. A second
+Ctrl-C stops at once (the run then continues from its last checkpoint).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import signal
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -57,17 +69,26 @@ from dapo_verl.local.checkpoint import (
     restore_checkpoint,
     save_checkpoint,
 )
-from dapo_verl.local.compose import RunSpec, changed_keys, compose_run
+from dapo_verl.local.compose import RunSpec, compose_run
 from dapo_verl.local.config import ResumeMode
 from dapo_verl.local.files import remove_stale_temporaries, replace_directory, write_text_atomically
 from dapo_verl.local.model import default_cache_dir, describe, load_or_build, quiet_hf_progress
 from dapo_verl.local.plots import plot_history
 from dapo_verl.local.rollout import Rollout
+from dapo_verl.local.rundir import (
+    accepted_changes,
+    append_history,
+    change_records,
+    configuration_changes,
+    recorded_configuration,
+    refuse_changes,
+    run_directory_lock,
+)
 from dapo_verl.local.tasks import make_task
 from dapo_verl.local.tracking import MetricsLog
 from dapo_verl.sampler import BatchReplenisher
 
-__all__ = ["RunResult", "run", "run_spec", "summary_lines"]
+__all__ = ["RunInterrupted", "RunResult", "run", "run_spec", "summary_lines"]
 
 logger = logging.getLogger(__name__)
 
@@ -109,20 +130,43 @@ class RunResult:
         return [(r["step"], r["data"][key]) for r in self.history if r["data"].get(key) is not None]
 
 
-def run(overrides: Sequence[str] = (), out_dir: str | Path | None = None, *, progress: bool = False) -> RunResult:
+class RunInterrupted(RuntimeError):
+    """Ctrl-C stopped the run at a step boundary, after writing that step's checkpoint.
+
+    Attributes:
+        step: The last step trained and checkpointed; the same command continues from it.
+    """
+
+    def __init__(self, message: str, step: int) -> None:
+        super().__init__(message)
+        self.step = step
+
+    def __reduce__(self) -> tuple[Any, ...]:  # picklable across the ablation's worker processes
+        return type(self), (self.args[0], self.step)
+
+
+def run(overrides: Sequence[str] = (), out_dir: str | Path | None = None, *, progress: bool = False,
+        allow_config_change: bool = False) -> RunResult:
     """Compose ``configs/local.yaml`` with ``overrides`` and train (see the module docstring).
 
     Args:
         overrides: Hydra overrides, e.g. ``["actor_rollout_ref.actor.clip_ratio_high=0.2", "data.seed=1"]``.
         out_dir: Run directory (replaces ``trainer.default_local_dir``).
         progress: Show a tqdm progress bar on stderr.
+        allow_config_change: Continue a run in ``out_dir`` although its configuration differs from the
+            requested one (recorded in ``history.jsonl``); without it such a run is refused.
 
     Raises:
-        ValueError: for an invalid configuration, naming the key.
+        ValueError: for an invalid configuration (naming the key), or a run directory holding a run of
+            another configuration (naming the keys, see :mod:`.rundir`).
+        dapo_verl.local.rundir.RunDirectoryBusy: if another run is writing the directory.
+        RunInterrupted: after Ctrl-C, at a step boundary, once the step's checkpoint is written.
+        OSError: if the run directory cannot be written (full disk, read-only, a file in the way).
         dapo_verl.sampler.ShortfallError: when dynamic sampling cannot fill a batch and
             ``algorithm.filter_groups.on_shortfall=error``.
     """
-    return run_spec(compose_run(overrides, out_dir=out_dir), progress=progress)
+    return run_spec(compose_run(overrides, out_dir=out_dir), progress=progress,
+                    allow_config_change=allow_config_change)
 
 
 def summary_lines(result: RunResult) -> list[str]:
@@ -143,10 +187,42 @@ def summary_lines(result: RunResult) -> list[str]:
     return lines
 
 
-def run_spec(spec: RunSpec, *, progress: bool = False) -> RunResult:
-    """Train with an already composed :class:`~dapo_verl.local.compose.RunSpec`."""
-    with _torch_settings(spec.run.local.num_threads), _quiet_partial_batches():
-        return _Trainer(spec).fit(progress=progress)
+def run_spec(spec: RunSpec, *, progress: bool = False, allow_config_change: bool = False) -> RunResult:
+    """Train an already composed :class:`~dapo_verl.local.compose.RunSpec` (arguments and errors as :func:`run`)."""
+    with run_directory_lock(spec.run.trainer.default_local_dir), _torch_settings(spec.run.local.num_threads), \
+            _quiet_partial_batches(), _stop_requests() as stop:
+        return _Trainer(spec, allow_config_change=allow_config_change, stop=stop).fit(progress=progress)
+
+
+class _StopRequest:
+    """Set by the first Ctrl-C; the training loop stops at the next step boundary."""
+
+    requested = False
+
+
+@contextmanager
+def _stop_requests() -> Iterator[_StopRequest]:
+    """Turn the first SIGINT into a stop request and a second one into KeyboardInterrupt, for the run's duration.
+
+    Signal handlers belong to the main thread; elsewhere (a run in a thread) Ctrl-C keeps Python's default.
+    """
+    stop = _StopRequest()
+    if threading.current_thread() is not threading.main_thread():
+        yield stop
+        return
+
+    def handler(signum: int, frame: Any) -> None:
+        if stop.requested:
+            raise KeyboardInterrupt
+        stop.requested = True
+        logger.warning("Ctrl-C: stopping after this step, once its checkpoint is written (Ctrl-C again stops at "
+                       "once and loses the steps since the last checkpoint).")
+
+    previous = signal.signal(signal.SIGINT, handler)
+    try:
+        yield stop
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 @contextmanager
@@ -207,16 +283,12 @@ def _due(step: int, freq: int, last: int) -> bool:
     return freq > 0 and (step % freq == 0 or step == last)
 
 
-_RESUME_FREE_KEYS = ("trainer.total_training_steps", "trainer.resume_mode", "trainer.resume_from_path",
-                     "trainer.default_local_dir", "trainer.test_freq", "trainer.save_freq")
-"""Keys a resumed run may change without a warning."""
-
-
 class _Trainer:
     """One local run: set-up, the training loop and the outputs."""
 
-    def __init__(self, spec: RunSpec) -> None:
+    def __init__(self, spec: RunSpec, *, allow_config_change: bool, stop: _StopRequest) -> None:
         self.spec, dapo, run = spec, spec.dapo, spec.run
+        self.allow_config_change, self.stop = allow_config_change, stop
         self.started = time.perf_counter()
         self.run_dir = Path(run.trainer.default_local_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -258,16 +330,30 @@ class _Trainer:
         return ResumePoint(path=path, step=int(state["step"]), state=state)
 
     def _resume(self) -> int | None:
+        """Check the directory's recorded configuration, restore the checkpoint if any, say how the run starts."""
         point = self._resume_point()
+        recorded = recorded_configuration(self.run_dir, point.state["config"] if point else None)
+        changes = configuration_changes(recorded, self.spec.cfg) if recorded is not None else []
+        source = f"checkpoint at step {point.step} ({point.path})" if point else "config.yaml"
+        refuse_changes(self.run_dir, changes, source=source, step=point.step if point else None,
+                       allowed=self.allow_config_change)
+        if changes:
+            logger.warning("Continuing %s with a changed configuration, as --allow-config-change asked: %s. Recorded "
+                           "in history.jsonl and summary.json.", self.run_dir, "; ".join(map(str, changes)))
+        step = None
         if point is None:
-            return None
-        step, saved = restore_checkpoint(point.state, model=self.model, optimizer=self.optimizer,
-                                         sampler=self.sampler)
-        changed = changed_keys(saved, self.spec.cfg, ignore=_RESUME_FREE_KEYS)
-        if changed:
-            logger.warning("Resuming from %s with a changed configuration (%s); the run is no longer one experiment.",
-                           point.path, ", ".join(changed))
-        logger.info("Resumed from %s (step %d).", point.path, step)
+            why = "trainer.resume_mode=disable" if self.spec.run.trainer.resume_mode == ResumeMode.DISABLE else \
+                "no checkpoint to resume from"
+            logger.info("Starting fresh in %s (%s).", self.run_dir, why)
+        else:
+            try:
+                step, _ = restore_checkpoint(point.state, model=self.model, optimizer=self.optimizer,
+                                             sampler=self.sampler)
+            except (RuntimeError, KeyError) as err:  # e.g. "size mismatch" from load_state_dict
+                raise ValueError(f"{point.path} does not fit this run ({' '.join(str(err).split())[:300]}); it was "
+                                 f"written for another model or sampler. Train into a new directory (--out).") from None
+            logger.info("Resumed from step %d (%s).", step, point.path)
+        append_history(self.run_dir, "start", resumed_from=step, config_changes=change_records(changes))
         return step
 
     # -- the loop -----------------------------------------------------------------------------------
@@ -293,11 +379,13 @@ class _Trainer:
                 if _due(step, trainer.test_freq, total):
                     metrics |= self._validate()
                 log.log(metrics, step=step)
-                if _due(step, trainer.save_freq, total):
+                if _due(step, trainer.save_freq, total) or self.stop.requested:
                     save_checkpoint(self.run_dir, step, model=self.model, optimizer=self.optimizer,
                                     sampler=self.sampler, config=self.spec.cfg)
                 bar.update(1)
                 bar.set_postfix(self._postfix(log.history), refresh=False)
+                if self.stop.requested and step < total:
+                    self._interrupted(step)
         finally:
             bar.close()
             log.close()
@@ -305,6 +393,12 @@ class _Trainer:
             logger.info("%d steps found no informative group and made no update (dapo/sampler/groups_trained = 0): "
                         "the policy answers those prompts all right or all wrong.", self.idle_steps)
         return self._finish(log.history, resumed, last_step=max(start, total))
+
+    def _interrupted(self, step: int) -> None:
+        append_history(self.run_dir, "interrupted", step=step)
+        raise RunInterrupted(
+            f"stopped by Ctrl-C after step {step}, whose checkpoint {self.run_dir / 'checkpoints'}/global_step_{step} "
+            f"is written; run the same command to continue from step {step}.", step)
 
     def _train_step(self, step: int) -> dict[str, float]:
         dapo, run = self.spec.dapo, self.spec.run
@@ -380,8 +474,10 @@ class _Trainer:
             model_built=self.model_built, paths=paths,
         )
         summary = {k: v for k, v in vars(result).items() if k not in ("history", "paths", "run_dir")}
-        summary |= {"seed": self.spec.seed, "model": describe(self.model)}
+        summary |= {"seed": self.spec.seed, "model": describe(self.model),
+                    "config_changes": accepted_changes(self.run_dir)}
         write_text_atomically(paths["summary"], json.dumps(summary, indent=2) + "\n")
+        append_history(self.run_dir, "finish", step=last_step)
         return result
 
     def _save_model(self, folder: Path) -> None:
