@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from dapo_verl.report.plots import write_plots
-from dapo_verl.report.readers import RunLog, load_run
+from dapo_verl.report.readers import MetricFilter, RunLog, load_run
 from dapo_verl.report.summary import (
     DEFAULT_LAST_FRAC,
     DEFAULT_METRICS,
@@ -29,6 +29,7 @@ from dapo_verl.report.summary import (
     UnknownMetricError,
     accuracy_keys,
     arm_metric,
+    kept_metric,
     select_metrics,
 )
 
@@ -143,8 +144,13 @@ def _run_info(run: RunLog) -> dict[str, Any]:
             "metrics": len(run.metrics)}
 
 
-def load_runs(runs: Mapping[str, Sequence[str | Path | RunLog]]) -> dict[str, list[RunLog]]:
+def load_runs(runs: Mapping[str, Sequence[str | Path | RunLog]],
+              keep: MetricFilter | None = None) -> dict[str, list[RunLog]]:
     """Load every run (paths are read with :func:`~dapo_verl.report.readers.load_run`; RunLogs are kept).
+
+    Args:
+        runs: label -> run paths or loaded runs.
+        keep: Which metrics' values to keep (None: all); see :func:`~dapo_verl.report.summary.kept_metric`.
 
     Raises:
         ValueError: if there is no arm or an arm has no run.
@@ -155,7 +161,7 @@ def load_runs(runs: Mapping[str, Sequence[str | Path | RunLog]]) -> dict[str, li
     empty = [label for label, paths in runs.items() if not paths]
     if empty:
         raise ValueError(f"arm(s) {empty} have no run; give each label at least one run path.")
-    return {label: [r if isinstance(r, RunLog) else load_run(r) for r in paths] for label, paths in runs.items()}
+    return {label: [r if isinstance(r, RunLog) else load_run(r, keep) for r in paths] for label, paths in runs.items()}
 
 
 def summarize(arms: Mapping[str, Sequence[RunLog]], *, metrics: Sequence[str] | None = None,
@@ -232,5 +238,5 @@ def build_report(runs: Mapping[str, Sequence[str | Path | RunLog]], out_dir: str
         >>> report.row("actor/entropy", "clip028").final.mean  # mean of the last ceil(0.5 * 3) = 2 values
         0.6
     """
-    report = summarize(load_runs(runs), metrics=metrics, last_frac=last_frac)
+    report = summarize(load_runs(runs, kept_metric(metrics)), metrics=metrics, last_frac=last_frac)
     return report if out_dir is None else write_report(report, out_dir, plots=plots)

@@ -3,8 +3,10 @@
 Runs are aligned on the step numbers they logged (outer join); at each step the line is the mean and the
 band the min and max over the runs that logged that step. Per-step training metrics are first smoothed per
 run with a trailing moving average over ``max(1, steps // 30)`` logged values (named in the axis title);
-validation metrics are drawn unsmoothed, with markers. Uses matplotlib's object API with the Agg canvas, so
-no pyplot state and no display are touched.
+validation metrics are drawn unsmoothed, with markers. A curve longer than :data:`MAX_PLOT_POINTS` is
+drawn from that many consecutive bins (mean of the means, min of the mins, max of the maxes), so a
+million-step log plots as fast as a short one and never overflows the renderer. Uses matplotlib's object
+API with the Agg canvas, so no pyplot state and no display are touched.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
@@ -19,10 +22,13 @@ from matplotlib.figure import Figure
 from dapo_verl.report.readers import RunLog
 from dapo_verl.report.summary import CLIP_METRICS, is_validation_metric
 
-__all__ = ["SMOOTHING_POINTS", "arm_curve", "plot_arms", "write_plots"]
+__all__ = ["MAX_PLOT_POINTS", "SMOOTHING_POINTS", "arm_curve", "plot_arms", "thin_curve", "write_plots"]
 
 SMOOTHING_POINTS = 30
 """A training curve is smoothed over ``len // SMOOTHING_POINTS`` values, so about this many windows."""
+
+MAX_PLOT_POINTS = 2000
+"""Most points drawn per curve; longer curves are binned (:func:`thin_curve`)."""
 
 
 def _window(runs: Sequence[RunLog], key: str) -> int:
@@ -52,6 +58,24 @@ def arm_curve(runs: Sequence[RunLog], key: str, *, window: int = 1) -> pd.DataFr
                          "n": joined.notna().sum(axis=1)})
 
 
+def thin_curve(curve: pd.DataFrame, limit: int = MAX_PLOT_POINTS) -> pd.DataFrame:
+    """``curve`` (from :func:`arm_curve`) in at most ``limit`` consecutive bins, each at its last step.
+
+    Example:
+        >>> curve = pd.DataFrame({"mean": [1.0, 3.0, 5.0, 7.0], "min": [0.0, 2.0, 4.0, 6.0],
+        ...                       "max": [2.0, 4.0, 6.0, 8.0], "n": [1, 1, 1, 1]}, index=[1, 2, 3, 4])
+        >>> thin_curve(curve, 2).to_dict("list")
+        {'mean': [2.0, 6.0], 'min': [0.0, 4.0], 'max': [4.0, 8.0], 'n': [1, 1]}
+    """
+    if len(curve) <= limit:
+        return curve
+    bins = np.arange(len(curve)) * limit // len(curve)
+    grouped = curve.groupby(bins)
+    thinned = grouped.agg({"mean": "mean", "min": "min", "max": "max", "n": "max"})
+    thinned.index = pd.Index([group.index[-1] for _, group in grouped], name=curve.index.name)
+    return thinned
+
+
 def plot_arms(arms: Mapping[str, Sequence[RunLog]], keys: Sequence[str], path: Path, *, title: str) -> Path:
     """Draw one panel per metric in ``keys`` (one coloured line and band per arm) into ``path`` (PNG)."""
     columns = 2 if len(keys) == 4 else min(len(keys), 3)
@@ -62,7 +86,7 @@ def plot_arms(arms: Mapping[str, Sequence[RunLog]], keys: Sequence[str], path: P
     for ax, key in zip(axes, keys):
         window = max(_window(runs, key) for runs in arms.values())
         for n, (label, runs) in enumerate(arms.items()):
-            curve = arm_curve(runs, key, window=window)
+            curve = thin_curve(arm_curve(runs, key, window=window))
             if curve.empty:
                 continue
             style = "o-" if is_validation_metric(key) else "-"

@@ -18,6 +18,13 @@ A directory is searched in that order of preference: ``*.jsonl`` logs directly i
 first), then TensorBoard event files anywhere below it, then console logs (``*.log``, ``*.txt``, ``*.out``)
 directly inside it. A step logged more than once (a resumed run, or verl's separate validation call) keeps
 every metric, and for a metric logged twice at one step the later value wins.
+
+Logs are streamed: a reader never holds the file or its parsed lines, only one compact column (8-byte step,
+8-byte value) per metric that the caller keeps (``keep``; :func:`load_run` keeps every metric by default,
+``dapo-verl compare`` only those it reports), so a million-line log costs megabytes, not gigabytes. Every
+metric name with a finite value is remembered (:attr:`RunLog.metrics`). A record whose step is not a whole
+number in [0, 2**63) -- NaN, Infinity, 1e300, 2.5 -- is an error naming the file and line; a line that is
+not a record at all (cut short by a crash, or nested too deep to parse) is skipped with a warning.
 """
 
 from __future__ import annotations
@@ -26,16 +33,18 @@ import json
 import logging
 import math
 import re
-from collections.abc import Iterable, Mapping
+from array import array
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
-__all__ = ["LogFormat", "NoMetricsLogError", "RunLog", "find_log", "load_run", "read_console", "read_jsonl",
-           "read_tensorboard"]
+__all__ = ["LogFormat", "MetricFilter", "NoMetricsLogError", "RunLog", "find_log", "load_run", "read_console",
+           "read_jsonl", "read_tensorboard"]
 
 logger = logging.getLogger(__name__)
 
@@ -46,6 +55,10 @@ TFEVENTS_GLOB = "events.out.tfevents.*"
 _STEP = re.compile(r"(?:^|[\s)\]>|])step:(\d+)((?: - .*)?)$")
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 _NUMPY_REPR = re.compile(r"^(?:np|numpy)\.\w+\((.*)\)$")
+_MAX_STEP = 2**63 - 1
+
+MetricFilter = Callable[[str], bool]
+"""Whether a reader keeps a metric's values (every name is still counted in :attr:`RunLog.metrics`)."""
 
 
 class LogFormat(StrEnum):
@@ -68,18 +81,23 @@ class RunLog:
         path: The path the user gave (file or directory).
         source: The file or directory the metrics were read from.
         format: The logger format of ``source``.
-        table: Float table indexed by step (int, ascending, unique), one column per metric; NaN where a
-            metric was not logged at that step.
+        table: Float table indexed by step (int, ascending, unique), one column per kept metric; NaN where
+            a metric was not logged at that step.
+        logged: Every metric name the run logged with a finite value at least once, kept in ``table`` or
+            not; None means the columns of ``table``.
     """
 
     path: Path
     source: Path
     format: LogFormat
     table: pd.DataFrame
+    logged: frozenset[str] | None = None
 
     @property
     def metrics(self) -> list[str]:
         """The metric names this run logged at least once, sorted."""
+        if self.logged is not None:
+            return sorted(self.logged)
         return sorted(str(c) for c in self.table.columns if self.table[c].notna().any())
 
     def series(self, key: str) -> pd.Series:
@@ -89,18 +107,73 @@ class RunLog:
         return self.table[key].dropna()
 
 
+def _keep_all(key: str) -> bool:
+    return True
+
+
+class _Columns:
+    """Collects ``(step, {metric: value})`` records as one compact column per kept metric."""
+
+    def __init__(self, keep: MetricFilter | None) -> None:
+        self.keep = keep or _keep_all
+        self.record_steps = array("q")
+        self.steps: dict[str, array] = {}
+        self.values: dict[str, array] = {}
+        self.logged: set[str] = set()
+        self._kept: dict[str, bool] = {}
+
+    def add(self, step: int, data: Mapping[str, Any]) -> None:
+        self.record_steps.append(step)
+        for name, raw in data.items():
+            key, value = str(name), _as_float(raw)
+            if not math.isnan(value):
+                self.logged.add(key)
+            kept = self._kept.get(key)
+            if kept is None:
+                kept = self._kept[key] = bool(self.keep(key))
+            if kept:
+                self.steps.setdefault(key, array("q")).append(step)
+                self.values.setdefault(key, array("d")).append(value)
+
+    def __len__(self) -> int:
+        return len(self.record_steps)
+
+    def table(self) -> pd.DataFrame:
+        """The step x metric float table: later values win, steps ascending and unique."""
+        index = pd.Index(np.unique(np.frombuffer(self.record_steps, dtype=np.int64)), dtype="int64", name="step")
+        columns = {}
+        for key in sorted(self.values):
+            steps = pd.Index(np.frombuffer(self.steps[key], dtype=np.int64), name="step")
+            series = pd.Series(np.frombuffer(self.values[key], dtype=np.float64), index=steps)
+            columns[key] = series[~steps.duplicated(keep="last")].reindex(index)
+        return pd.DataFrame(columns, index=index, dtype=float)
+
+
 def records_table(records: Iterable[tuple[int, Mapping[str, Any]]]) -> pd.DataFrame:
     """Merge ``(step, {metric: value})`` records into a step x metric float table (later values win).
 
     Values that are not finite numbers become NaN (not logged).
     """
-    merged: dict[int, dict[str, float]] = {}
+    columns = _Columns(None)
     for step, data in records:
-        row = merged.setdefault(int(step), {})
-        row.update({str(k): _as_float(v) for k, v in data.items()})
-    table = pd.DataFrame.from_dict(merged, orient="index", dtype=float)
-    table.index = pd.Index(table.index, dtype="int64", name="step")
-    return table.sort_index()
+        columns.add(int(step), data)
+    return columns.table()
+
+
+def _step(value: Any, where: str) -> int:
+    """A logged step as an int.
+
+    Raises:
+        ValueError: naming ``where`` unless ``value`` is a whole number in [0, 2**63).
+    """
+    whole = isinstance(value, int) and not isinstance(value, bool)
+    if isinstance(value, float) and math.isfinite(value) and value.is_integer():
+        value, whole = int(value), True
+    if whole and 0 <= value <= _MAX_STEP:
+        return int(value)
+    shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:40] + "..."
+    raise ValueError(f"{where}: step {shown} is not a whole number between 0 and 2**63 - 1, so its metrics belong to "
+                     f"no training step. Fix or delete that line.")
 
 
 def _as_float(value: Any) -> float:
@@ -113,17 +186,18 @@ def _as_float(value: Any) -> float:
 
 # -- JSONL ---------------------------------------------------------------------------------------------
 
-def _jsonl_record(line: str) -> tuple[int, dict[str, Any]] | None:
+def _jsonl_record(line: str) -> tuple[Any, dict[str, Any]] | None:
+    """The raw ``(step, data)`` of a ``{"step": number, "data": {...}}`` line, or None for any other line."""
     try:
         record = json.loads(line)
-    except json.JSONDecodeError:
+    except (json.JSONDecodeError, RecursionError):  # cut short by a crash, or nested too deep to be a record
         return None
     if not isinstance(record, dict) or not isinstance(record.get("data"), dict):
         return None
     step = record.get("step")
     if isinstance(step, bool) or not isinstance(step, int | float):
         return None
-    return int(step), record["data"]
+    return step, record["data"]
 
 
 def _is_metrics_jsonl(path: Path) -> bool:
@@ -134,33 +208,44 @@ def _is_metrics_jsonl(path: Path) -> bool:
     return False
 
 
-def read_jsonl(path: Path) -> pd.DataFrame:
-    """Read a verl ``FileLogger`` JSONL file into a step x metric table.
+def read_jsonl(path: Path, keep: MetricFilter | None = None) -> pd.DataFrame:
+    """Read a verl ``FileLogger`` JSONL file into a step x metric table (see :func:`stream_jsonl`)."""
+    return stream_jsonl(path, keep).table()
+
+
+def stream_jsonl(path: Path, keep: MetricFilter | None = None) -> _Columns:
+    """Stream a verl ``FileLogger`` JSONL file line by line into compact columns of the metrics ``keep`` accepts.
 
     Raises:
         NoMetricsLogError: if no line is a ``{"step": ..., "data": {...}}`` record.
+        ValueError: for a record whose step is not a whole number in [0, 2**63), naming the file and line.
     """
-    records, bad = [], 0
+    columns, bad = _Columns(keep), 0
     with path.open(errors="replace") as handle:
-        for line in handle:
+        for number, line in enumerate(handle, 1):
             if not line.strip():
                 continue
             record = _jsonl_record(line)
             if record is None:
                 bad += 1  # a line cut short by a crash mid-write
                 continue
-            records.append(record)
-    if not records:
+            columns.add(_step(record[0], f"{path} line {number}"), record[1])
+    if not len(columns):
         raise NoMetricsLogError(f"{path} has no verl FileLogger records ({{'step': int, 'data': {{...}}}} lines).")
     if bad:
         logger.warning("%s: skipped %d line(s) that are not {'step', 'data'} records", path, bad)
-    return records_table(records)
+    return columns
 
 
 # -- TensorBoard ---------------------------------------------------------------------------------------
 
-def read_tensorboard(directory: Path) -> pd.DataFrame:
-    """Read every scalar tag of the event files directly inside ``directory`` into a step x metric table.
+def read_tensorboard(directory: Path, keep: MetricFilter | None = None) -> pd.DataFrame:
+    """Read every scalar tag of the event files directly inside ``directory`` into a step x metric table."""
+    return stream_tensorboard(directory, keep).table()
+
+
+def stream_tensorboard(directory: Path, keep: MetricFilter | None = None) -> _Columns:
+    """Read the scalar tags of the event files directly inside ``directory`` into compact columns.
 
     Raises:
         NoMetricsLogError: if the event files hold no scalars.
@@ -169,12 +254,13 @@ def read_tensorboard(directory: Path) -> pd.DataFrame:
 
     accumulator = EventAccumulator(str(directory), size_guidance={SCALARS: 0})  # 0: keep every event
     accumulator.Reload()
-    records: list[tuple[int, dict[str, float]]] = []
+    columns = _Columns(keep)
     for tag in accumulator.Tags()[SCALARS]:
-        records.extend((event.step, {tag: event.value}) for event in accumulator.Scalars(tag))
-    if not records:
+        for event in accumulator.Scalars(tag):
+            columns.add(_step(event.step, f"{directory} tag {tag}"), {tag: event.value})
+    if not len(columns):
         raise NoMetricsLogError(f"the TensorBoard event files in {directory} hold no scalars.")
-    return records_table(records)
+    return columns
 
 
 def _event_dirs(directory: Path) -> list[Path]:
@@ -197,7 +283,10 @@ def _console_value(text: str) -> float | None:
 
 
 def console_record(line: str) -> tuple[int, dict[str, float]] | None:
-    """Parse one line of verl's console logger; None when the line holds no ``step:N`` record."""
+    """Parse one line of verl's console logger; None when the line holds no ``step:N`` record.
+
+    The step is returned as written; :func:`read_console` checks that it fits a step.
+    """
     match = _STEP.search(_ANSI.sub("", line).rstrip())
     if match is None:
         return None
@@ -210,17 +299,28 @@ def console_record(line: str) -> tuple[int, dict[str, float]] | None:
     return int(match.group(1)), data
 
 
-def read_console(path: Path) -> pd.DataFrame:
-    """Read verl console-logger lines (``step:N - key:value - ...``) from a text file into a table.
+def read_console(path: Path, keep: MetricFilter | None = None) -> pd.DataFrame:
+    """Read verl console-logger lines (``step:N - key:value - ...``) from a text file into a table."""
+    return stream_console(path, keep).table()
+
+
+def stream_console(path: Path, keep: MetricFilter | None = None) -> _Columns:
+    """Stream verl console-logger lines of a text file into compact columns.
 
     Raises:
         NoMetricsLogError: if no line is a console-logger record with at least one metric.
+        ValueError: for a step beyond 2**63 - 1, naming the file and line.
     """
+    columns = _Columns(keep)
     with path.open(errors="replace") as handle:
-        records = [r for r in (console_record(line) for line in handle.read().splitlines()) if r and r[1]]
-    if not records:
+        for number, physical in enumerate(handle, 1):
+            for line in physical.splitlines():
+                record = console_record(line)
+                if record and record[1]:
+                    columns.add(_step(record[0], f"{path} line {number}"), record[1])
+    if not len(columns):
         raise NoMetricsLogError(f"{path} has no verl console-logger lines ('step:N - key:value - ...').")
-    return records_table(records)
+    return columns
 
 
 def _has_console_lines(path: Path) -> bool:
@@ -287,12 +387,24 @@ def find_log(path: str | Path) -> tuple[Path, LogFormat]:
     raise NoMetricsLogError(f"{path} is not a metrics log; looked for {_LOOKED_FOR}.")
 
 
-_READERS = {LogFormat.JSONL: read_jsonl, LogFormat.TENSORBOARD: read_tensorboard, LogFormat.CONSOLE: read_console}
+_READERS = {LogFormat.JSONL: stream_jsonl, LogFormat.TENSORBOARD: stream_tensorboard,
+            LogFormat.CONSOLE: stream_console}
 
 
-def load_run(path: str | Path) -> RunLog:
-    """Find and read one run's metrics log (see :func:`find_log`)."""
+def load_run(path: str | Path, keep: MetricFilter | None = None) -> RunLog:
+    """Find and read one run's metrics log (see :func:`find_log`).
+
+    Args:
+        path: A log file or run directory.
+        keep: Which metrics to keep values of (None: every one); all names count in :attr:`RunLog.metrics`.
+
+    Raises:
+        FileNotFoundError, NoMetricsLogError: as :func:`find_log`.
+        ValueError: for a record whose step is not a whole number in [0, 2**63), naming the file and line.
+    """
     source, fmt = find_log(path)
-    table = _READERS[fmt](source)
-    logger.info("read %s (%s): %d steps, %d metrics", source, fmt.value, len(table), table.shape[1])
-    return RunLog(path=Path(path), source=source, format=fmt, table=table)
+    columns = _READERS[fmt](source, keep)
+    table = columns.table()
+    logger.info("read %s (%s): %d steps, %d metrics (%d kept)", source, fmt.value, len(table), len(columns.logged),
+                table.shape[1])
+    return RunLog(path=Path(path), source=source, format=fmt, table=table, logged=frozenset(columns.logged))

@@ -25,13 +25,13 @@ import fnmatch
 import math
 import re
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from dapo_verl.report.readers import RunLog
 
 __all__ = ["CLIP_METRICS", "DEFAULT_LAST_FRAC", "DEFAULT_METRICS", "ArmMetric", "RunValue", "Spread",
-           "UnknownMetricError", "accuracy_keys", "arm_metric", "is_validation_metric", "run_value",
+           "UnknownMetricError", "accuracy_keys", "arm_metric", "is_validation_metric", "kept_metric", "run_value",
            "select_metrics"]
 
 DEFAULT_LAST_FRAC = 0.2
@@ -104,6 +104,27 @@ def select_metrics(available: Sequence[str], requested: Sequence[str] | None = N
             raise UnknownMetricError(_unknown_metric_message(item, available))
         chosen.extend(matches)
     return list(dict.fromkeys(chosen))
+
+
+def kept_metric(requested: Sequence[str] | None = None) -> Callable[[str], bool]:
+    """Whether a reader must keep a metric's values for a report of ``requested`` (as :func:`select_metrics`).
+
+    Keeps what the report may need: the requested names and patterns, every held-out accuracy key and
+    :data:`DEFAULT_METRICS` (the plots draw them whatever is requested).
+
+    Example:
+        >>> keep = kept_metric(["dapo/sampler/*"])
+        >>> [keep(k) for k in ("dapo/sampler/keep_rate", "actor/entropy", "val-core/x/acc/mean@1", "perf/mfu")]
+        [True, True, True, False]
+    """
+    items = list(requested or ())
+
+    def keep(key: str) -> bool:
+        if key in DEFAULT_METRICS or _ACCURACY.match(key):
+            return True
+        return any(key == item or (bool(_GLOB_CHARS & set(item)) and fnmatch.fnmatch(key, item)) for item in items)
+
+    return keep
 
 
 def _unknown_metric_message(item: str, available: Sequence[str]) -> str:

@@ -275,7 +275,112 @@ def test_compare_cli_labels_and_errors(tmp_path, capsys):
     assert "--last-frac must be in (0, 1]" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("name", ["dapo_verl.report.grouping", "dapo_verl.report.summary", "dapo_verl.report.build"])
+@pytest.mark.parametrize("name", ["dapo_verl.report.grouping", "dapo_verl.report.summary", "dapo_verl.report.build",
+                                  "dapo_verl.report.plots"])
 def test_docstring_examples_run(name):
     result = doctest.testmod(importlib.import_module(name), optionflags=doctest.NORMALIZE_WHITESPACE)
     assert result.attempted > 0 and result.failed == 0
+
+
+# -- hostile logs ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("step", ["NaN", "Infinity", "-Infinity", "1e300", "100000000000000000000", "2.5", "-3"])
+def test_a_step_that_is_not_a_whole_number_names_the_file_and_line(tmp_path, capsys, step):
+    log = tmp_path / "run" / "metrics.jsonl"
+    log.parent.mkdir()
+    log.write_text('{"step": 1, "data": {"actor/entropy": 0.5}}\n'
+                   f'{{"step": {step}, "data": {{"actor/entropy": 0.4}}}}\n')
+    assert main(["compare", str(log.parent), "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert f"{log} line 2" in err and "step" in err
+
+
+def test_a_deeply_nested_json_file_is_a_one_line_error(tmp_path, capsys):
+    deep = tmp_path / "deep.jsonl"
+    deep.write_text("[" * 100_000 + "]" * 100_000 + "\n")
+    assert main(["compare", str(deep), "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert "is not a metrics log" in err
+
+
+def test_a_console_step_beyond_int64_names_the_file_and_line(tmp_path):
+    log = tmp_path / "train.log"
+    log.write_text("step:1 - actor/entropy:0.5\nstep:99999999999999999999999 - actor/entropy:0.4\n")
+    with pytest.raises(ValueError, match=rf"{log} line 2: step 99999999999999999999999"):
+        load_run(log)
+
+
+def _big_jsonl(path: Path, lines: int) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(0)
+    values = rng.random((lines, 8))
+    with path.open("w") as handle:
+        for step in range(lines):
+            data = {f"extra/metric_{i}": float(values[step, i]) for i in range(6)}
+            data["actor/entropy"] = float(values[step, 6])
+            if step % 1000 == 0:
+                data[ACC] = float(values[step, 7])
+            handle.write(json.dumps({"step": step, "data": data}) + "\n")
+    return path
+
+
+def test_a_long_jsonl_is_read_in_bounded_memory_keeping_only_the_reported_metrics(tmp_path):
+    import tracemalloc
+
+    log = _big_jsonl(tmp_path / "run" / "metrics.jsonl", 100_000)
+    tracemalloc.start()
+    try:
+        report = build_report({"long": [log.parent]}, tmp_path / "out")
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    run = report.arms["long"][0]
+    assert set(run.table.columns) == {ACC, "actor/entropy"}  # the six unreported metrics are not kept
+    assert len(run.metrics) == 8  # but they count as logged
+    assert report.row("actor/entropy", "long").final.n == 1
+    assert peak < 40 * 2**20, f"peak {peak / 2**20:.0f} MiB"
+
+
+def test_plots_of_a_long_run_are_drawn_from_at_most_a_few_thousand_points(tmp_path):
+    from dapo_verl.report.plots import MAX_PLOT_POINTS, plot_arms
+
+    log = _big_jsonl(tmp_path / "run" / "metrics.jsonl", 20_000)
+    arms = {"long": [load_run(log)]}
+    drawn = []
+    from matplotlib.axes import Axes
+
+    original = Axes.plot
+
+    def counting(self, *args, **kwargs):
+        drawn.append(len(args[0]))
+        return original(self, *args, **kwargs)
+
+    Axes.plot = counting
+    try:
+        plot_arms(arms, ["actor/entropy"], tmp_path / "entropy.png", title="long")
+    finally:
+        Axes.plot = original
+    assert drawn and max(drawn) <= MAX_PLOT_POINTS
+
+
+@pytest.mark.slow
+def test_compare_on_a_million_line_jsonl_stays_within_a_few_hundred_megabytes(tmp_path):
+    import resource
+    import subprocess
+    import sys
+
+    log = _big_jsonl(tmp_path / "run" / "metrics.jsonl", 1_000_000)
+    small = write_jsonl(tmp_path / "small" / "metrics.jsonl", training_run([0.5] * 4, acc=[0.1]))
+
+    def peak_rss_mib(run_dir):
+        before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+        done = subprocess.run([sys.executable, "-m", "dapo_verl.cli", "compare", str(run_dir), "--out",
+                               str(tmp_path / run_dir.name)], capture_output=True, text=True, timeout=900)
+        assert done.returncode == 0, done.stderr[-2000:]
+        return max(before, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss) / 1024
+
+    baseline = peak_rss_mib(small.parent)
+    assert peak_rss_mib(log.parent) - baseline < 300
