@@ -10,6 +10,12 @@ Writes into one output folder:
   convention (BytedTsinghua-SIA/AIME-2024 style); the key is then ``.../acc/mean@1``, numerically avg@N;
 * ``prepare_data.json``: the counts and options.
 
+Nothing in the output folder changes until everything has been read, converted and checked: the files are
+first written beside their targets under temporary names (``.<name>.<random>.tmp``), each is read back and
+checked by :func:`~dapo_verl.data.schema.check_verl_schema`, and only then are they renamed into place, so a
+failure at any point (a bad row, a full disk) leaves an earlier run's outputs as they were. An output that
+would replace one of the inputs (``--out`` set to the input's folder) is refused before anything is read.
+
 Departures from the sources: ``extra_info.index`` becomes the row's position (int64) and the source
 identifier moves to ``extra_info.source_id``; the AIME ``data_source`` defaults to ``aime-2024`` so the
 validation metrics are named after the benchmark (verl scores any ``aime*`` name with ``math_dapo``, exactly
@@ -23,11 +29,13 @@ import json
 import logging
 import os
 import re
+import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 
 from dapo_verl.data.dedup import ConflictPolicy, DedupKey, DedupStats, Problem, deduplicate
 from dapo_verl.data.schema import (
@@ -35,7 +43,6 @@ from dapo_verl.data.schema import (
     OUTPUT_SCHEMA,
     check_verl_schema,
     is_math_dapo_data_source,
-    write_parquet,
 )
 from dapo_verl.data.sources import open_source
 
@@ -196,7 +203,8 @@ def prepare_data(*, out_dir: str | os.PathLike[str], dapo_math: str | os.PathLik
     """Convert the given local files and write them, checked by :func:`check_verl_schema`, into ``out_dir``.
 
     Args:
-        out_dir: Output folder (created if needed; existing files of the same name are replaced).
+        out_dir: Output folder (created if needed; existing files of the same name are replaced, all at the end
+            and only when every output was written and checked).
         dapo_math: DAPO-Math-17k parquet, or None to skip the training file.
         aime: AIME parquet, or None to skip the validation file(s).
         options: Dedup key, conflict policy, data sources and AIME repeat; defaults from :class:`PrepareOptions`.
@@ -205,29 +213,93 @@ def prepare_data(*, out_dir: str | os.PathLike[str], dapo_math: str | os.PathLik
         The written files, their row counts and the deduplication counts.
 
     Raises:
-        ValueError: if neither input is given, or for bad input (see :func:`prepare_train`, :func:`prepare_aime`).
+        ValueError: if neither input is given, an output would replace an input, or for bad input (see
+            :func:`prepare_train`, :func:`prepare_aime`); nothing in ``out_dir`` has changed then.
+        OSError: if the outputs cannot be written (nothing in ``out_dir`` has changed then either).
     """
     options = options or PrepareOptions()
     if dapo_math is None and aime is None:
         raise ValueError("Nothing to prepare: pass --dapo-math PATH and/or --aime PATH (local parquet files).")
     out = Path(out_dir).expanduser()
-    files: dict[str, Path] = {}
+    files = _output_files(out, dapo_math=dapo_math, aime=aime, options=options)
     tables: dict[str, pa.Table] = {}
     train_stats = aime_stats = None
     if dapo_math is not None:
         tables["train"], train_stats = prepare_train(dapo_math, options)
-        files["train"] = out / TRAIN_FILE
     if aime is not None:
         tables["aime"], aime_stats = prepare_aime(aime, options)
-        files["aime"] = out / AIME_FILE
         if options.aime_repeat:
             tables["aime_repeated"] = repeat_rows(tables["aime"], options.aime_repeat)
+    for name, table in tables.items():  # in memory, before anything is written
+        try:
+            check_verl_schema(table)
+        except ValueError as err:
+            raise ValueError(f"{files[name].name} would not be a valid verl dataset, so nothing was written: "
+                             f"{err}") from None
+    return _write_outputs(tables, files, train_stats, aime_stats, options)
+
+
+def _output_files(out: Path, *, dapo_math: str | os.PathLike[str] | None, aime: str | os.PathLike[str] | None,
+                  options: PrepareOptions) -> dict[str, Path]:
+    """The files :func:`prepare_data` writes, keyed like ``PreparedData.files``.
+
+    Raises:
+        ValueError: if one of them is one of the inputs.
+    """
+    files = {}
+    if dapo_math is not None:
+        files["train"] = out / TRAIN_FILE
+    if aime is not None:
+        files["aime"] = out / AIME_FILE
+        if options.aime_repeat:
             files["aime_repeated"] = out / repeated_aime_file(options.aime_repeat)
-    rows = {name: check_verl_schema(write_parquet(tables[name], path)) for name, path in files.items()}
     files["report"] = out / REPORT_FILE
-    prepared = PreparedData(files, train_stats, aime_stats, options, rows)
-    files["report"].write_text(json.dumps(_report(prepared), indent=2) + "\n")
+    inputs = {flag: Path(path).expanduser() for flag, path in (("--dapo-math", dapo_math), ("--aime", aime))
+              if path is not None}
+    for flag, source in inputs.items():
+        for target in files.values():
+            if target.resolve() == source.resolve():
+                raise ValueError(f"--out {out} would overwrite the input {source} ({flag}) with its {target.name}. "
+                                 f"Pass another --out, or move the input elsewhere.")
+    return files
+
+
+def _write_outputs(tables: dict[str, pa.Table], files: dict[str, Path], train_stats: DedupStats | None,
+                   aime_stats: DedupStats | None, options: PrepareOptions) -> PreparedData:
+    """Write every output under a temporary name, check it, then rename them all into place."""
+    out = files["report"].parent
+    out.mkdir(parents=True, exist_ok=True)
+    staged: dict[Path, Path] = {}
+    try:
+        rows = {}
+        for name, table in tables.items():
+            staged[files[name]] = _stage(files[name])
+            pq.write_table(table, staged[files[name]])
+            rows[name] = check_verl_schema(staged[files[name]])
+        prepared = PreparedData(files, train_stats, aime_stats, options, rows)
+        staged[files["report"]] = _stage(files["report"])
+        staged[files["report"]].write_text(json.dumps(_report(prepared), indent=2) + "\n")
+        for target, tmp in staged.items():
+            _apply_umask(tmp)
+            os.replace(tmp, target)
+    finally:
+        for tmp in staged.values():
+            tmp.unlink(missing_ok=True)
     return prepared
+
+
+def _apply_umask(path: Path) -> None:
+    """Mode 0666 minus the umask, as a plain ``open`` gives (mkstemp creates 0600); the data package imports no
+    other part of dapo_verl, so this repeats :func:`dapo_verl.state_io.apply_umask` for files."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    os.chmod(path, 0o666 & ~mask)
+
+
+def _stage(target: Path) -> Path:
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    os.close(fd)
+    return Path(tmp)
 
 
 def _report(prepared: PreparedData) -> dict[str, Any]:

@@ -102,8 +102,8 @@ class SourceTable:
             else:
                 texts = self._strings(batch.column(self.columns["text"]), start, "text")
                 answers, styles = self._strings(batch.column(self.columns["answer"]), start, "answer"), None
-            ids = self._optional_strings(batch, "id")
-            abilities = self._optional_strings(batch, "ability")
+            ids = self._optional_strings(batch, "id", start)
+            abilities = self._optional_strings(batch, "ability", start)
             for offset, text in enumerate(texts):
                 yield SourceRow(start + offset, text, answers[offset], ids[offset], abilities[offset],
                                 styles[offset] if styles else None)
@@ -127,7 +127,7 @@ class SourceTable:
         answers = self._strings(pc.struct_field(reward_model, "ground_truth"), start, "reward_model.ground_truth")
         style = None
         if reward_model.type.get_field_index("style") >= 0:
-            style = pc.struct_field(reward_model, "style").to_pylist()
+            style = self._python(pc.struct_field(reward_model, "style"), start, "reward_model.style")
         return self._strings(prompt, start, "prompt content"), answers, style
 
     def _strings(self, values: pa.Array, start: int, what: str) -> list[str]:
@@ -136,9 +136,24 @@ class SourceTable:
             raise self._row_error(start + row, f"{what} is null", f"a non-empty {what}")
         if not pa.types.is_string(values.type) and not pa.types.is_large_string(values.type):
             values = pc.cast(values, pa.string())
-        return values.to_pylist()
+        return self._python(values, start, what)
 
-    def _optional_strings(self, batch: pa.RecordBatch, role: str) -> list[str | None]:
+    def _python(self, values: pa.Array, start: int, what: str) -> list:
+        """``values.to_pylist()``, or the row error of the first text that is not valid UTF-8."""
+        try:
+            return values.to_pylist()
+        except UnicodeDecodeError:
+            pass
+        for offset, raw in enumerate(pc.cast(values, pa.binary()).to_pylist()):
+            try:
+                if raw is not None:
+                    raw.decode("utf-8")
+            except UnicodeDecodeError as err:
+                raise self._row_error(start + offset, f"{what} is not valid UTF-8 (byte 0x{raw[err.start]:02x} at "
+                                                      f"byte {err.start})", "UTF-8 text; re-encode the file") from None
+        raise AssertionError("to_pylist failed to decode, yet every value decodes")  # a bug in this function
+
+    def _optional_strings(self, batch: pa.RecordBatch, role: str, batch_start: int) -> list[str | None]:
         name = self.columns.get(role)
         if name is None:
             return [None] * batch.num_rows
@@ -147,7 +162,7 @@ class SourceTable:
             values = pc.struct_field(values, "index")
         if not pa.types.is_string(values.type):
             values = pc.cast(values, pa.string())
-        return values.to_pylist()
+        return self._python(values, batch_start, name)
 
     def _row_error(self, row: int, what: str, expected: str) -> ValueError:
         return _fail(self.path, self.dataset, f"row {row}: {what}, expected {expected}",

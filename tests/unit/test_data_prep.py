@@ -354,3 +354,78 @@ def test_data_package_imports_only_stdlib_pandas_pyarrow_and_itself():
 def test_prepare_data_needs_an_input(tmp_path):
     with pytest.raises(ValueError, match="Nothing to prepare"):
         prepare_data(out_dir=tmp_path)
+
+
+# --- failures leave earlier outputs alone ---------------------------------------------------------------------------
+
+
+def _outputs(out: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(out.iterdir())}
+
+
+@pytest.fixture
+def prepared_out(dapo_file, byted_file, tmp_path) -> Path:
+    out = tmp_path / "out"
+    assert cli.main(["prepare-data", "--dapo-math", str(dapo_file), "--aime", str(byted_file), "--out", str(out)]) == 0
+    return out
+
+
+def test_a_failing_run_replaces_no_earlier_output(prepared_out, byted_file, tmp_path, capsys):
+    before = _outputs(prepared_out)
+    rows = dapo_rows()
+    rows[3] = {**rows[3], "reward_model": {"ground_truth": "", "style": "rule"}}
+    bad = write_dapo_math(tmp_path / "bad" / "dapo-math-17k.parquet", rows)
+    assert cli.main(["prepare-data", "--dapo-math", str(bad), "--aime", str(byted_file), "--out",
+                     str(prepared_out)]) == 2
+    assert "ground_truth" in capsys.readouterr().err
+    assert _outputs(prepared_out) == before
+
+
+def test_a_write_that_fails_halfway_replaces_no_earlier_output(prepared_out, dapo_file, byted_file, monkeypatch,
+                                                                capsys):
+    import errno
+    import os
+
+    before = _outputs(prepared_out)
+    real = pq.write_table
+    written = []
+
+    def full_disk(table, where, *args, **kwargs):
+        if written:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(where))
+        written.append(where)
+        return real(table, where, *args, **kwargs)
+
+    monkeypatch.setattr(pq, "write_table", full_disk)
+    assert cli.main(["prepare-data", "--dapo-math", str(dapo_file), "--aime", str(byted_file), "--out",
+                     str(prepared_out), "--conflicts", "drop"]) == 2
+    assert "No space left on device" in capsys.readouterr().err
+    assert _outputs(prepared_out) == before  # nor any temporary file left behind
+
+
+def test_out_that_would_overwrite_an_input_is_refused(tmp_path, capsys):
+    data = tmp_path / "data"
+    aime = write_aime_h4(data / "aime-2024.parquet")
+    original = aime.read_bytes()
+    assert cli.main(["prepare-data", "--aime", str(aime), "--out", str(data)]) == 2
+    err = capsys.readouterr().err
+    assert f"would overwrite the input {aime}" in err and "--out" in err
+    assert aime.read_bytes() == original
+
+
+def test_non_utf8_text_names_the_file_row_and_column(tmp_path, capsys):
+    import numpy as np
+
+    path = write_aime_h4(tmp_path / "aime.parquet")
+    table = pq.read_table(path)
+    texts = [s.encode() for s in table.column("problem").to_pylist()]
+    texts[7] = b"Find \xff\xfe x."
+    offsets = np.cumsum([0] + [len(t) for t in texts]).astype(np.int32)
+    raw = pa.Array.from_buffers(pa.string(), len(texts), [None, pa.py_buffer(offsets.tobytes()),
+                                                         pa.py_buffer(b"".join(texts))])
+    bad = tmp_path / "bad.parquet"
+    pq.write_table(table.set_column(table.schema.get_field_index("problem"), "problem", raw), bad)
+    assert cli.main(["prepare-data", "--aime", str(bad), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert f"{bad}: row 7" in err and "UTF-8" in err and "0xff" in err
