@@ -7,10 +7,12 @@ from dapo_verl.core.advantages import group_advantages, group_advantages_by_inde
 from dapo_verl.core.filters import DropReason, dynamic_group_mask, group_drop_reasons
 from dapo_verl.core.losses import (
     LOG_RATIO_CLAMP,
+    ClippedSurrogate,
     LossAggregation,
     aggregate_loss,
     clip_diagnostics,
     clipped_surrogate_loss_matrix,
+    clipped_surrogate_with_diagnostics,
     dapo_loss,
     group_token_mean_weights,
     policy_ratio,
@@ -29,12 +31,14 @@ from dapo_verl.core.rewards import (
 __all__ = [
     "LOG_RATIO_CLAMP",
     "OVERLONG_SCHEDULES",
+    "ClippedSurrogate",
     "DropReason",
     "LossAggregation",
     "Registry",
     "aggregate_loss",
     "clip_diagnostics",
     "clipped_surrogate_loss_matrix",
+    "clipped_surrogate_with_diagnostics",
     "dapo_loss",
     "dynamic_group_mask",
     "get_overlong_schedule",

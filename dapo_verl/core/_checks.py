@@ -2,17 +2,23 @@
 
 Each check raises with the three parts every user-facing error needs: what was wrong (the argument
 and its value or shape), why that is not allowed, and how to fix it.
+
+Checks on values that live on the device cost a host synchronisation each. Hot paths therefore compute
+their conditions as 0-dim bool flags and read them all back at once with :func:`read_flags`; only when a
+flag is set do they read more (to name the first offending index), which happens on the error path alone.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
 
 __all__ = [
+    "DeviceCheck",
     "check_finite",
     "check_float_dtype",
     "check_no_nan",
@@ -21,6 +27,8 @@ __all__ = [
     "check_same_shape",
     "check_tensor",
     "compute_dtype",
+    "read_flags",
+    "run_device_checks",
 ]
 
 
@@ -145,3 +153,35 @@ def compute_dtype(*tensors: Tensor) -> torch.dtype:
         if tensor.is_floating_point():
             dtype = torch.promote_types(dtype, tensor.dtype)
     return dtype
+
+
+def read_flags(flags: Sequence[Tensor]) -> list[bool]:
+    """Read 0-dim (or one-element) bool flags back from their device in a single synchronisation.
+
+    Args:
+        flags: Conditions computed on the device, True where something is wrong; all on one device.
+
+    Returns:
+        One bool per flag, in order; an empty list (and no synchronisation) for no flags.
+    """
+    if not flags:
+        return []
+    return [bool(hit) for hit in torch.stack([flag.reshape(()) for flag in flags]).tolist()]
+
+
+class DeviceCheck(NamedTuple):
+    """A condition computed on the device and the function that reports it on the host.
+
+    ``flag`` is a 0-dim bool tensor, True when something is wrong; ``fail`` raises the error. ``fail`` runs
+    only when the flag is set, so it may read more values back (to name the offending value or index).
+    """
+
+    flag: Tensor
+    fail: Callable[[], None]
+
+
+def run_device_checks(checks: Sequence[DeviceCheck]) -> None:
+    """Read every flag in one synchronisation, then raise the first failing check's error, in order."""
+    for hit, check in zip(read_flags([check.flag for check in checks]), checks):
+        if hit:
+            check.fail()

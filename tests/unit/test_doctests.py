@@ -9,6 +9,7 @@ import pytest
 
 MODULES = [
     "dapo_verl.core.advantages",
+    "dapo_verl.core.aggregation",
     "dapo_verl.core.filters",
     "dapo_verl.core.losses",
     "dapo_verl.core.registry",

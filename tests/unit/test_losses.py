@@ -7,11 +7,13 @@ import math
 import pytest
 import torch
 
+from benchmarks.dispatch_probes import count_host_syncs
 from dapo_verl.core import (
     LossAggregation,
     aggregate_loss,
     clip_diagnostics,
     clipped_surrogate_loss_matrix,
+    clipped_surrogate_with_diagnostics,
     dapo_loss,
     group_token_mean_weights,
     policy_ratio,
@@ -259,6 +261,81 @@ def test_clip_diagnostics_on_empty_mask_are_neutral(gen):
     assert float(stats["ratio_mean"]) == float(stats["ratio_min"]) == float(stats["ratio_max"]) == 1.0
 
 
+def _reference_diagnostics(logp, old, adv, mask, low, high, c):
+    """The diagnostics the straightforward way: boolean indexing of the valid tokens."""
+    ratio = torch.exp((logp - old).clamp(-20, 20))[mask]
+    adv = adv.unsqueeze(-1).expand_as(logp)[mask]
+    pos, neg = adv > 0, adv < 0
+    share = lambda hits: float(hits.sum()) / max(int(mask.sum()), 1)  # noqa: E731
+    return {
+        "clip_upper_fraction": share(pos & (ratio > 1 + high)),
+        "clip_lower_fraction": share(neg & (ratio < 1 - low)),
+        "dual_clip_fraction": share(neg & (ratio > c)) if c is not None else 0.0,
+        "clip_higher_kept_fraction": share(pos & (ratio > 1 + low) & (ratio <= 1 + high)),
+        "ratio_mean": float(ratio.mean()) if ratio.numel() else 1.0,
+        "ratio_min": float(ratio.min()) if ratio.numel() else 1.0,
+        "ratio_max": float(ratio.max()) if ratio.numel() else 1.0,
+        "approx_kl": -float((logp - old).clamp(-20, 20)[mask].sum()) / max(int(mask.sum()), 1),
+    }
+
+
+@pytest.mark.parametrize(("low", "high", "c"), [(0.2, 0.28, None), (0.2, 0.28, 3.0), (0.3, 0.1, 1.5), (0.0, 0.0, 2.0)])
+def test_clip_diagnostics_equal_boolean_indexing_of_the_valid_tokens(gen, low, high, c):
+    for _ in range(4):
+        logp, old, adv, mask = _batch(gen, b=7, length=11, spread=1.0)
+        adv[0] = 0.0  # a zero-advantage response counts as a token, never as clipped
+        expected = _reference_diagnostics(logp.detach(), old, adv, mask, low, high, c)
+        stats = clip_diagnostics(logp, old, adv, mask, clip_low=low, clip_high=high, clip_ratio_c=c)
+        assert set(stats) == set(expected)
+        for key, value in expected.items():
+            assert float(stats[key]) == pytest.approx(value, rel=1e-12, abs=1e-15), key
+
+
+def test_loss_and_diagnostics_in_one_pass_equal_the_separate_functions(gen):
+    logp, old, adv, mask = _batch(gen, spread=1.0)
+    together = clipped_surrogate_with_diagnostics(logp, old, adv, mask, clip_ratio_c=3.0)
+    assert torch.equal(together.loss_matrix, clipped_surrogate_loss_matrix(logp, old, adv, mask, clip_ratio_c=3.0))
+    apart = clip_diagnostics(logp, old, adv, mask, clip_ratio_c=3.0)
+    assert {k: float(v) for k, v in together.diagnostics.items()} == {k: float(v) for k, v in apart.items()}
+    assert not any(v.requires_grad for v in together.diagnostics.values())
+
+
+def test_nan_and_inf_on_padding_give_the_clean_result_and_zero_gradient(gen):
+    logp, old, adv, mask = _batch(gen, spread=1.0)
+    per_token = adv.unsqueeze(-1).expand_as(logp).clone()
+    clean = clipped_surrogate_with_diagnostics(logp, old, per_token, mask, clip_ratio_c=3.0)
+    poisoned = logp.detach().clone()
+    poisoned[~mask] = math.nan
+    poisoned_old = old.clone()
+    poisoned_old[~mask] = math.inf
+    per_token[~mask] = -math.inf
+    poisoned.requires_grad_(True)
+    dirty = clipped_surrogate_with_diagnostics(poisoned, poisoned_old, per_token, mask, clip_ratio_c=3.0)
+    assert torch.equal(dirty.loss_matrix, clean.loss_matrix)
+    assert {k: float(v) for k, v in dirty.diagnostics.items()} == {k: float(v) for k, v in clean.diagnostics.items()}
+    dirty.loss_matrix.sum().backward()
+    assert torch.all(poisoned.grad[~mask] == 0) and torch.isfinite(poisoned.grad).all()
+
+
+def test_equal_infinities_at_a_valid_position_are_an_undefined_log_ratio(gen):
+    logp, old, adv, mask = _batch(gen)
+    both = logp.detach().clone()
+    both[0, 0], old[0, 0] = -math.inf, -math.inf
+    with pytest.raises(ValueError, match=r"logp and old_logp are both -inf at index \(0, 0\)"):
+        dapo_loss(both, old, adv, mask)
+
+
+def test_one_host_synchronisation_per_call_and_no_boolean_indexing(gen):
+    logp, old, adv, mask = _batch(gen, dtype=torch.float32)
+    for call in (lambda: dapo_loss(logp, old, adv, mask.long(), num_valid_tokens=torch.tensor(100)),
+                 lambda: clipped_surrogate_with_diagnostics(logp, old, adv, mask, clip_ratio_c=3.0),
+                 lambda: clip_diagnostics(logp, old, adv, mask.float()),
+                 lambda: policy_ratio(logp, old, mask)):
+        with count_host_syncs() as syncs:
+            call()
+        assert syncs == ["Tensor.tolist"]
+
+
 def test_policy_ratio_is_one_on_padding(gen):
     logp, old, _, mask = _batch(gen)
     ratio = policy_ratio(logp, old, mask)
@@ -323,3 +400,76 @@ def test_wrong_ndim_is_rejected(gen):
     logp, old, adv, mask = _batch(gen)
     with pytest.raises(ValueError, match=r"logp has shape \(54,\) but must be \(B, L\)"):
         dapo_loss(logp.reshape(-1), old, adv, mask)
+
+
+# --- token counts and overflow -----------------------------------------------------------------
+
+
+def _twenty_tokens(advantage=1.0, dtype=torch.float32):
+    logp = torch.full((1, 20), 0.1, dtype=dtype, requires_grad=True)
+    return logp, torch.zeros(1, 20, dtype=dtype), torch.tensor([advantage], dtype=dtype), torch.ones(1, 20)
+
+
+@pytest.mark.parametrize(("count", "match"), [
+    (torch.tensor(math.nan), r"num_valid_tokens=nan is not a finite number"),
+    (torch.tensor(math.inf), r"num_valid_tokens=inf is not a finite number"),
+    (0, r"num_valid_tokens=0 is smaller than the 20 valid tokens"),
+    (torch.tensor(0), r"num_valid_tokens=0 is smaller than the 20 valid tokens"),
+    (19, r"num_valid_tokens=19 is smaller than the 20 valid tokens"),
+    (20.5, r"num_valid_tokens=20.5 is not a whole number"),
+    (torch.tensor(20.5), r"num_valid_tokens=20.5 is not a whole number"),
+    (torch.tensor([20, 20]), r"num_valid_tokens has shape \(2,\) but must be a single number"),
+])
+def test_bad_num_valid_tokens_is_refused_with_the_value_and_the_fix(count, match):
+    logp, old, adv, mask = _twenty_tokens()
+    with pytest.raises(ValueError, match=match) as info:
+        dapo_loss(logp, old, adv, mask, num_valid_tokens=count)
+    assert "whole mini-batch" in str(info.value)  # says what to pass instead
+
+
+def test_num_valid_tokens_as_int_float_or_tensor_divides_the_token_sum():
+    logp, old, adv, mask = _twenty_tokens()
+    per_token = float(dapo_loss(logp, old, adv, mask))
+    for count in (40, 40.0, torch.tensor(40), torch.tensor(40.0)):
+        assert float(dapo_loss(logp, old, adv, mask, num_valid_tokens=count)) == pytest.approx(per_token / 2)
+
+
+def test_zero_valid_tokens_is_accepted_for_an_empty_mask():
+    logp, old, adv, mask = _twenty_tokens()
+    loss = dapo_loss(logp, old, adv, torch.zeros_like(mask), num_valid_tokens=0)
+    assert float(loss) == 0.0
+    loss.backward()
+    assert torch.all(logp.grad == 0)
+
+
+def test_bad_num_sequences_is_refused_like_num_valid_tokens(gen):
+    logp, old, adv, mask = _batch(gen)
+    loss_mat = clipped_surrogate_loss_matrix(logp, old, adv, mask)
+    with pytest.raises(ValueError, match=r"num_sequences=2 is smaller than the 6 non-empty responses"):
+        aggregate_loss(loss_mat, mask, "seq_mean_token_mean", num_sequences=2)
+
+
+@pytest.mark.parametrize("advantage", [1e38, -1e38, 3e38, -3e38])
+def test_advantages_beyond_float32_are_refused_instead_of_an_inf_loss(advantage):
+    logp, old, adv, mask = _twenty_tokens(advantage)
+    with pytest.raises(ValueError, match=r"advantages .* overflow float32.*float64"):
+        dapo_loss(logp, old, adv, mask)
+    with pytest.raises(ValueError, match=r"advantages .* overflow float32"):
+        clipped_surrogate_loss_matrix(logp, old, adv, mask)
+
+
+@pytest.mark.parametrize("advantage", [1e38, -1e38, 1e300])
+def test_huge_advantages_in_float64_give_a_finite_exact_loss_and_gradient(advantage):
+    logp, old, adv, mask = _twenty_tokens(advantage, dtype=torch.float64)
+    loss = dapo_loss(logp, old, adv, mask)
+    loss.backward()
+    expected = _reference_loss(logp.detach(), old, adv, mask, 0.2, 0.28)
+    assert math.isfinite(float(loss)) and float(loss) == pytest.approx(expected, rel=1e-12)
+    assert torch.isfinite(logp.grad).all()
+
+
+def test_large_but_representable_float32_advantages_still_train():
+    logp, old, adv, mask = _twenty_tokens(1e36)
+    loss = dapo_loss(logp, old, adv, mask)
+    loss.backward()
+    assert torch.isfinite(loss) and torch.isfinite(logp.grad).all()
