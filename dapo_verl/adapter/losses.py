@@ -4,7 +4,9 @@ With the same actor config it equals verl's ``vanilla`` loss (and its gradient) 
 clip widths ``clip_ratio_low``/``clip_ratio_high`` (falling back to ``clip_ratio``), dual clip
 ``clip_ratio_c``, multiply by ``rollout_is_weights`` and aggregate with
 ``agg_loss(..., **config.global_batch_info)``, so token-mean is the exact global mean of the mini-batch
-under micro-batching, gradient accumulation and data parallelism. What it adds are the metrics.
+under micro-batching, gradient accumulation and data parallelism. What it adds are the metrics, derived
+from the same ratio as the loss in one core call (no second validation, no boolean indexing) and read back
+in one transfer: two host synchronisations per call, against three for ``vanilla``'s three ``.item()``.
 
 Metrics (averaged over micro-batches and data-parallel ranks by verl): verl's ``actor/pg_clipfrac``,
 ``actor/ppo_kl`` and ``actor/pg_clipfrac_lower`` (dual clip), plus ``dapo/actor/clip_upper_fraction``,
@@ -20,7 +22,7 @@ from typing import Any
 
 import torch
 
-from dapo_verl.core import clip_diagnostics, clipped_surrogate_loss_matrix
+from dapo_verl.core import clipped_surrogate_with_diagnostics
 
 __all__ = ["clip_settings", "compute_policy_loss_dapo"]
 
@@ -50,12 +52,12 @@ def compute_policy_loss_dapo(
     from verl.trainer.ppo.core_algos import agg_loss
 
     clip = clip_settings(config)
-    loss_mat = clipped_surrogate_loss_matrix(log_prob, old_log_prob, advantages, response_mask, **clip)  # (B, L)
+    loss_mat, diagnostics = clipped_surrogate_with_diagnostics(log_prob, old_log_prob, advantages, response_mask,
+                                                               **clip)  # (B, L), one ratio for both
     if rollout_is_weights is not None:
         loss_mat = loss_mat * rollout_is_weights
     loss = agg_loss(loss_mat=loss_mat, loss_mask=response_mask, loss_agg_mode=loss_agg_mode,
                     **config.global_batch_info)
-    diagnostics = clip_diagnostics(log_prob, old_log_prob, advantages, response_mask, **clip)
     stats = dict(zip(diagnostics, torch.stack(list(diagnostics.values())).tolist()))  # one device sync
     metrics = {
         "actor/pg_clipfrac": stats["clip_upper_fraction"] + stats["clip_lower_fraction"],

@@ -10,6 +10,7 @@ pytestmark = pytest.mark.verl
 from verl.trainer.ppo.core_algos import compute_policy_loss_vanilla, get_policy_loss_fn  # noqa: E402
 from verl.workers.utils.losses import ppo_loss  # noqa: E402
 
+from benchmarks.dispatch_probes import count_host_syncs  # noqa: E402
 from dapo_verl.adapter.losses import compute_policy_loss_dapo  # noqa: E402
 from dapo_verl.core import aggregate_loss, clipped_surrogate_loss_matrix  # noqa: E402
 from tests.integration.conftest import actor_config, micro_batch, random_rollout  # noqa: E402
@@ -63,6 +64,22 @@ def test_dapo_metrics_split_the_clip_fraction(gen):
     for key in ("clip_higher_kept_fraction", "dual_clip_fraction", "ratio_mean", "ratio_min", "ratio_max"):
         assert f"dapo/actor/{key}" in metrics
     assert all(isinstance(v, float) for v in metrics.values())
+
+
+@pytest.mark.parametrize("mask_dtype", [torch.bool, torch.int64, torch.float32])
+def test_dapo_waits_for_the_device_no_more_often_than_vanilla(gen, mask_dtype):
+    logp, old, adv, mask = _direct(gen, dtype=torch.float32, spread=0.3)
+    syncs = {}
+    for mode in ("vanilla", "dapo"):
+        leaf = logp.detach().clone().requires_grad_(True)
+        with count_host_syncs() as syncs[mode]:
+            loss, _metrics = get_policy_loss_fn(mode)(
+                old_log_prob=old, log_prob=leaf, advantages=adv, response_mask=mask.to(mask_dtype),
+                loss_agg_mode="token-mean", config=actor_config(mode))
+            loss.backward()
+    assert syncs["vanilla"] == ["aten::_local_scalar_dense"] * 3  # one .item() per metric
+    assert len(syncs["dapo"]) <= len(syncs["vanilla"])
+    assert syncs["dapo"] == ["Tensor.tolist", "Tensor.tolist"]  # the core's checks, then the metrics
 
 
 def _grad_via_ppo_loss(rollout, loss_mode, partition, *, dp_size):
