@@ -49,6 +49,13 @@ __all__ = [
 ]
 
 
+def _require_path_or_none(config: object, name: str, fix: str) -> None:
+    """Raise unless field ``name`` is None or a non-empty string (a path)."""
+    value = getattr(config, name)
+    if value is not None and (not isinstance(value, str) or not value):
+        config_error(key_of(config, name), value, "must be a path or null", fix)
+
+
 class Device(StrEnum):
     """Where the local backend runs: ``auto`` (the GPU if one is visible, else CPU), ``cpu`` or ``cuda``."""
 
@@ -165,6 +172,8 @@ class TrainerConfig:
             config_error("trainer.default_local_dir", self.default_local_dir, "must name a directory",
                          "Pass --out DIR.")
         require_choice(self, "resume_mode", ResumeMode)
+        _require_path_or_none(self, "resume_from_path", "Name a checkpoint directory such as "
+                              "runs/local/checkpoints/global_step_100, or leave it null.")
         if self.resume_mode == ResumeMode.RESUME_PATH and not self.resume_from_path:
             config_error("trainer.resume_from_path", self.resume_from_path,
                          "is needed when trainer.resume_mode=resume_path",
@@ -240,6 +249,7 @@ class LocalConfig:
     def __post_init__(self) -> None:
         require_choice(self, "device", Device)
         require_number(self, "num_threads", low=1, integer=True, fix="1 thread is the tested default.")
+        _require_path_or_none(self, "cache_dir", "Name a directory, or leave it null for ~/.cache/dapo_verl.")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -88,7 +88,7 @@ from dapo_verl.local.tasks import make_task
 from dapo_verl.local.tracking import MetricsLog
 from dapo_verl.sampler import BatchReplenisher
 
-__all__ = ["RunInterrupted", "RunResult", "run", "run_spec", "summary_lines"]
+__all__ = ["RunInterrupted", "RunResult", "progress_postfix", "run", "run_spec", "summary_lines"]
 
 logger = logging.getLogger(__name__)
 
@@ -185,6 +185,28 @@ def summary_lines(result: RunResult) -> list[str]:
     lines += [f"  {name:<12} {path}" for name, path in result.paths.items()]
     lines += ["", f"TensorBoard: tensorboard --logdir {result.paths['tensorboard']}"]
     return lines
+
+
+def progress_postfix(history: Sequence[dict[str, Any]], task: str) -> dict[str, str]:
+    """The progress bar's figures: each metric's latest defined value, ``-`` only before it was ever logged.
+
+    A step that trains nothing (no informative group) or no token has no entropy or response length; the
+    bar then keeps the last measured one rather than flashing ``-`` on a healthy run.
+
+    Example:
+        >>> history = [{"step": 1, "data": {"actor/entropy": 0.75, "dapo/sampler/keep_rate": 0.5}},
+        ...            {"step": 2, "data": {"actor/entropy": None, "dapo/sampler/keep_rate": 0.0}}]
+        >>> progress_postfix(history, "copy3")
+        {'val_acc': '-', 'acc': '-', 'keep': '0.00', 'ent': '0.75', 'len': '-'}
+    """
+    keys = {"val_acc": (f"val-core/{task}/acc/mean@1", 2), "acc": ("dapo/sampler/prefilter_acc", 2),
+            "keep": ("dapo/sampler/keep_rate", 2), "ent": ("actor/entropy", 2), "len": ("response_length/mean", 1)}
+
+    def latest(key: str) -> float | None:
+        return next((r["data"][key] for r in reversed(history) if r["data"].get(key) is not None), None)
+
+    return {name: "-" if (value := latest(key)) is None else f"{value:.{digits}f}"
+            for name, (key, digits) in keys.items()}
 
 
 def run_spec(spec: RunSpec, *, progress: bool = False, allow_config_change: bool = False) -> RunResult:
@@ -383,7 +405,7 @@ class _Trainer:
                     save_checkpoint(self.run_dir, step, model=self.model, optimizer=self.optimizer,
                                     sampler=self.sampler, config=self.spec.cfg)
                 bar.update(1)
-                bar.set_postfix(self._postfix(log.history), refresh=False)
+                bar.set_postfix(progress_postfix(log.history, self.task.name), refresh=False)
                 if self.stop.requested and step < total:
                     self._interrupted(step)
         finally:
@@ -430,22 +452,6 @@ class _Trainer:
         metrics = self.rollout.evaluate()
         metrics["timing_s/testing"] = time.perf_counter() - began
         return metrics
-
-    def _postfix(self, history: list[dict[str, Any]]) -> dict[str, str]:
-        data = history[-1]["data"]
-        acc_key = f"val-core/{self.task.name}/acc/mean@1"
-        last_val = next((r["data"][acc_key] for r in reversed(history) if acc_key in r["data"]), None)
-
-        def fmt(value: float | None, digits: int = 2) -> str:  # None: not logged, or undefined (NaN) this step
-            return "-" if value is None else f"{value:.{digits}f}"
-
-        return {
-            "val_acc": fmt(last_val),
-            "acc": fmt(data.get("dapo/sampler/prefilter_acc")),
-            "keep": fmt(data.get("dapo/sampler/keep_rate")),
-            "ent": fmt(data.get("actor/entropy")),
-            "len": fmt(data.get("response_length/mean"), 1),
-        }
 
     # -- outputs ------------------------------------------------------------------------------------
 

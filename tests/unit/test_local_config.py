@@ -114,3 +114,10 @@ def test_a_whole_section_and_a_forced_existing_key_may_be_overridden():
 def test_a_heldout_size_the_task_cannot_hold_fails_when_the_config_is_composed():
     with pytest.raises(ValueError, match=r"local\.task\.heldout_size=200 does not fit task summod"):
         compose_run(["local.task.name=summod"])
+
+
+@pytest.mark.parametrize("key", ["local.cache_dir", "trainer.resume_from_path"])
+@pytest.mark.parametrize("value", [1, 0.2, "''", "[]", "true"])
+def test_path_keys_take_a_path_or_null_only(key, value):
+    with pytest.raises(ValueError, match=rf"^{key.replace('.', '[.]')}=.* must be a path or null"):
+        compose_run([f"{key}={value}"])
