@@ -155,7 +155,7 @@ def _raise_for_invalid_values(tok: TokenInputs, advantages: Tensor | None) -> No
 
 
 def evaluate(tok: TokenInputs, advantages: Tensor | None,
-              compute: Callable[[bool], tuple[_T, Tensor, list[DeviceCheck]]]) -> _T:
+             compute: Callable[[bool], tuple[_T, Tensor, list[DeviceCheck]]]) -> _T:
     """Run ``compute(mask_first=False)`` and check it in one readback; redo it masking first if padding holds NaN.
 
     ``compute`` returns its result, a flag set when a NaN or inf reached it (:func:`has_nan_or_inf`, or the

@@ -251,8 +251,10 @@ def clipped_surrogate_with_diagnostics(
     clip_ratio_c: float | None = None,
     diagnostics: bool = True,
 ) -> ClippedSurrogate:
-    """The per-token loss of :func:`clipped_surrogate_loss_matrix` and the diagnostics of :func:`clip_diagnostics`
-    in one pass: one validation, one ratio, one readback. This is what a trainer that logs the clip fractions
+    """The per-token loss and the clip diagnostics in one pass: one validation, one ratio, one readback.
+
+    Equal to :func:`clipped_surrogate_loss_matrix` and :func:`clip_diagnostics` called separately, but the two
+    share the validation, the ratio and the readback. This is what a trainer that logs the clip fractions
     should call (verl's ``dapo`` policy loss does).
 
     Args:
