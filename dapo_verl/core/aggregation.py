@@ -83,20 +83,21 @@ def token_mask(mask: object, like: Tensor, *, dtype: torch.dtype) -> tuple[Tenso
 
 
 def divisor(
-    value: int | float | Tensor | None, name: str, local: Tensor, *, counted: str, whole: str
+    value: int | float | Tensor | None, name: str, local: Tensor, *, dtype: torch.dtype, counted: str, whole: str
 ) -> tuple[Tensor, list[DeviceCheck]]:
     """A loss divisor: the caller's count of the whole mini-batch, else this call's own; never below 1.
 
     Args:
         value: The caller's count (a Python number or a one-element tensor), or None.
         name: Its argument name, for messages (``num_valid_tokens``, ``num_sequences``).
-        local: 0-dim count of what this call's mask holds (a floor for ``value``), in the loss's dtype.
+        local: 0-dim int64 count of what this call's mask holds (a floor for ``value``).
+        dtype: The loss's dtype, the divisor's.
         counted: What ``local`` counts, for messages (e.g. "valid tokens").
         whole: What ``value`` counts over the whole mini-batch, for the fix (e.g. "valid tokens").
 
     Returns:
-        ``(divisor, checks)``: a 0-dim tensor in ``local``'s dtype, and deferred checks that ``value`` is a
-        finite whole number no smaller than ``local``.
+        ``(divisor, checks)``: a 0-dim tensor in ``dtype``, and deferred checks that ``value`` is a finite
+        whole number no smaller than ``local`` (compared exactly, in float64).
 
     Raises:
         TypeError: if ``value`` is neither a real number nor a real tensor.
@@ -104,7 +105,7 @@ def divisor(
             Python number, or a tensor with more than one element.
     """
     if value is None:
-        return local.clamp_min(1), []
+        return local.clamp_min(1).to(dtype), []
     fix = (f"Pass the number of {whole} of the whole mini-batch (every micro-batch and data-parallel rank), or "
            f"None to divide by this call's own count.")
     if isinstance(value, Tensor):
@@ -121,13 +122,13 @@ def divisor(
             raise ValueError(f"{name}={value!r} is not a whole number; it counts {whole}. {fix}")
         count = local.new_tensor(number, dtype=torch.float64)
         shown = None
-    result = count.to(local.dtype)
+    result = count.to(dtype)
 
     def show() -> str:
         return repr(value) if shown is None else f"{shown.item():g}"
 
     def not_finite() -> None:
-        raise ValueError(f"{name}={show()} is not a finite number in {local.dtype}; it divides the loss. {fix}")
+        raise ValueError(f"{name}={show()} is not a finite number in {dtype}; it divides the loss. {fix}")
 
     def fractional() -> None:
         raise ValueError(f"{name}={show()} is not a whole number; it counts {whole}. {fix}")
@@ -214,15 +215,16 @@ def masked_aggregate(
     """
     mode = _aggregation(mode)
     if mode is LossAggregation.TOKEN_MEAN_GLOBAL:
-        local = torch.count_nonzero(mask_float).to(masked.dtype)
-        tokens, checks = divisor(num_valid_tokens, "num_valid_tokens", local, counted="valid tokens",
-                                 whole="valid tokens")
+        local = torch.count_nonzero(mask_float)
+        tokens, checks = divisor(num_valid_tokens, "num_valid_tokens", local, dtype=masked.dtype,
+                                 counted="valid tokens", whole="valid tokens")
         return masked.sum() / tokens, checks
     tokens_per_row = mask_float.sum(dim=1)  # (B,)
     if mode is LossAggregation.TOKEN_MEAN_GROUP:
         return _group_token_mean(masked, tokens_per_row, group_index), []
-    local = torch.count_nonzero(tokens_per_row).to(masked.dtype)
-    rows, checks = divisor(num_sequences, "num_sequences", local, counted="non-empty responses", whole="responses")
+    local = torch.count_nonzero(tokens_per_row)
+    rows, checks = divisor(num_sequences, "num_sequences", local, dtype=masked.dtype, counted="non-empty responses",
+                           whole="responses")
     if mode is LossAggregation.SEQ_MEAN_TOKEN_SUM:
         return masked.sum() / rows, checks
     return (masked.sum(dim=1) / tokens_per_row.clamp_min(1)).sum() / rows, checks
