@@ -249,8 +249,8 @@ def _parser() -> argparse.ArgumentParser:
     mode.add_argument("--check", action="store_true", help="fail if either is out of date")
     config.set_defaults(func=_cmd_config)
 
-    reliability = commands.add_parser("reliability", help="run the fuzzing, stress, crash-resume, safe-loading "
-                                                          "and determinism checks; print the reliability table")
+    reliability = commands.add_parser("reliability", help="run the fuzzing, stress, crash-resume, safe-loading, "
+                                      "determinism and output-guard checks; print the reliability table")
     which = reliability.add_mutually_exclusive_group()
     which.add_argument("--write", action="store_true", help="write the table into README.md")
     which.add_argument("--check", action="store_true", help="fail if README.md's table differs")

@@ -2,11 +2,13 @@
 
 The checks (each documented in its module): fuzzing of every public entry point (:mod:`.fuzz`), a long
 adversarial run of the sampler (:mod:`.stress`), crash-and-resume of the local backend (:mod:`.faults`),
-refusal of planted pickles by every loader (:func:`safe_loading`), and same-seed determinism
-(:mod:`.determinism`). Every count is seeded, so the table is the same on every run of the same code;
-``dapo-verl reliability --write`` puts it into README.md between :data:`README_START` and
-:data:`README_END`, and ``--check`` (run by CI through ``tests/e2e/test_reliability_report.py``) fails
-when README.md no longer matches what the checks produce. Durations are printed, never written.
+refusal of planted pickles by every loader (:func:`safe_loading`), same-seed determinism
+(:mod:`.determinism`), and the guards around a run's outputs (:mod:`.guards`: concurrent writers, changed
+re-runs, failed ``prepare-data``, a damaged model cache, Ctrl-C). Every count is seeded or fixed, so the
+table is the same on every run of the same code; ``dapo-verl reliability --write`` puts it into
+README.md between :data:`README_START` and :data:`README_END`, and ``--check`` (run by CI through
+``tests/e2e/test_reliability_report.py``) fails when README.md no longer matches what the checks
+produce. Durations are printed, never written.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from pathlib import Path
 from dapo_verl.reliability.determinism import DeterminismResult, run_determinism
 from dapo_verl.reliability.faults import FAULT_KINDS, FaultResult, run_fault_injection
 from dapo_verl.reliability.fuzz import FUZZ_TARGETS, FuzzResult, run_fuzz
+from dapo_verl.reliability.guards import GUARD_CHECKS, GuardResult
 from dapo_verl.reliability.stress import STRESS_CONFIGS, StressResult, run_stress
 
 __all__ = ["README_END", "README_START", "ReliabilityReport", "render_markdown", "run_all", "safe_loading"]
@@ -52,6 +55,7 @@ class ReliabilityReport:
     faults: FaultResult
     safe: SafeLoadingResult
     determinism: DeterminismResult
+    guards: list[GuardResult] = field(default_factory=list)
     seconds: dict[str, float] = field(default_factory=dict)
 
     @property
@@ -60,7 +64,7 @@ class ReliabilityReport:
         safe = self.safe.executed == 0 and self.safe.refused == len(self.safe.loaders)
         return (all(not r.failures for r in self.fuzz) and all(not r.violations for r in self.stress)
                 and not self.faults.failures and safe and self.determinism.identical
-                and self.determinism.seed_sensitive)
+                and self.determinism.seed_sensitive and all(g.passed for g in self.guards))
 
 
 _PLANT = textwrap.dedent(
@@ -127,7 +131,12 @@ def run_all() -> ReliabilityReport:
         faults = timed("faults", run_fault_injection, seed=0, work_dir=work / "faults")
         safe = timed("safe loading", safe_loading, work / "safe")
         determinism = timed("determinism", run_determinism, seed=0, work_dir=work / "determinism")
-    return ReliabilityReport(fuzz, stress, faults, safe, determinism, seconds)
+        guards = []
+        for name, check in GUARD_CHECKS.items():
+            folder = work / "guards" / name.replace(" ", "_")
+            folder.mkdir(parents=True)
+            guards.append(timed(name, check, folder))
+    return ReliabilityReport(fuzz, stress, faults, safe, determinism, guards, seconds)
 
 
 def _n(value: int) -> str:
@@ -140,6 +149,8 @@ def render_markdown(report: ReliabilityReport) -> str:
     fuzz_ok = sum(r.correct for r in report.fuzz)
     fuzz_errors = sum(r.clear_errors for r in report.fuzz)
     fuzz_failures = sum(len(r.failures) for r in report.fuzz)
+    token_counts = sum(r.drawn["bad:num_valid_tokens"] for r in report.fuzz)
+    overflow = sum(r.drawn["overflow"] for r in report.fuzz)
     stress_steps = sum(r.steps for r in report.stress)
     stress_checks = sum(r.invariant_checks for r in report.stress)
     stress_violations = sum(len(r.violations) for r in report.stress)
@@ -151,11 +162,14 @@ def render_markdown(report: ReliabilityReport) -> str:
     det = report.determinism
     rows = [
         ("Fuzzing (`dapo_verl.reliability.fuzz`)",
-         f"{_n(fuzz_tried)} seeded cases over {len(FUZZ_TARGETS)} entry points: random shapes (empty included), "
-         f"dtypes, masks, NaN/inf/huge values at padded and valid positions, group size 1, invalid settings "
-         f"and config values, faulty generate callbacks",
-         f"{_n(fuzz_ok)} correct results, {_n(fuzz_errors)} clear errors naming the argument or key, "
-         f"{fuzz_failures} failures (crash, unclear error, NaN/inf in a loss or gradient, broken contract)"),
+         f"{_n(fuzz_tried)} seeded cases over {len(FUZZ_TARGETS)} entry points, each with its expected outcome: "
+         f"random shapes (empty included), dtypes, masks, NaN/inf/huge values at padded and valid positions, "
+         f"{_n(overflow)} values that overflow float32, {_n(token_counts)} bad `num_valid_tokens`, group size 1, "
+         f"invalid settings and config values (DAPO and local keys), faulty generate callbacks",
+         f"{_n(fuzz_ok)} correct results (accepted config values read back unchanged), {_n(fuzz_errors)} clear "
+         f"errors naming the offending argument or key exactly, {fuzz_failures} failures (crash, error naming "
+         f"another argument, invalid input accepted, valid input refused, NaN/inf in a loss or gradient, broken "
+         f"contract)"),
         ("Sampler under stress (`dapo_verl.reliability.stress`)",
          f"{_n(stress_steps)} steps over {len(STRESS_CONFIGS)} configurations, through all-correct, all-wrong, "
          f"mixed and near-uniform phases",
@@ -182,10 +196,49 @@ def render_markdown(report: ReliabilityReport) -> str:
          "history, counters), RNG",
          "nothing: the resumed run equals the uninterrupted one" if survived == injected and not
          faults.lost_groups else "SEE FAILURES"),
+        *(_guard_row(guard) for guard in report.guards),
     ]
     lines = ["| Check | What was tried | Result |", "|---|---|---|"]
     lines += [f"| {a} | {b} | {c} |" for a, b, c in rows]
     return "\n".join(lines)
+
+
+_GUARD_ROWS = {
+    "concurrent writers": (
+        "Concurrent writers (`dapo_verl.reliability.guards`)",
+        "a second `dapo-verl train` on a run directory another one is writing; a start after that one was SIGKILLed",
+        "the second refused (exit 2, naming the holder's pid) and wrote nothing; the lock the killed run left taken "
+        "over and its run resumed from its checkpoint"),
+    "changed re-runs": (
+        "Changed re-runs",
+        "a finished run started again with clip_ratio_high, data.seed or the model size changed, with a checkpoint "
+        "copied in from another seed, and with a change allowed by `--allow-config-change`",
+        "each change refused naming the key, config.yaml, summary.json and metrics.jsonl byte for byte unchanged; "
+        "the allowed change continued and recorded in history.jsonl"),
+    "failed prepare-data": (
+        "Failed prepare-data",
+        "over an earlier run's outputs: a bad row, a disk full after the first file, `--out` on the inputs' folder, "
+        "text that is not UTF-8",
+        "each a one-line error with exit 2 naming the cause (file and row for the text), earlier outputs and "
+        "inputs byte for byte unchanged"),
+    "damaged model cache": (
+        "Damaged model cache",
+        "the cached initial model with a flipped byte, truncated, without its checksums, with a stray file, with "
+        "a planted pickle",
+        "each detected and rebuilt to the same weights; the pickle never ran"),
+    "SIGINT": (
+        "Ctrl-C (SIGINT)",
+        "a real `dapo-verl train` interrupted twice before its first regular checkpoint, then run to the end",
+        "each stop at a step boundary with that step's checkpoint and a one-line message (exit 2); the run "
+        "resumed from there and ended with the uninterrupted run's metrics"),
+}
+
+
+def _guard_row(guard: GuardResult) -> tuple[str, str, str]:
+    name, tried, outcome = _GUARD_ROWS[guard.name]
+    result = f"{guard.held}/{guard.tried} held: {outcome}" if guard.passed else \
+        f"{guard.held}/{guard.tried} held; SEE FAILURES"
+    return name, tried, result
 
 
 def check_lines(report: ReliabilityReport) -> list[str]:
@@ -200,6 +253,7 @@ def check_lines(report: ReliabilityReport) -> list[str]:
         lines.append(f"safe loading: {report.safe}")
     det = report.determinism
     lines += [f"determinism: {d}" for d in det.local_differences + det.sampler_differences]
+    lines += [f"{guard.name}: {p}" for guard in report.guards for p in guard.problems[:5]]
     return lines
 
 

@@ -23,3 +23,59 @@ def test_fuzz_quick():
 @pytest.mark.slow
 def test_fuzz_full():
     _check(run_fuzz(cases_per_target=2000, seed=0), 2000)
+
+
+def test_a_name_counts_only_as_a_whole_word_or_key():
+    from dapo_verl.reliability.fuzz import names_exactly
+
+    assert not names_exactly("old_logp has NaN at index (0, 1)", "logp")
+    assert names_exactly("logp has shape (2, 3) but mask has shape (2, 4)", "logp")
+    assert names_exactly("algorithm.group_token_mean='' must be a boolean", "algorithm.group_token_mean")
+    assert not names_exactly("algorithm.group_token_mean_x=1", "algorithm.group_token_mean")
+    assert not names_exactly("algorithm.filter_groups.enable='x' must be a boolean", "filter_groups.enable")
+
+
+def _run_target(name, cases=300, seed=3):
+    import random
+
+    from dapo_verl.reliability.fuzz import _fuzz_target
+
+    return _fuzz_target(name, FUZZ_TARGETS[name], cases, random.Random(seed))
+
+
+def test_an_invalid_config_value_that_is_accepted_is_a_failure(monkeypatch):
+    import dapo_verl.config as config
+
+    monkeypatch.setattr(config, "require_bool", lambda *args, **kwargs: None)  # as group_token_mean once was
+    result = _run_target("DapoConfig.from_verl")
+    assert result.failures, "accepted '' or 'false' for a boolean must not count as a correct result"
+    assert any("accepted for a field of type bool" in f for f in result.failures)
+
+
+def test_an_error_naming_another_argument_is_a_failure(monkeypatch):
+    from dapo_verl import core
+
+    real = core.dapo_loss
+
+    def blames_old_logp(logp, *args, **kwargs):
+        try:
+            return real(logp, *args, **kwargs)
+        except (ValueError, TypeError) as err:
+            raise ValueError(f"old_logp is wrong ({type(err).__name__})") from None
+
+    monkeypatch.setattr(core, "dapo_loss", blames_old_logp)
+    result = _run_target("dapo_loss + clip_diagnostics")
+    assert any("error names none of" in f for f in result.failures)
+
+
+def test_the_loss_cases_inject_bad_token_counts_and_float32_overflow():
+    result = _run_target("dapo_loss + clip_diagnostics", cases=600)
+    assert result.drawn["bad:num_valid_tokens"] >= 10
+    assert result.drawn["overflow"] >= 10
+    assert result.failures == []
+
+
+def test_the_local_backend_config_is_fuzzed_too():
+    assert "LocalRunConfig (dapo-verl train's own keys)" in FUZZ_TARGETS
+    result = _run_target("LocalRunConfig (dapo-verl train's own keys)")
+    assert result.failures == [] and result.correct > 0 and result.clear_errors > 0
