@@ -12,14 +12,19 @@ The same mapping drives:
   both in step with the dataclasses;
 * ``dapo_verl.adapter.verl_config``, which extends verl's own config dataclasses with the new keys.
 
-Defaults follow the paper (arXiv 2503.14476, §4.1) and the published verl DAPO run; behaviour beyond
-the paper (carrying surplus groups, skipping prompts) is opt-in. Imports only the standard library and
+Defaults follow the paper (arXiv 2503.14476, §4.1) and the published verl DAPO run, except for three
+sampler behaviours that only change what dynamic sampling spends, each measured in benchmarks/README.md:
+adaptive round sizing, measured skipping of prompts their history predicts to be uninformative, and
+revisiting informative prompts when informative groups are rare (``refill``, ``skip_uninformative``,
+``revisit_informative``; set them to ``barrier``, false, false for the paper's sampler). Carrying surplus
+groups, which trains slightly off-policy, stays opt-in. Imports only the standard library and
 enums from ``dapo_verl.core``.
 """
 
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Iterator, Mapping
 from dataclasses import MISSING, dataclass, field, fields, is_dataclass
 from enum import StrEnum
@@ -299,25 +304,48 @@ class SamplerConfig:
     on the groups found).
     """
 
-    skip_uninformative: bool = field(default=False, metadata=verl_key("algorithm.filter_groups.skip_uninformative",
-                                                                      verl_native=False))
-    """Opt-in: skip prompts whose recent groups were all correct or all wrong, with a probability that decays back
-    (arXiv 2506.02177).
+    skip_uninformative: bool = field(default=True, metadata=verl_key("algorithm.filter_groups.skip_uninformative",
+                                                                     verl_native=False))
+    """Pass over prompts whose latest groups were all correct or all wrong, in proportion to how much less often such
+    prompts were measured to be informative than prompts without that history (arXiv 2506.02177, measured rule); inert
+    where history predicts nothing. On by default (beyond the paper); false visits prompts uniformly.
     """
 
     skip_keep_base: float = field(default=0.5, metadata=verl_key("algorithm.filter_groups.skip_keep_base",
                                                                   verl_native=False))
-    """A prompt found uninformative k times in a row is generated with probability skip_keep_base**k. Range (0, 1)."""
+    """Deprecated and ignored: skipping follows the informative rate measured for each streak length. Remove the key.
+    """
 
     max_skip_probability: float = field(default=0.9, metadata=verl_key("algorithm.filter_groups.max_skip_probability",
                                                                         verl_native=False))
     """Upper bound on any prompt's skip probability, so no prompt is skipped for good. Range [0, 1)."""
 
+    revisit_informative: bool = field(default=True, metadata=verl_key("algorithm.filter_groups.revisit_informative",
+                                                                      verl_native=False))
+    """When informative groups are rare (keep rate below 1 / max_oversample_factor), re-ask prompts whose last group was
+    informative, while they are measured to be more informative than fresh prompts. On by default (beyond the paper).
+    """
+
+    exhausted_streak: int = field(default=3, metadata=verl_key("algorithm.filter_groups.exhausted_streak",
+                                                                verl_native=False))
+    """A prompt counts as exhausted once this many of its groups in a row were all correct, or all wrong; the exhausted
+    share of the prompt pool is logged as dapo/sampler/pool_exhausted_fraction. Range >= 1.
+    """
+
+    stop_when_exhausted: bool = field(default=False, metadata=verl_key("algorithm.filter_groups.stop_when_exhausted",
+                                                                       verl_native=False))
+    """Opt-in: end training early once exhausted_pool_fraction of the prompt pool is exhausted (little left to learn).
+    """
+
+    exhausted_pool_fraction: float = field(default=0.9, metadata=verl_key(
+            "algorithm.filter_groups.exhausted_pool_fraction", verl_native=False))
+    """Share of the prompt pool that must be exhausted for stop_when_exhausted to end the run. Range (0, 1]."""
+
     seed: int = field(default=0, metadata=verl_key("data.seed", verl_native=True))
     """Seed of the sampler's prompt order and skip draws."""
 
     def __post_init__(self) -> None:
-        require_bool(self, "enable", "skip_uninformative")
+        require_bool(self, "enable", "skip_uninformative", "revisit_informative", "stop_when_exhausted")
         if not isinstance(self.metric, str) or not self.metric:
             config_error(key_of(self, "metric"), self.metric, "must name a per-response value",
                          "Use acc (raw correctness); filtering on a length-shaped score lets all-wrong groups through.")
@@ -339,14 +367,18 @@ class SamplerConfig:
         require_choice(self, "surplus", SurplusPolicy)
         require_number(self, "max_staleness_steps", low=1, integer=True, fix="1 carries groups one step.")
         require_choice(self, "on_shortfall", ShortfallPolicy)
-        require_number(self, "skip_keep_base", low=0.0, high=1.0, low_open=True, fix="0.5 halves per repeat.")
-        if self.skip_keep_base >= 1.0:
-            config_error(key_of(self, "skip_keep_base"), self.skip_keep_base, "would never skip",
-                         "Use a value below 1.")
+        if self.skip_keep_base != 0.5:
+            warnings.warn(f"{key_of(self, 'skip_keep_base')}={self.skip_keep_base!r} is deprecated and ignored: "
+                          f"skipping now follows the informative rate measured for each streak length, bounded by "
+                          f"{key_of(self, 'max_skip_probability')}. Remove the key.", DeprecationWarning, stacklevel=3)
         require_number(self, "max_skip_probability", low=0.0, high=1.0, fix="0.9 keeps 1 in 10 chances.")
         if self.max_skip_probability >= 1.0:
             config_error(key_of(self, "max_skip_probability"), self.max_skip_probability,
                          "would skip prompts for good", "Use a value below 1, e.g. 0.9.")
+        require_number(self, "exhausted_streak", low=1, integer=True,
+                        fix="3 means solved (or failed) 3 times in a row.")
+        require_number(self, "exhausted_pool_fraction", low=0.0, high=1.0, low_open=True,
+                        fix="0.9 stops when 9 prompts in 10 are exhausted.")
         require_number(self, "seed", low=0, integer=True, fix="Use a non-negative integer seed.")
 
     @property

@@ -1,7 +1,15 @@
 """Dynamic-sampling batch replenisher: engine-agnostic, no verl import (see :mod:`.replenisher`)."""
 
+from dapo_verl.sampler.history import PromptHistory
 from dapo_verl.sampler.replenisher import DROP_REASONS, BatchReplenisher, ShortfallError
-from dapo_verl.sampler.sizing import estimate_sample_size, max_request_size, request_size, update_keep_rate
+from dapo_verl.sampler.sizing import (
+    estimate_sample_size,
+    max_request_size,
+    request_size,
+    round_request,
+    step_prompt_budget,
+    update_keep_rate,
+)
 from dapo_verl.sampler.stream import PromptStream
 from dapo_verl.sampler.types import GenerateFn, GroupResult, IdentityCodec, PayloadCodec, SampledBatch
 
@@ -12,11 +20,14 @@ __all__ = [
     "GroupResult",
     "IdentityCodec",
     "PayloadCodec",
+    "PromptHistory",
     "PromptStream",
     "SampledBatch",
     "ShortfallError",
     "estimate_sample_size",
     "max_request_size",
     "request_size",
+    "round_request",
+    "step_prompt_budget",
     "update_keep_rate",
 ]

@@ -2,11 +2,14 @@
 
 Each call to :meth:`BatchReplenisher.next_batch` returns exactly ``train_batch_size`` informative prompt
 groups. It first takes carried-over groups (``surplus=carry``, oldest first, dropping those older than
-``max_staleness_steps``), then generates rounds -- sized by ``refill`` -- until the batch is full,
-filtering each group with :func:`~dapo_verl.core.group_drop_reasons` on the raw metric. At
-``max_num_gen_batches`` rounds it either raises (``on_shortfall=error``, saying what the keep rate was and
-which knob to turn) or returns the short batch (``partial``). It never returns unfiltered groups and
-never loops without bound.
+``max_staleness_steps``), then generates rounds -- sized by ``refill``, within the step's prompt budget
+(:func:`~dapo_verl.sampler.sizing.step_prompt_budget`) -- until the batch is full, filtering each group
+with :func:`~dapo_verl.core.group_drop_reasons` on the raw metric. Prompts come from a
+:class:`~dapo_verl.sampler.stream.PromptStream`, which with ``skip_uninformative`` passes over prompts
+their history predicts to be uninformative (:mod:`~dapo_verl.sampler.history`). At ``max_num_gen_batches``
+rounds or the end of the budget it either raises (``on_shortfall=error``, saying what the keep rate was
+and which knob to turn) or returns the short batch (``partial``, logged at INFO level: the metric
+``partial`` records it). It never returns unfiltered groups and never loops without bound.
 
 Accounting is explicit and conserved: every generated group is trained, carried, or dropped for a named
 reason (``all_correct``, ``all_wrong``, ``zero_spread``, ``stale``, ``surplus``, ``shortfall``);
@@ -19,7 +22,10 @@ Metrics of each step (``dapo/sampler/...``): ``train_step``, ``gen_rounds``, ``p
 generated response, before filtering), ``keep_rate`` (this step) and ``keep_rate_estimate``,
 ``responses_generated``, ``responses_trained``, ``generated_per_trained``, ``wasted_response_tokens``,
 ``truncated_fraction``, ``carried_groups``, ``carried_staleness_mean``/``max``, ``partial``,
-``history_size``.
+``history_size``; the prompt pool (:mod:`~dapo_verl.sampler.history`): ``pool_exhausted_fraction``,
+``pool_solved_fraction``, ``pool_failed_fraction``, ``pool_exhausted`` (1 once
+``exhausted_pool_fraction`` of the pool is exhausted), ``keep_rate_no_streak`` and ``keep_rate_streak``
+(measured informative rates of prompts without and with an uninformative streak; -1 before any).
 """
 
 from __future__ import annotations
@@ -32,7 +38,7 @@ import torch
 
 from dapo_verl.config import RefillStrategy, SamplerConfig, ShortfallPolicy, SurplusPolicy
 from dapo_verl.core import DropReason, group_drop_reasons
-from dapo_verl.sampler.sizing import request_size, update_keep_rate
+from dapo_verl.sampler.sizing import estimate_sample_size, round_request, step_prompt_budget, update_keep_rate
 from dapo_verl.sampler.stream import PromptStream
 from dapo_verl.sampler.types import GenerateFn, GroupResult, IdentityCodec, PayloadCodec, SampledBatch
 
@@ -43,17 +49,23 @@ logger = logging.getLogger(__name__)
 DROP_REASONS = ("all_correct", "all_wrong", "zero_spread", "stale", "surplus", "shortfall")
 """Every reason a generated group can leave the sampler without being trained."""
 
-_STATE_VERSION = 1
+_STATE_VERSION = 2
+_READABLE_VERSIONS = (1, 2)  # version 1 had unsigned streaks and no per-bucket rates: histories restart
 _COUNTERS = (
     "train_steps", "gen_rounds", "prompts_requested", "groups_generated", "groups_kept", "responses_generated",
     "groups_trained", "responses_trained", "response_tokens_generated", "wasted_response_tokens",
-    "truncated_responses", "metric_sum", "score_sum", "score_count",
+    "truncated_responses", "metric_sum", "score_sum", "score_count", "prompts_revisited",
 )
 
 
 def _ratio(numerator: float, denominator: float) -> float:
     """numerator / denominator, or 0 when nothing was counted."""
     return numerator / denominator if denominator else 0.0
+
+
+def _or_minus_one(value: float | None) -> float:
+    """A measured rate for a metric: -1 while it is unknown (metrics must be numbers)."""
+    return -1.0 if value is None else value
 
 
 class ShortfallError(RuntimeError):
@@ -84,8 +96,11 @@ class BatchReplenisher:
         self.generate = generate
         self.codec: PayloadCodec = codec or IdentityCodec()
         self.stream = PromptStream(
-            num_prompts, seed=config.seed, shuffle=shuffle, skip_uninformative=config.skip_uninformative,
-            skip_keep_base=config.skip_keep_base, max_skip_probability=config.max_skip_probability,
+            num_prompts, seed=config.seed, shuffle=shuffle,
+            skip_uninformative=config.skip_uninformative and config.enable,  # without the filter: uniform prompts
+            max_skip_probability=config.max_skip_probability, smoothing_groups=estimate_sample_size(config),
+            exhausted_streak=config.exhausted_streak,
+            revisit_capacity=config.train_batch_size if config.revisit_informative and config.enable else 0,
         )
         self.keep_rate_estimate: float | None = None
         self.counters: dict[str, float] = dict.fromkeys(_COUNTERS, 0)
@@ -111,18 +126,25 @@ class BatchReplenisher:
         target = self.config.train_batch_size
         batch, staleness = self._take_carried(step, target)
         from_carry = len(batch)
-        rounds = 0
+        rounds = requested = 0
+        budget = step_prompt_budget(self.config)
         while len(batch) < target:
-            if rounds >= self.config.max_num_gen_batches:
-                self._shortfall(batch, step, before)
+            at_round_limit = rounds >= self.config.max_num_gen_batches
+            if at_round_limit or requested >= budget:
+                self._shortfall(batch, step, before, budget_spent=not at_round_limit)
                 break
             rounds += 1
-            self._run_round(batch, step, target)
+            requested += self._run_round(batch, step, target, budget - requested)
         self.counters["train_steps"] = step
         self.counters["groups_trained"] += len(batch)
         self.counters["responses_trained"] += sum(g.group_size for g in batch)
         metrics = self._step_metrics(before, len(batch), from_carry, staleness, partial=len(batch) < target)
         return SampledBatch(groups=batch, metrics=metrics, step=step, is_partial=len(batch) < target)
+
+    @property
+    def pool_exhausted(self) -> bool:
+        """True once ``exhausted_pool_fraction`` of the prompt pool is exhausted (``stop_when_exhausted`` reads it)."""
+        return self.stream.history.exhausted_fraction >= self.config.exhausted_pool_fraction
 
     def conservation_gap(self) -> int:
         """generated - (trained + carried + dropped); 0 unless a group went missing."""
@@ -131,10 +153,15 @@ class BatchReplenisher:
 
     # -- one round ----------------------------------------------------------------------------------
 
-    def _run_round(self, batch: list[GroupResult], step: int, target: int) -> None:
+    def _run_round(self, batch: list[GroupResult], step: int, target: int, budget_left: int) -> int:
+        """Generate, filter and place one round's groups; return the number of prompts requested."""
         missing = target - len(batch)
-        want = request_size(self.config, missing, self.keep_rate_estimate)
-        prompt_ids, _ = self.stream.take(want)
+        want = round_request(self.config, missing, self.keep_rate_estimate, budget_left)
+        revisit = bool(self.stream.revisit_capacity) and self.stream.history.revisits_pay(
+            1.0 / self.config.max_oversample_factor)
+        revisited_before = self.stream.prompts_revisited
+        prompt_ids, _ = self.stream.take(want, revisit=revisit)
+        self.counters["prompts_revisited"] += self.stream.prompts_revisited - revisited_before
         groups = self._validated(prompt_ids, self.generate(prompt_ids))
         self.counters["gen_rounds"] += 1
         self.counters["prompts_requested"] += len(prompt_ids)
@@ -143,7 +170,7 @@ class BatchReplenisher:
         for group, reason in zip(groups, reasons):
             self._count_generated(group)
             informative = reason == DropReason.KEEP
-            self.stream.record(group.prompt_id, informative=informative)
+            self.stream.record(group.prompt_id, reason)
             if not informative and self.config.enable:
                 self._drop(group, reason.label)
                 continue
@@ -159,6 +186,7 @@ class BatchReplenisher:
             self.keep_rate_estimate, kept, len(groups), self.config.keep_rate_smoothing,
             round_size=self.config.train_batch_size,
         )
+        return len(prompt_ids)
 
     def _reasons(self, groups: Sequence[GroupResult]) -> list[DropReason]:
         metric = torch.stack([g.metric.detach().to("cpu", torch.float32) for g in groups])  # (P, G)
@@ -223,30 +251,45 @@ class BatchReplenisher:
             c["score_sum"] += float(group.scores.to(torch.float64).sum())
             c["score_count"] += group.group_size
 
-    def _shortfall(self, batch: list[GroupResult], step: int, before: tuple[dict, dict]) -> None:
+    def _shortfall(self, batch: list[GroupResult], step: int, before: tuple[dict, dict], *, budget_spent: bool) -> None:
         generated = int(self.counters["groups_generated"] - before[0]["groups_generated"])
+        rounds = int(self.counters["gen_rounds"] - before[0]["gen_rounds"])
+        prompts = int(self.counters["prompts_requested"] - before[0]["prompts_requested"])
         kept = int(self.counters["groups_kept"] - before[0]["groups_kept"])
         rate = 100.0 * kept / generated if generated else 0.0
-        cause = ("most groups were all-correct or all-wrong" if rate < 50
-                 else "the rounds were too small to fill the batch")
-        knobs = ["raise algorithm.filter_groups.max_num_gen_batches"]
-        knobs.append("raise data.gen_batch_size or use refill=adaptive" if self.config.refill == RefillStrategy.BARRIER
-                     else "raise algorithm.filter_groups.max_oversample_factor")
+        scarce = rate < 50
+        cause = "most groups were all-correct or all-wrong" if scarce else "the rounds were too small to fill the batch"
+        limit = (f"the step's budget of max_num_gen_batches x max(data.gen_batch_size, data.train_batch_size) = "
+                 f"{step_prompt_budget(self.config)} prompts" if budget_spent else
+                 f"the round limit algorithm.filter_groups.max_num_gen_batches={self.config.max_num_gen_batches}")
         partial = self.config.on_shortfall == ShortfallPolicy.PARTIAL
         message = (
             f"Dynamic sampling has {len(batch)} of {self.config.train_batch_size} groups for step {step} after "
-            f"{self.config.max_num_gen_batches} rounds (algorithm.filter_groups.max_num_gen_batches="
-            f"{self.config.max_num_gen_batches}): {kept} of the {generated} groups generated this step were "
-            f"informative (keep rate {rate:.1f}%), so {cause}. To fill batches, {' or '.join(knobs)}"
+            f"{rounds} rounds and {prompts} prompts ({limit}): {kept} of the {generated} groups generated this step "
+            f"were informative (keep rate {rate:.1f}%), so {cause}. To fill batches, "
+            f"{' or '.join(self._shortfall_knobs(budget_spent=budget_spent, scarce=scarce))}"
             + ("." if partial else "; or set algorithm.filter_groups.on_shortfall=partial to train on what was found.")
         )
-        if partial:
-            logger.warning("%s Training on the %d groups found.", message, len(batch))
+        if partial:  # the user chose this; dapo/sampler/partial records it, so no warning
+            logger.info("%s Training on the %d groups found.", message, len(batch))
             return
         for group in batch:
             self._drop(group, "shortfall")
         batch.clear()
         raise ShortfallError(message)
+
+    def _shortfall_knobs(self, *, budget_spent: bool, scarce: bool) -> list[str]:
+        """The settings that would have filled the batch, for the shortfall message."""
+        knobs = ["raise algorithm.filter_groups.max_num_gen_batches"]
+        if self.config.refill == RefillStrategy.BARRIER:
+            knobs.append("raise data.gen_batch_size or use refill=adaptive")
+        elif budget_spent:
+            knobs.append("raise data.gen_batch_size")
+        else:
+            knobs.append("raise algorithm.filter_groups.max_oversample_factor")
+        if scarce and not self.config.skip_uninformative:
+            knobs.append("set algorithm.filter_groups.skip_uninformative=true")
+        return knobs
 
     # -- metrics and state --------------------------------------------------------------------------
 
@@ -263,6 +306,7 @@ class BatchReplenisher:
             "gen_rounds": delta["gen_rounds"],
             "prompts_requested": delta["prompts_requested"],
             "prompts_skipped": float(self.stream.prompts_skipped),
+            "prompts_revisited": delta["prompts_revisited"],
             "prompts_consumed": float(self.stream.prompts_consumed),
             "data_epoch": float(self.stream.epoch),
             "groups_generated": generated,
@@ -282,9 +326,25 @@ class BatchReplenisher:
             "carried_staleness_max": float(max(staleness, default=0)),
             "partial": float(partial),
             "history_size": float(self.stream.history_size),
+            **self._pool_metrics(),
             **dropped,
         }
         return {prefix + k: float(v) for k, v in metrics.items()}
+
+    def _pool_metrics(self) -> dict[str, float]:
+        history = self.stream.history
+        no_streak, streak = history.streak_rates()
+        return {
+            "pool_exhausted_fraction": history.exhausted_fraction,
+            "pool_solved_fraction": history.solved_fraction,
+            "pool_failed_fraction": history.failed_fraction,
+            "pool_exhausted": float(self.pool_exhausted),
+            "keep_rate_no_streak": _or_minus_one(no_streak),
+            "keep_rate_streak": _or_minus_one(streak),
+            "keep_rate_stream": _or_minus_one(history.stream_rate()),
+            "keep_rate_revisit": _or_minus_one(history.revisit_rate()),
+            "revisits_waiting": float(self.stream.revisits_waiting),
+        }
 
     def state_dict(self) -> dict[str, Any]:
         """Everything needed to continue exactly: counters, keep-rate estimate, stream, carried groups.
@@ -313,13 +373,17 @@ class BatchReplenisher:
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore :meth:`state_dict` (the prompt source must be the same size)."""
-        if state.get("version") != _STATE_VERSION:
+        """Restore :meth:`state_dict` (the prompt source must be the same size).
+
+        Version 1 states (before measured skipping) are read too: everything is restored except the prompt
+        histories, which start afresh because version 1 did not record a streak's kind.
+        """
+        if state.get("version") not in _READABLE_VERSIONS:
             raise ValueError(
-                f"Sampler state version {state.get('version')!r} is not {_STATE_VERSION}; it was written by another "
-                f"dapo_verl release. Resume with the release that wrote it or start a fresh run."
+                f"Sampler state version {state.get('version')!r} is not one of {list(_READABLE_VERSIONS)}; it was "
+                f"written by another dapo_verl release. Resume with the release that wrote it or start a fresh run."
             )
-        self.counters = {k: state["counters"][k] for k in _COUNTERS}
+        self.counters = {k: state["counters"].get(k, 0) for k in _COUNTERS}
         self.dropped = {k: int(state["dropped"][k]) for k in DROP_REASONS}
         self.keep_rate_estimate = state["keep_rate_estimate"]
         self.stream.load_state_dict(state["stream"])

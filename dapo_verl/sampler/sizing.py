@@ -20,6 +20,13 @@ Bound: keep rates below ``1 / max_oversample_factor`` are treated as that floor,
 more than a known keep rate at the floor would need -- about ``max_oversample_factor * m`` plus the
 binomial margin (:func:`max_request_size`) -- so a collapsing estimate cannot explode a request, while a
 one-group top-up still gets enough prompts to be likely to succeed.
+
+Budget: a training step generates at most ``max_num_gen_batches * max(gen_batch_size, train_batch_size)``
+prompts (:func:`step_prompt_budget`), whatever the strategy -- the most verl-recipe's round limit lets it
+generate. Adaptive rounds share that budget (:func:`round_request`): when the keep rate collapses they
+stop at the same cost as fixed rounds would instead of asking ``max_oversample_factor`` times more per
+round, so a step's generation stays bounded by the user's two knobs even when almost no group is
+informative.
 """
 
 from __future__ import annotations
@@ -29,7 +36,10 @@ from statistics import NormalDist
 
 from dapo_verl.config import RefillStrategy, SamplerConfig
 
-__all__ = ["estimate_sample_size", "max_request_size", "request_size", "update_keep_rate"]
+__all__ = [
+    "estimate_sample_size", "max_request_size", "request_size", "round_request", "step_prompt_budget",
+    "update_keep_rate",
+]
 
 
 def _prompts_needed(missing: int, p: float, z: float, sample_size: float) -> float:
@@ -80,6 +90,29 @@ def request_size(config: SamplerConfig, missing: int, keep_rate: float | None) -
     wanted = _prompts_needed(missing, p, z, sample_size)
     cap = _prompts_needed(missing, floor, z, math.inf)
     return max(missing, math.ceil(min(wanted, cap)))
+
+
+def step_prompt_budget(config: SamplerConfig) -> int:
+    """Most prompts one training step may generate: ``max_num_gen_batches * max(gen_batch_size,
+    train_batch_size)`` (one round of ``train_batch_size`` with the filter off)."""
+    if not config.enable:
+        return config.train_batch_size
+    return config.max_num_gen_batches * max(config.prompts_per_round, config.train_batch_size)
+
+
+def round_request(config: SamplerConfig, missing: int, keep_rate: float | None, budget_left: int) -> int:
+    """Prompts for the next round: :func:`request_size`, cut to what is left of the step's budget.
+
+    Args:
+        config: The sampler settings.
+        missing: Groups still needed to fill the batch (>= 1).
+        keep_rate: Running estimate of the share of groups kept, or None before the first round.
+        budget_left: Prompts this step may still generate (>= 1; see :func:`step_prompt_budget`).
+
+    Returns:
+        Between 1 and ``budget_left`` prompts.
+    """
+    return max(1, min(request_size(config, missing, keep_rate), budget_left))
 
 
 def update_keep_rate(

@@ -1,10 +1,18 @@
-"""Seeded, resumable prompt order, with optional history-based skipping of uninformative prompts.
+"""Seeded, resumable prompt order, with optional measured skipping of prompts predicted to be uninformative.
 
 Prompts are visited epoch by epoch in a permutation drawn from ``(seed, epoch)``, so the whole stream is
-reproduced from two integers. Skipping follows the idea of GRESO (arXiv 2506.02177): a prompt whose last
-``k`` groups were all correct or all wrong is passed over with probability
-``min(max_skip_probability, 1 - skip_keep_base**k)``; every skip lowers ``k`` by one, so the probability
-decays back and no prompt is skipped for good.
+reproduced from two integers. With skipping on, a visited prompt is generated with the probability its
+:class:`~dapo_verl.sampler.history.PromptHistory` gives (1 for prompts without an uninformative streak) and
+otherwise passed over until its next visit; the draws come from one seeded generator.
+
+Revisits: with ``revisit_capacity > 0`` every prompt whose group was informative joins a first-in,
+first-out queue (at most ``revisit_capacity`` prompts; the oldest leave first). When the caller asks for
+revisits (:meth:`take` with ``revisit=True``; the replenisher does so while
+:func:`~dapo_verl.sampler.history.revisits_pay`), a round first re-asks queued prompts, oldest first, and
+then continues the permutation. A revisit leaves the queue when it is handed out and rejoins it only if
+it is informative again. A prompt found informative in one round of a step can be re-asked in the next
+round of the same step: the batch then holds two independent groups of it (each normalised on its own),
+which is where the measured gain is largest -- the policy has not moved, so the prompt is still uncertain.
 """
 
 from __future__ import annotations
@@ -12,6 +20,9 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+
+from dapo_verl.core import DropReason
+from dapo_verl.sampler.history import PromptHistory
 
 __all__ = ["PromptStream"]
 
@@ -25,9 +36,11 @@ class PromptStream:
         num_prompts: Size of the prompt source.
         seed: Seed of the per-epoch permutations and the skip draws.
         shuffle: Visit prompts in a seeded random order (True) or in index order.
-        skip_uninformative: Enable history-based skipping (see the module docstring).
-        skip_keep_base: Base of the keep probability ``skip_keep_base**k``.
-        max_skip_probability: Cap on the skip probability; must be < 1.
+        skip_uninformative: Pass over prompts the history predicts to be uninformative (module docstring).
+        max_skip_probability: Cap on any prompt's skip probability; must be < 1.
+        smoothing_groups: Groups each streak bucket's measured rate averages over.
+        exhausted_streak: Streak length from which a prompt counts as exhausted.
+        revisit_capacity: Most prompts waiting to be revisited; 0 never revisits.
     """
 
     def __init__(
@@ -37,8 +50,10 @@ class PromptStream:
         seed: int = 0,
         shuffle: bool = True,
         skip_uninformative: bool = False,
-        skip_keep_base: float = 0.5,
         max_skip_probability: float = 0.9,
+        smoothing_groups: float = 512.0,
+        exhausted_streak: int = 3,
+        revisit_capacity: int = 0,
     ) -> None:
         if isinstance(num_prompts, bool) or not isinstance(num_prompts, int) or num_prompts < 1:
             raise ValueError(
@@ -49,13 +64,16 @@ class PromptStream:
         self.seed = seed
         self.shuffle = shuffle
         self.skip_uninformative = skip_uninformative
-        self.skip_keep_base = skip_keep_base
-        self.max_skip_probability = max_skip_probability
+        self.history = PromptHistory(num_prompts, smoothing_groups=smoothing_groups,
+                                     max_skip_probability=max_skip_probability, exhausted_streak=exhausted_streak)
         self.epoch = 0
         self.position = 0
         self.prompts_consumed = 0
         self.prompts_skipped = 0
-        self._streak: dict[int, int] = {}
+        self.revisit_capacity = revisit_capacity
+        self.prompts_revisited = 0
+        self._revisit: dict[int, None] = {}  # prompt ids waiting for a revisit, oldest first (an ordered set)
+        self._handed_out: set[int] = set()  # revisits handed out whose group has not been recorded yet
         self._rng = torch.Generator().manual_seed(seed)
         self._order = self._permutation(0)
 
@@ -75,27 +93,27 @@ class PromptStream:
         return prompt_id
 
     def skip_probability(self, prompt_id: int) -> float:
-        """Current probability that ``prompt_id`` is passed over."""
-        streak = self._streak.get(prompt_id, 0)
-        if not self.skip_uninformative or streak == 0:
+        """Current probability that a visit to ``prompt_id`` passes it over."""
+        if not self.skip_uninformative:
             return 0.0
-        return min(self.max_skip_probability, 1.0 - self.skip_keep_base**streak)
+        return 1.0 - self.history.generate_probability(prompt_id)
 
-    def take(self, count: int) -> tuple[list[int], int]:
+    def take(self, count: int, *, revisit: bool = False) -> tuple[list[int], int]:
         """The next ``count`` prompt ids, and how many prompts were skipped to find them.
+
+        Args:
+            count: Prompts wanted.
+            revisit: Re-ask queued prompts first (module docstring).
 
         After ``num_prompts`` skips in a row the next prompt is taken regardless, so the call always ends.
         """
-        ids: list[int] = []
+        ids = self._take_revisits(count) if revisit else []
         skipped = 0
         run = 0
         while len(ids) < count:
             prompt_id = self._next_id()
             probability = self.skip_probability(prompt_id)
             if probability > 0 and run < self.num_prompts and float(torch.rand((), generator=self._rng)) < probability:
-                self._streak[prompt_id] -= 1  # decays back: the next visit is likelier to generate
-                if self._streak[prompt_id] == 0:
-                    del self._streak[prompt_id]
                 skipped += 1
                 run += 1
                 continue
@@ -105,32 +123,57 @@ class PromptStream:
         self.prompts_skipped += skipped
         return ids, skipped
 
-    def record(self, prompt_id: int, *, informative: bool) -> None:
-        """Update a prompt's history after its group was scored."""
-        if informative:
-            self._streak.pop(prompt_id, None)
-        else:
-            self._streak[prompt_id] = self._streak.get(prompt_id, 0) + 1
+    def _take_revisits(self, count: int) -> list[int]:
+        due = list(self._revisit)[:count]
+        for pid in due:
+            del self._revisit[pid]
+        self._handed_out.update(due)
+        self.prompts_revisited += len(due)
+        return due
+
+    def record(self, prompt_id: int, reason: DropReason) -> None:
+        """Update a prompt's history after its group was scored (``reason``: the group filter's verdict)."""
+        revisit = prompt_id in self._handed_out
+        self._handed_out.discard(prompt_id)
+        self.history.record(prompt_id, reason, revisit=revisit)
+        if reason != DropReason.KEEP or not self.revisit_capacity:
+            return
+        self._revisit.pop(prompt_id, None)
+        self._revisit[prompt_id] = None
+        if len(self._revisit) > self.revisit_capacity:
+            del self._revisit[next(iter(self._revisit))]
+
+    @property
+    def revisits_waiting(self) -> int:
+        """Prompts queued for a revisit."""
+        return len(self._revisit)
 
     @property
     def history_size(self) -> int:
-        """Prompts currently holding a non-zero uninformative streak (at most ``num_prompts``)."""
-        return len(self._streak)
+        """Prompts currently holding an uninformative streak (at most ``num_prompts``)."""
+        return self.history.size
 
     def state_dict(self) -> dict[str, Any]:
-        """Plain-data state: position, counters, histories and the skip RNG."""
+        """Plain-data state: position, counters, the prompt history and the skip RNG."""
         return {
             "num_prompts": self.num_prompts,
             "epoch": self.epoch,
             "position": self.position,
             "prompts_consumed": self.prompts_consumed,
             "prompts_skipped": self.prompts_skipped,
-            "streak": sorted([pid, k] for pid, k in self._streak.items()),
+            "prompts_revisited": self.prompts_revisited,
+            "revisit": list(self._revisit),
+            "handed_out": sorted(self._handed_out),
+            "history": self.history.state_dict(),
             "rng": self._rng.get_state(),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore :meth:`state_dict`; the prompt source must have the same size."""
+        """Restore :meth:`state_dict`; the prompt source must have the same size.
+
+        A state without ``history`` (sampler state version 1, whose streaks did not record whether they
+        were all-correct or all-wrong) restores everything else; prompt histories then start afresh.
+        """
         if int(state["num_prompts"]) != self.num_prompts:
             raise ValueError(
                 f"The saved sampler state covers {state['num_prompts']} prompts but the prompt source has "
@@ -140,6 +183,9 @@ class PromptStream:
         self.position = int(state["position"])
         self.prompts_consumed = int(state["prompts_consumed"])
         self.prompts_skipped = int(state["prompts_skipped"])
-        self._streak = {int(pid): int(k) for pid, k in state["streak"]}
+        self.prompts_revisited = int(state.get("prompts_revisited", 0))
+        self._revisit = dict.fromkeys(int(pid) for pid in state.get("revisit", []))
+        self._handed_out = {int(pid) for pid in state.get("handed_out", [])}
+        self.history.load_state_dict(state.get("history", {}))
         self._rng.set_state(state["rng"])
         self._order = self._permutation(self.epoch)

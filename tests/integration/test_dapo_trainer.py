@@ -17,7 +17,8 @@ from dapo_verl.main import validate_dapo_config  # noqa: E402
 from dapo_verl.sampler import ShortfallError  # noqa: E402
 from tests.integration.fake_verl import build_trainer, compose_config  # noqa: E402
 
-CARRY = ["data.gen_batch_size=8", "algorithm.filter_groups.refill=barrier", "algorithm.filter_groups.surplus=carry"]
+CARRY = ["data.gen_batch_size=8", "algorithm.filter_groups.refill=barrier", "algorithm.filter_groups.surplus=carry",
+         "algorithm.filter_groups.skip_uninformative=false", "algorithm.filter_groups.revisit_informative=false"]
 
 
 def _fit(tmp_path, monkeypatch, steps, *extra, log="log.jsonl", **kwargs):

@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 from dapo_verl.config import SamplerConfig
 from dapo_verl.core import dynamic_group_mask
-from dapo_verl.sampler import BatchReplenisher, ShortfallError, max_request_size
+from dapo_verl.sampler import BatchReplenisher, ShortfallError, max_request_size, step_prompt_budget
 from dapo_verl.sampler.simulation import SimulatedPolicy
 
 configs = st.fixed_dictionaries({
@@ -19,6 +19,8 @@ configs = st.fixed_dictionaries({
     "max_staleness_steps": st.integers(1, 3),
     "on_shortfall": st.sampled_from(["error", "partial"]),
     "skip_uninformative": st.booleans(),
+    "revisit_informative": st.booleans(),
+    "max_oversample_factor": st.sampled_from([1.0, 2.0, 4.0]),
     "enable": st.booleans(),
     "seed": st.integers(0, 1000),
 })
@@ -40,6 +42,8 @@ def test_batches_are_informative_full_or_flagged_and_conserved(overrides, rates,
             assert sampler.conservation_gap() == 0
             return
         assert policy.calls - calls_before <= config.max_num_gen_batches
+        assert batch.metrics["dapo/sampler/prompts_requested"] <= step_prompt_budget(config)
+        assert 0 <= batch.metrics["dapo/sampler/pool_exhausted_fraction"] <= 1
         assert sampler.conservation_gap() == 0
         assert len(batch.groups) <= config.train_batch_size
         assert batch.is_partial == (len(batch.groups) < config.train_batch_size)
@@ -52,3 +56,4 @@ def test_batches_are_informative_full_or_flagged_and_conserved(overrides, rates,
         largest_round = max_request_size(config, config.train_batch_size)
         assert len(sampler.carried) <= config.max_staleness_steps * config.max_num_gen_batches * largest_round
         assert sampler.stream.history_size <= num_prompts
+        assert sampler.stream.revisits_waiting <= config.train_batch_size

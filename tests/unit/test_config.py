@@ -24,7 +24,8 @@ def test_defaults_follow_the_paper():
     assert (config.overlong.overlong_tokens, config.overlong.overlong_penalty_factor) == (4096, 1.0)
     assert config.max_response_length == 20480
     assert config.sampler.metric == "acc" and config.sampler.enable
-    assert config.sampler.surplus == "discard" and not config.sampler.skip_uninformative  # beyond-paper: opt-in
+    assert config.sampler.surplus == "discard"  # carrying trains off-policy: opt-in
+    assert config.sampler.skip_uninformative and config.sampler.revisit_informative  # cost only; measured, README
 
 
 def test_configs_are_frozen_and_keyword_only():

@@ -8,8 +8,15 @@ import pytest
 import torch
 
 from dapo_verl.config import SamplerConfig
-from dapo_verl.core import dynamic_group_mask
-from dapo_verl.sampler import BatchReplenisher, GroupResult, PromptStream, ShortfallError, request_size
+from dapo_verl.core import DropReason, dynamic_group_mask
+from dapo_verl.sampler import (
+    BatchReplenisher,
+    GroupResult,
+    PromptStream,
+    ShortfallError,
+    request_size,
+    step_prompt_budget,
+)
 from dapo_verl.sampler.simulation import SimulatedPolicy, drifting_pass_rates
 from dapo_verl.state_io import load_state, save_state
 
@@ -75,6 +82,7 @@ def _round_trip(sampler, tmp_path):
     {"surplus": "carry", "refill": "adaptive"},
     {"surplus": "discard", "refill": "barrier", "gen_batch_size": 12},
     {"surplus": "carry", "skip_uninformative": True},
+    {"surplus": "carry", "skip_uninformative": True, "revisit_informative": True, "max_oversample_factor": 1.5},
 ])
 def test_state_round_trip_gives_identical_next_batches(tmp_path, overrides):
     rates = drifting_pass_rates(64, seed=1, drift_per_step=0.05)
@@ -103,6 +111,25 @@ def test_state_round_trip_gives_identical_next_batches(tmp_path, overrides):
         assert actual.metrics == expected.metrics
 
 
+def test_a_version_1_state_resumes_with_fresh_prompt_histories(tmp_path):
+    sampler, _ = _sampler(surplus="carry", skip_uninformative=True)
+    for _ in range(3):
+        sampler.next_batch()
+    state = _round_trip(sampler, tmp_path)
+    stream = {k: v for k, v in state["stream"].items() if k not in ("history", "revisit", "handed_out",
+                                                                      "prompts_revisited")}
+    old = {**state, "version": 1, "stream": {**stream, "streak": [[1, 2], [5, 1]]},
+           "counters": {k: v for k, v in state["counters"].items() if k != "prompts_revisited"}}
+    resumed, _ = _sampler(surplus="carry", skip_uninformative=True)
+    resumed.load_state_dict(old)
+    assert resumed.counters == sampler.counters and len(resumed.carried) == len(sampler.carried)
+    assert resumed.stream.position == sampler.stream.position and resumed.stream.history_size == 0
+    assert resumed.conservation_gap() == 0
+    assert resumed.next_batch().step == 4
+    with pytest.raises(ValueError, match=r"version 7 is not one of \[1, 2\]"):
+        resumed.load_state_dict({**state, "version": 7})
+
+
 def test_round_limit_error_says_keep_rate_and_knobs():
     sampler, _ = _sampler(rates=(0.0, 0.0, 0.0, 0.5), max_num_gen_batches=1, gen_batch_size=4)
     with pytest.raises(ShortfallError, match=r"has \d of 8 groups .* after 1 rounds .*keep rate \d+\.\d%.*"
@@ -126,7 +153,38 @@ def test_round_limit_partial_trains_on_what_was_found():
 def test_hopeless_data_never_loops_forever():
     sampler, policy = _sampler(rates=(1.0,), max_num_gen_batches=3, on_shortfall="partial")
     batch = sampler.next_batch()
-    assert batch.groups == [] and policy.calls == 3
+    assert batch.groups == [] and 1 <= policy.calls <= 3
+    assert batch.metrics["dapo/sampler/prompts_requested"] == step_prompt_budget(sampler.config) == 3 * 8
+
+
+@pytest.mark.parametrize("refill", ["adaptive", "barrier"])
+def test_a_step_never_generates_more_than_its_prompt_budget(refill):
+    # keep rate ~3%: adaptive rounds would ask ~4x the missing groups each; the budget caps the step instead
+    sampler, _ = _sampler(num_prompts=500, rates=(0.5,) + (1.0,) * 31, refill=refill, gen_batch_size=12,
+                          max_num_gen_batches=4, on_shortfall="partial")
+    budget = step_prompt_budget(sampler.config)
+    assert budget == 4 * 12
+    for _ in range(10):
+        metrics = sampler.next_batch().metrics
+        assert metrics["dapo/sampler/prompts_requested"] <= budget
+        assert metrics["dapo/sampler/gen_rounds"] <= 4
+    assert sampler.conservation_gap() == 0
+
+
+def test_budget_is_rounds_times_the_larger_of_gen_and_train_batch():
+    assert step_prompt_budget(SamplerConfig(train_batch_size=8, gen_batch_size=4, max_num_gen_batches=3)) == 24
+    assert step_prompt_budget(SamplerConfig(train_batch_size=8, gen_batch_size=20, max_num_gen_batches=3)) == 60
+    assert step_prompt_budget(SamplerConfig(train_batch_size=8, enable=False)) == 8
+
+
+def test_budget_shortfall_names_the_budget_and_its_knobs():
+    sampler, _ = _sampler(num_prompts=500, rates=(0.5,) + (1.0,) * 31, gen_batch_size=12, max_num_gen_batches=4,
+                          skip_uninformative=False)
+    with pytest.raises(ShortfallError, match=r"step's budget of max_num_gen_batches x max\(data.gen_batch_size, "
+                                              r"data.train_batch_size\) = 48 prompts.*raise data.gen_batch_size.*"
+                                              r"skip_uninformative=true"):
+        for _ in range(10):
+            sampler.next_batch()
 
 
 def test_carry_keeps_surplus_for_the_next_step_and_drops_stale_groups():
@@ -205,18 +263,16 @@ def test_stream_visits_every_prompt_once_per_epoch_in_seeded_order():
     assert again.take(10)[0] == first
 
 
-def test_skipping_decays_back_and_never_excludes_a_prompt_for_good():
-    stream = PromptStream(4, seed=0, skip_uninformative=True, skip_keep_base=0.5, max_skip_probability=0.9)
-    for _ in range(10):
-        stream.record(0, informative=False)
-    assert stream.skip_probability(0) == pytest.approx(0.9)
+def test_skipping_never_excludes_a_prompt_for_good():
+    stream = PromptStream(4, seed=0, skip_uninformative=True, max_skip_probability=0.9, smoothing_groups=50)
     generated = 0
-    for _ in range(200):
+    for _ in range(300):
         ids, _ = stream.take(4)
         generated += ids.count(0)
         for pid in ids:
-            stream.record(pid, informative=pid != 0)
-    assert generated > 0
+            stream.record(pid, DropReason.ALL_CORRECT if pid == 0 else DropReason.KEEP)
+    assert 0.8 < stream.skip_probability(0) <= 0.9
+    assert 0 < generated < 300 * 0.5  # generated near the 10% floor, never excluded
     assert stream.prompts_skipped > 0
     assert stream.history_size <= 4
 
@@ -240,10 +296,11 @@ def test_state_of_a_different_prompt_source_is_refused(tmp_path):
         other.load_state_dict(_round_trip(sampler, tmp_path))
 
 
-def test_partial_shortfall_warning_names_the_right_knobs(caplog):
+def test_partial_shortfall_is_an_info_line_that_names_the_right_knobs(caplog):
     sampler, _ = _sampler(rates=(0.0, 0.0, 0.0, 0.5), max_num_gen_batches=1, on_shortfall="partial")
-    with caplog.at_level("WARNING", logger="dapo_verl.sampler.replenisher"):
+    with caplog.at_level("INFO", logger="dapo_verl.sampler.replenisher"):
         sampler.next_batch()
+    assert [r.levelname for r in caplog.records] == ["INFO"]  # chosen by the user and recorded as a metric
     message = caplog.records[0].getMessage()
     assert "max_oversample_factor" in message and "Training on the" in message
     assert "on_shortfall=partial" not in message  # it already is

@@ -1,0 +1,214 @@
+"""Prompt histories: signed streaks, measured rates per streak bucket, the skip rule, pool exhaustion."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dapo_verl.config import SamplerConfig
+from dapo_verl.core import DropReason
+from dapo_verl.sampler import BatchReplenisher, PromptStream
+from dapo_verl.sampler.history import (
+    PRIOR_GROUPS,
+    STREAK_LEVELS,
+    PromptHistory,
+    generate_probability,
+    next_streak,
+    revisits_pay,
+)
+from dapo_verl.sampler.simulation import SimulatedPolicy
+
+KEEP, CORRECT, WRONG, SPREAD = DropReason.KEEP, DropReason.ALL_CORRECT, DropReason.ALL_WRONG, DropReason.ZERO_SPREAD
+
+
+def _history(num_prompts=10, **overrides):
+    settings = {"smoothing_groups": 1e12, "max_skip_probability": 0.9, "exhausted_streak": 3, **overrides}
+    return PromptHistory(num_prompts, **settings)
+
+
+def test_streaks_count_uninformative_groups_in_a_row_with_their_kind():
+    assert next_streak(0, CORRECT) == 1 and next_streak(2, CORRECT) == 3
+    assert next_streak(0, WRONG) == -1 and next_streak(-2, SPREAD) == -3
+    assert next_streak(3, WRONG) == -1 and next_streak(-3, CORRECT) == 1  # the kind changed: a new streak
+    assert next_streak(5, KEEP) == next_streak(-5, KEEP) == 0
+
+
+def test_long_streaks_share_the_end_buckets():
+    assert PromptHistory.bucket(0) == STREAK_LEVELS
+    assert PromptHistory.bucket(STREAK_LEVELS + 7) == PromptHistory.bucket(STREAK_LEVELS) == 2 * STREAK_LEVELS
+    assert PromptHistory.bucket(-100) == 0
+
+
+def test_generate_probability_follows_the_measured_rate_ratio_within_the_floor():
+    assert generate_probability(0.05, 0.2, 0.9) == pytest.approx(0.25)
+    assert generate_probability(0.0, 0.2, 0.9) == pytest.approx(0.1)  # floor: 1 - max_skip_probability
+    assert generate_probability(0.3, 0.2, 0.9) == 1.0  # the history predicts more informative groups
+    assert generate_probability(0.1, None, 0.9) == generate_probability(0.1, 0.0, 0.9) == 1.0  # nothing to compare
+    assert generate_probability(0.0, 0.2, 0.0) == 1.0  # max_skip_probability=0 turns skipping off
+
+
+def test_a_bucket_is_thinned_only_on_evidence():
+    history = _history()
+    for pid in range(4):
+        history.record(pid, KEEP if pid % 2 else CORRECT)  # no-streak rate 1/2; prompts 0 and 2 now have +1
+    assert history.rate(history.bucket(0)) == pytest.approx(0.5)
+    assert history.rate(history.bucket(1)) == pytest.approx(0.5)  # no evidence yet: the prior, the no-streak rate
+    assert history.generate_probability(0) == 1.0 and history.generate_probability(1) == 1.0
+    history.record(0, CORRECT)  # one all-correct group from bucket +1
+    expected = PRIOR_GROUPS * 0.5 / (1 + PRIOR_GROUPS)
+    assert history.rate(history.bucket(1)) == pytest.approx(expected)
+    assert history.generate_probability(2) == pytest.approx(expected / 0.5)
+
+
+def test_measured_rates_forget_old_groups():
+    history = _history(smoothing_groups=10.0)
+    for pid in range(100):
+        history.record(pid, KEEP)
+    for pid in range(100, 200):
+        history.record(pid, CORRECT)
+    assert history.rate(history.bucket(0)) < 1e-3  # 100 new groups outweigh 100 old ones at a 10-group memory
+
+
+def test_history_without_predictive_power_skips_nothing():
+    history = _history(num_prompts=400, smoothing_groups=2000.0)
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(20):  # every prompt is informative half the time whatever its past: streaks tell nothing
+        for pid in range(400):
+            draw = int(torch.randint(4, (), generator=gen))
+            history.record(pid, (KEEP, KEEP, CORRECT, WRONG)[draw])
+    probabilities = [history.generate_probability(pid) for pid in range(400)]
+    assert min(probabilities) > 0.8
+
+
+def test_pool_exhaustion_counts_prompts_solved_or_failed_k_times_in_a_row():
+    history = _history(num_prompts=10, exhausted_streak=2)
+    for _ in range(2):
+        history.record(0, CORRECT)
+        history.record(1, WRONG)
+    history.record(2, CORRECT)
+    assert history.solved_fraction == pytest.approx(0.1) and history.failed_fraction == pytest.approx(0.1)
+    assert history.exhausted_fraction == pytest.approx(0.2)
+    history.record(0, KEEP)  # solved no more
+    history.record(1, CORRECT)  # a new streak of another kind
+    assert history.exhausted_fraction == 0.0
+
+
+def test_history_state_round_trip_restores_rates_streaks_and_exhaustion():
+    history = _history(exhausted_streak=2)
+    for pid, reason in [(0, CORRECT), (0, CORRECT), (1, WRONG), (2, KEEP), (1, WRONG), (3, SPREAD)]:
+        history.record(pid, reason)
+    restored = _history(exhausted_streak=2)
+    restored.load_state_dict(history.state_dict())
+    assert restored.state_dict() == history.state_dict()
+    assert restored.exhausted_fraction == history.exhausted_fraction == pytest.approx(0.2)
+    assert [restored.generate_probability(p) for p in range(4)] == [history.generate_probability(p) for p in range(4)]
+    restored.load_state_dict({})
+    assert restored.size == 0 and restored.exhausted_fraction == 0.0
+
+
+def _run(skip, rates, steps=40, **overrides):
+    settings = {"revisit_informative": False, **overrides}  # isolate skipping
+    config = SamplerConfig(train_batch_size=8, seed=1, skip_uninformative=skip, max_num_gen_batches=20, **settings)
+    sampler = BatchReplenisher(config, 200, SimulatedPolicy(lambda pid, step: rates[pid % len(rates)], group_size=4))
+    for _ in range(steps):
+        sampler.next_batch()
+    return sampler
+
+
+def test_measured_skipping_cuts_generation_where_history_predicts():
+    rates = (1.0, 1.0, 0.0, 0.5)  # three prompts in four never give an informative group
+    plain, skipping = _run(False, rates), _run(True, rates)
+
+    def cost(sampler):
+        return sampler.counters["responses_generated"] / sampler.counters["responses_trained"]
+
+    assert cost(skipping) < 0.75 * cost(plain)
+    assert skipping.conservation_gap() == 0
+
+
+def test_measured_skipping_is_nearly_inert_where_history_predicts_nothing():
+    sampler = _run(True, (0.5,), steps=30)  # every prompt alike: a streak says nothing about the next group
+    skipped, consumed = sampler.stream.prompts_skipped, sampler.stream.prompts_consumed
+    assert skipped < 0.1 * (skipped + consumed)
+
+
+def test_pool_metrics_are_reported_every_step():
+    sampler = _run(False, (1.0, 1.0, 0.0, 0.5), steps=60, exhausted_streak=2, exhausted_pool_fraction=0.5)
+    metrics = sampler.next_batch().metrics
+    assert metrics["dapo/sampler/pool_exhausted_fraction"] == pytest.approx(
+        metrics["dapo/sampler/pool_solved_fraction"] + metrics["dapo/sampler/pool_failed_fraction"])
+    assert metrics["dapo/sampler/pool_solved_fraction"] > metrics["dapo/sampler/pool_failed_fraction"] > 0
+    assert metrics["dapo/sampler/pool_exhausted"] == float(sampler.pool_exhausted) == 1.0  # 3 in 4 never inform
+    assert 0 <= metrics["dapo/sampler/keep_rate_streak"] < metrics["dapo/sampler/keep_rate_no_streak"]
+
+
+def test_revisits_pay_only_while_informative_groups_are_rare_and_revisits_do_better():
+    assert revisits_pay(0.1, None, 0.25)  # rare, revisits not measured yet: try them
+    assert revisits_pay(0.1, 0.3, 0.25)
+    assert not revisits_pay(0.1, 0.05, 0.25)  # measured to be worse than fresh prompts
+    assert not revisits_pay(0.3, 0.9, 0.25)  # groups are plentiful: keep the data broad
+    assert not revisits_pay(None, None, 0.25)
+
+
+def test_revisit_rate_needs_prior_groups_and_excludes_revisits_from_the_stream_rate():
+    history = _history()
+    for pid in range(10):
+        history.record(pid, CORRECT)
+    for pid in range(int(PRIOR_GROUPS) - 1):
+        history.record(pid, KEEP, revisit=True)
+    assert history.revisit_rate() is None and history.stream_rate() == 0.0
+    history.record(9, KEEP, revisit=True)
+    assert history.revisit_rate() == 1.0 and history.stream_rate() == 0.0
+
+
+def test_revisit_queue_is_first_in_first_out_bounded_and_only_used_on_request():
+    stream = PromptStream(50, seed=0, revisit_capacity=3)
+    for pid in (7, 8, 9, 10):
+        stream.record(pid, KEEP)
+    assert stream.revisits_waiting == 3  # 7 left first
+    ids, _ = stream.take(2)
+    assert stream.revisits_waiting == 3 and stream.prompts_revisited == 0
+    ids, _ = stream.take(4, revisit=True)
+    assert ids[:3] == [8, 9, 10] and stream.revisits_waiting == 0 and stream.prompts_revisited == 3
+    stream.record(8, KEEP)  # informative again: back in the queue; both count as revisits, not as stream groups
+    stream.record(9, CORRECT)
+    assert stream.history.stream_rate() == 1.0  # the four first groups, all informative
+    assert stream.revisits_waiting == 1
+
+
+def test_stream_state_round_trip_keeps_the_revisit_queue():
+    stream = PromptStream(50, seed=0, revisit_capacity=4)
+    for pid in (3, 4, 5):
+        stream.record(pid, KEEP)
+    stream.take(1, revisit=True)
+    restored = PromptStream(50, seed=0, revisit_capacity=4)
+    restored.load_state_dict(stream.state_dict())
+    saved, again = stream.state_dict(), restored.state_dict()
+    assert torch.equal(saved.pop("rng"), again.pop("rng")) and saved == again
+    assert saved["revisit"] == [4, 5] and saved["handed_out"] == [3]
+    assert restored.take(3, revisit=True) == stream.take(3, revisit=True)
+
+
+def _rare(revisit, steps=30):
+    rates = (0.5,) + (1.0,) * 15  # one prompt in 16 can be informative: about 4% of groups
+    config = SamplerConfig(train_batch_size=4, seed=2, revisit_informative=revisit, skip_uninformative=False,
+                           max_num_gen_batches=4, on_shortfall="partial")
+    sampler = BatchReplenisher(config, 320, SimulatedPolicy(lambda pid, step: rates[pid % 16], group_size=4, seed=2))
+    return sampler, [sampler.next_batch() for _ in range(steps)]
+
+
+def test_revisits_raise_the_yield_when_informative_groups_are_rare():
+    plain, _ = _rare(False)
+    revisiting, batches = _rare(True)
+    assert sum(b.metrics["dapo/sampler/prompts_revisited"] for b in batches) > 0
+    assert revisiting.counters["groups_trained"] > 1.5 * plain.counters["groups_trained"]
+    assert revisiting.counters["prompts_requested"] <= plain.counters["prompts_requested"]
+    assert revisiting.conservation_gap() == 0
+    metrics = batches[-1].metrics
+    assert metrics["dapo/sampler/keep_rate_revisit"] > metrics["dapo/sampler/keep_rate_stream"]
+
+
+def test_no_revisits_while_informative_groups_are_plentiful():
+    config = SamplerConfig(train_batch_size=8, seed=0, revisit_informative=True)
+    sampler = BatchReplenisher(config, 200, SimulatedPolicy(lambda pid, step: 0.5, group_size=4))
+    assert sum(sampler.next_batch().metrics["dapo/sampler/prompts_revisited"] for _ in range(10)) == 0
