@@ -261,35 +261,23 @@ def _torch_settings(threads: int) -> Iterator[None]:
         torch.use_deterministic_algorithms(saved[1], warn_only=saved[2])
 
 
-class _FirstOnly(logging.Filter):
-    """Lets the first record through and counts the rest (the sampler warns on every partial batch)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.suppressed = 0
-        self._seen = False
+class _BelowWarning(logging.Filter):
+    """Drops records below WARNING (the sampler's line per partial batch; the run summarises them once)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if self._seen:
-            self.suppressed += 1
-            return False
-        self._seen = True
-        return True
+        return record.levelno >= logging.WARNING
 
 
 @contextmanager
 def _quiet_partial_batches() -> Iterator[None]:
-    """Log the sampler's partial-batch warning once per run, then a count (``dapo/sampler/partial`` has all)."""
+    """Silence the sampler's per-step partial-batch lines: ``dapo/sampler/partial`` and the run's summary have them."""
     sampler_logger = logging.getLogger("dapo_verl.sampler.replenisher")
-    once = _FirstOnly()
-    sampler_logger.addFilter(once)
+    quiet = _BelowWarning()
+    sampler_logger.addFilter(quiet)
     try:
         yield
     finally:
-        sampler_logger.removeFilter(once)
-        if once.suppressed:
-            logger.warning("Dynamic sampling returned a partial batch on %d more steps (metric dapo/sampler/partial); "
-                           "the policy solves or fails most prompts consistently.", once.suppressed)
+        sampler_logger.removeFilter(quiet)
 
 
 def _device(name: str) -> torch.device:
@@ -333,7 +321,7 @@ class _Trainer:
                                temperature=run.rollout.temperature, max_response_length=dapo.max_response_length,
                                overlong=dapo.overlong, device=self.device)
         self.sampler = BatchReplenisher(dapo.sampler, len(self.task.train_prompts), self.rollout)
-        self.idle_steps = 0
+        self.idle_steps = self.partial_steps = 0
         logger.info("Task %s: %d training prompts, %d evaluation prompts (%s); model %s from %s.", self.task.name,
                     len(self.task.train_prompts), len(self.task.eval_prompts),
                     "held out" if self.task.heldout else "the training prompts", describe(self.model),
@@ -398,23 +386,45 @@ class _Trainer:
                 log.log(self._validate(), step=0)
             for step in range(start + 1, total + 1):
                 metrics = self._train_step(step)
-                if _due(step, trainer.test_freq, total):
+                last = step if step == total or self._stop_exhausted(step) else total
+                if _due(step, trainer.test_freq, last):
                     metrics |= self._validate()
                 log.log(metrics, step=step)
-                if _due(step, trainer.save_freq, total) or self.stop.requested:
+                if _due(step, trainer.save_freq, last) or self.stop.requested:
                     save_checkpoint(self.run_dir, step, model=self.model, optimizer=self.optimizer,
                                     sampler=self.sampler, config=self.spec.cfg)
                 bar.update(1)
                 bar.set_postfix(progress_postfix(log.history, self.task.name), refresh=False)
                 if self.stop.requested and step < total:
                     self._interrupted(step)
+                if last == step < total:
+                    total = step  # stop_when_exhausted ended the run here
+                    break
         finally:
             bar.close()
             log.close()
-        if self.idle_steps:
-            logger.info("%d steps found no informative group and made no update (dapo/sampler/groups_trained = 0): "
-                        "the policy answers those prompts all right or all wrong.", self.idle_steps)
+        self._log_sampling_summary(start, total)
         return self._finish(log.history, resumed, last_step=max(start, total))
+
+    def _stop_exhausted(self, step: int) -> bool:
+        """``algorithm.filter_groups.stop_when_exhausted``: end the run now that the prompt pool is exhausted."""
+        sampler = self.spec.dapo.sampler
+        if not (sampler.stop_when_exhausted and self.sampler.pool_exhausted):
+            return False
+        logger.info("Stopping after step %d: %.0f%% of the prompt pool was solved or failed %d times in a row "
+                    "(algorithm.filter_groups.stop_when_exhausted, exhausted_pool_fraction=%g).", step,
+                    100 * self.sampler.stream.history.exhausted_fraction, sampler.exhausted_streak,
+                    sampler.exhausted_pool_fraction)
+        return True
+
+    def _log_sampling_summary(self, start: int, last: int) -> None:
+        """One line on the steps that trained on a partial batch (each is in ``dapo/sampler/partial``)."""
+        if self.partial_steps:
+            logger.info("Dynamic sampling: %d of %d steps trained on a partial batch (%d on none) as informative "
+                        "groups ran out; %.0f%% of the prompt pool is solved or failed %d times in a row "
+                        "(dapo/sampler/partial, dapo/sampler/pool_exhausted_fraction).", self.partial_steps,
+                        last - start, self.idle_steps, 100 * self.sampler.stream.history.exhausted_fraction,
+                        self.spec.dapo.sampler.exhausted_streak)
 
     def _interrupted(self, step: int) -> None:
         append_history(self.run_dir, "interrupted", step=step)
@@ -427,6 +437,7 @@ class _Trainer:
         began = time.perf_counter()
         tokens_before = self.rollout.generated_tokens
         sampled = self.sampler.next_batch()
+        self.partial_steps += sampled.is_partial
         generated = time.perf_counter()
         metrics: dict[str, float] = {"training/global_step": float(step), "actor/lr": run.actor.lr}
         metrics |= sampled.metrics
