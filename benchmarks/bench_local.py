@@ -1,130 +1,212 @@
-"""Local-backend benchmark: speed of the default run, and dynamic sampling's cost with real generation.
+"""Local-backend benchmark: dynamic sampling's cost with real generation, against verl-recipe's sampler and TRL.
 
-Run: ``.venv/bin/python -m benchmarks.bench_local`` (about 2-3 minutes on 2 CPU cores; ``--help``).
-Prints one JSON line per measurement (with commit, torch version and device):
+Run: ``.venv/bin/python -m benchmarks.bench_local`` (8 runs of 200 steps; about 10 minutes on 2 CPU cores
+with ``--jobs 2``; ``--help``). Prints one JSON line per measurement (with commit, torch version and device):
 
-* ``default_run`` -- ``dapo-verl train`` with no overrides, from an empty model cache: wall time (model
-  building included), training steps per second (``steps / sum(timing_s/step)``), generated response
-  tokens per second of generation time (``sum(perf/generated_tokens) / sum(timing_s/gen)``), and the
-  held-out accuracy before and after.
-* ``sampler_efficiency`` -- the same experiment for ``--efficiency-steps`` steps under three sampler
-  strategies, same seed, real generation by the tiny model: ``recipe_barrier_discard`` (verl-recipe:
-  ``refill=barrier``, ``surplus=discard``, ``data.gen_batch_size = 3 x train_batch_size``),
-  ``adaptive_discard`` (ours, the default) and ``adaptive_carry`` (ours with ``surplus=carry``). The
-  headline is ``generated_per_trained``, responses generated per response trained, over the whole run and
-  separately over the learning phase (``early``, steps 1-50, most groups mixed) and the rest (``late``,
-  most groups all-correct, so every strategy exhausts ``max_num_gen_batches`` rounds). The strategies
-  change which groups are trained, so their training trajectories (and accuracies) differ too.
+* ``sampler_run`` -- one line per strategy and seed: ``dapo-verl train`` with the strategy's overrides for
+  ``--steps`` steps (default 200, the default run's length), real generation by the tiny model. Strategies:
+  ``recipe_barrier_discard`` (verl-recipe's sampler: ``refill=barrier``, ``surplus=discard``,
+  ``data.gen_batch_size = 3 x train_batch_size = 48``, no skipping, no revisits) and ``default``
+  (``dapo-verl train`` as shipped).
+  The headline is ``generated_per_trained``, responses generated per response trained, over the whole run
+  and over the late phase (``late``, steps 101-200: the policy has learned the task and almost every group
+  is all-correct or all-wrong); ``early`` is steps 1-50 (most groups informative). Also: rounds per step,
+  partial steps, prompts revisited, the final held-out accuracy, and the training time (``train_s``, the
+  sum of ``timing_s/step``).
+* ``default_run`` -- the speed of the first seed's ``default`` run, which starts from an empty model cache:
+  wall time (model building included), training steps per second (``steps / sum(timing_s/step)``) and
+  generated response tokens per second of generation time.
+* ``sampler_comparison`` -- per strategy, the mean over seeds, and for ``default`` the ratios
+  ``x_fewer_whole`` and ``x_fewer_late`` (recipe's generated per trained / ours, per seed, then averaged)
+  and the accuracy difference.
+* ``trl_grpo`` -- with ``--trl-python PATH`` (a separate virtual environment with TRL; see
+  :mod:`benchmarks.trl_grpo`), TRL's GRPOTrainer on the same task, model and hyper-parameters, per seed;
+  without it, one line saying it was skipped.
 
-Timings depend on the machine and on other load; counts and accuracies are exactly reproducible on CPU.
+The strategies change which groups are trained, so their training trajectories (and accuracies) differ;
+that is why the comparison runs several seeds. Timings depend on the machine and on other load (parallel
+jobs share the cores); counts and accuracies are exactly reproducible on CPU.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from dapo_verl.local.train import RunResult, run
-
 STRATEGIES: dict[str, list[str]] = {
     "recipe_barrier_discard": ["algorithm.filter_groups.refill=barrier", "algorithm.filter_groups.surplus=discard",
-                               "data.gen_batch_size=48"],
-    "adaptive_discard": ["algorithm.filter_groups.refill=adaptive", "algorithm.filter_groups.surplus=discard"],
-    "adaptive_carry": ["algorithm.filter_groups.refill=adaptive", "algorithm.filter_groups.surplus=carry"],
+                               "data.gen_batch_size=48", "algorithm.filter_groups.skip_uninformative=false",
+                               "algorithm.filter_groups.revisit_informative=false"],
+    "default": [],
 }
 """Strategy -> overrides of the default experiment (its train_batch_size is 16, so 3 x 16 = 48)."""
+
+RECIPE, OURS = "recipe_barrier_discard", "default"
+EARLY_STEPS = 50
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def _commit() -> str:
     try:
         out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True,
-                             cwd=Path(__file__).resolve().parent)
+                             cwd=ROOT)
         return out.stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
 
 
-def _total(result: RunResult, key: str) -> float:
-    return sum(value for _, value in result.series(key))
-
-
-def _window(result: RunResult, first: int, last: float) -> dict[str, Any]:
-    """Responses generated per trained and rounds per step over steps ``first..last``."""
+def _window(history: list[dict[str, Any]], first: int, last: float) -> dict[str, Any]:
+    """Responses generated per trained, rounds, partial steps and keep rate over steps ``first..last``."""
+    rows = [r["data"] for r in history if first <= r["step"] <= last and "timing_s/step" in r["data"]]
 
     def total(key: str) -> float:
-        return sum(value for step, value in result.series(key) if first <= step <= last)
+        return sum(row.get(key) or 0.0 for row in rows)
 
-    steps = sum(1 for step, _ in result.series("timing_s/step") if first <= step <= last)
     trained = total("dapo/sampler/responses_trained")
+    steps = len(rows)
     return {
+        "steps": f"{first}-{first + steps - 1}" if steps else None,
         "generated_per_trained": round(total("dapo/sampler/responses_generated") / trained, 3) if trained else None,
-        "rounds_mean": round(total("dapo/sampler/gen_rounds") / steps, 3) if steps else None,
-        "mean_keep_rate": round(total("dapo/sampler/keep_rate") / steps, 3) if steps else None,
-    }
-
-
-def _measure(result: RunResult, early_steps: int = 50) -> dict[str, Any]:
-    steps = len(result.series("timing_s/step"))
-    train_s = _total(result, "timing_s/step")
-    gen_s = _total(result, "timing_s/gen")
-    generated, trained = _total(result, "dapo/sampler/responses_generated"), _total(result,
-                                                                                   "dapo/sampler/responses_trained")
-    return {
-        "steps": steps,
-        "wall_s": round(result.wall_s, 2),
-        "train_s": round(train_s, 2),
-        "steps_per_s": round(steps / train_s, 3) if train_s else None,
-        "generated_tokens_per_s": round(_total(result, "perf/generated_tokens") / gen_s, 1) if gen_s else None,
-        "responses_generated": int(generated),
+        "responses_generated": int(total("dapo/sampler/responses_generated")),
         "responses_trained": int(trained),
-        "generated_per_trained": round(generated / trained, 3) if trained else None,
-        "rounds_mean": round(_total(result, "dapo/sampler/gen_rounds") / steps, 3) if steps else None,
-        "partial_steps": int(_total(result, "dapo/sampler/partial")),
-        "initial_accuracy": result.initial_accuracy,
-        "final_accuracy": result.final_accuracy,
-        "early": {"steps": f"1-{early_steps}", **_window(result, 1, early_steps)},
-        "late": {"steps": f"{early_steps + 1}-{steps}", **_window(result, early_steps + 1, steps)},
+        "rounds_mean": round(total("dapo/sampler/gen_rounds") / steps, 3) if steps else None,
+        "partial_steps": int(total("dapo/sampler/partial")),
+        "mean_keep_rate": round(total("dapo/sampler/keep_rate") / steps, 4) if steps else None,
     }
+
+
+def measure(history: list[dict[str, Any]], *, late_from: int) -> dict[str, Any]:
+    """Whole-run, early (steps 1-50) and late (``late_from`` on) sampler costs of one run's metric history."""
+    rows = [r["data"] for r in history if "timing_s/step" in r["data"]]
+    whole = _window(history, 1, float("inf"))
+    vals = [r["data"]["val-core/copy3/acc/mean@1"] for r in history if "val-core/copy3/acc/mean@1" in r["data"]]
+    train_s = sum(row["timing_s/step"] for row in rows)
+    gen_s = sum(row.get("timing_s/gen") or 0.0 for row in rows)
+    return {
+        **{k: v for k, v in whole.items() if k != "steps"},
+        "steps": len(rows),
+        "prompts_revisited": int(sum(row.get("dapo/sampler/prompts_revisited") or 0.0 for row in rows)),
+        "initial_accuracy": vals[0] if vals else None,
+        "final_accuracy": vals[-1] if vals else None,
+        "train_s": round(train_s, 2),
+        "steps_per_s": round(len(rows) / train_s, 3) if train_s else None,
+        "generated_tokens_per_s": round(sum(row.get("perf/generated_tokens") or 0.0 for row in rows) / gen_s, 1)
+        if gen_s else None,
+        "early": _window(history, 1, EARLY_STEPS),
+        "late": _window(history, late_from, float("inf")),
+    }
+
+
+def _train(job: tuple[str, int, int, str, str, str]) -> dict[str, Any]:
+    """One ``dapo-verl train`` run (in a worker process); returns its measurements."""
+    from dapo_verl.local.train import run
+
+    strategy, seed, steps, device, cache, out = job
+    began = time.perf_counter()
+    result = run([f"local.device={device}", f"data.seed={seed}", "trainer.resume_mode=disable",
+                  "trainer.save_freq=-1", f"trainer.total_training_steps={steps}", f"local.cache_dir={cache}",
+                  *STRATEGIES[strategy]], out)
+    return {"strategy": strategy, "seed": seed, "wall_s": round(result.wall_s, 2),
+            "process_s": round(time.perf_counter() - began, 2), "model_built": result.model_built,
+            **measure(result.history, late_from=steps // 2 + 1)}
+
+
+def summarize(lines: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per strategy: means over seeds; for ``default``, the per-seed ratios against the recipe, averaged."""
+    out = []
+    by = {(line["strategy"], line["seed"]): line for line in lines}
+    for strategy in dict.fromkeys(line["strategy"] for line in lines):
+        runs = [line for line in lines if line["strategy"] == strategy]
+
+        def mean(values: list[float | None]) -> float | None:
+            known = [v for v in values if v is not None]
+            return round(statistics.fmean(known), 4) if known else None
+
+        row = {"strategy": strategy, "seeds": [r["seed"] for r in runs],
+               "generated_per_trained": mean([r["generated_per_trained"] for r in runs]),
+               "late_generated_per_trained": mean([r["late"]["generated_per_trained"] for r in runs]),
+               "early_generated_per_trained": mean([r["early"]["generated_per_trained"] for r in runs]),
+               "rounds_mean": mean([r["rounds_mean"] for r in runs]),
+               "partial_steps": mean([r["partial_steps"] for r in runs]),
+               "final_accuracy": mean([r["final_accuracy"] for r in runs]),
+               "train_s": mean([r["train_s"] for r in runs])}
+        recipe = [by.get((RECIPE, r["seed"])) for r in runs]
+        if strategy != RECIPE and all(recipe):
+            row["x_fewer_whole"] = mean([_ratio(b["generated_per_trained"], r["generated_per_trained"])
+                                         for b, r in zip(recipe, runs)])  # type: ignore[index]
+            row["x_fewer_late"] = mean([_ratio(b["late"]["generated_per_trained"], r["late"]["generated_per_trained"])
+                                        for b, r in zip(recipe, runs)])  # type: ignore[index]
+            row["accuracy_minus_recipe"] = mean([r["final_accuracy"] - b["final_accuracy"]  # type: ignore[index]
+                                                 for b, r in zip(recipe, runs)])
+        out.append(row)
+    return out
+
+
+def _ratio(base: float | None, ours: float | None) -> float | None:
+    return base / ours if base is not None and ours else None
+
+
+def _trl(python: str, seed: int, steps: int, cache: Path) -> dict[str, Any]:
+    """Run :mod:`benchmarks.trl_grpo` in another interpreter; its last output line is the JSON result."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([python, "-m", "benchmarks.trl_grpo", "--seed", str(seed), "--steps", str(steps),
+                           "--cache-dir", str(cache)], capture_output=True, text=True, cwd=ROOT, env=env, check=False)
+    if proc.returncode:
+        return {"measurement": "trl_grpo", "seed": seed, "error": proc.stderr.strip().splitlines()[-1:]}
+    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run the measurements and print one JSON line each."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda", "auto"], help="local.device")
-    parser.add_argument("--seed", type=int, default=0, help="data.seed of every run")
-    parser.add_argument("--default-steps", type=int, help="training steps of the default run (default: its config)")
-    parser.add_argument("--efficiency-steps", type=int, default=150, help="training steps per sampler strategy")
-    parser.add_argument("--skip-default-run", action="store_true", help="only the sampler comparison")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3], help="data.seed of the runs")
+    parser.add_argument("--steps", type=int, default=200, help="training steps per run (late phase: second half)")
+    parser.add_argument("--strategies", nargs="+", default=list(STRATEGIES), choices=list(STRATEGIES))
+    parser.add_argument("--jobs", type=int, default=1, help="runs in parallel (counts are unaffected)")
+    parser.add_argument("--trl-python", help="python of a virtual environment with TRL: add TRL GRPOTrainer rows")
     parser.add_argument("--out", type=Path, help="keep the run directories here (default: a temporary directory)")
     args = parser.parse_args(argv)
-    meta = {"commit": _commit(), "torch": torch.__version__, "device": args.device,
-            "python": platform.python_version(), "seed": args.seed}
+    meta = {"benchmark": "bench_local", "commit": _commit(), "torch": torch.__version__, "device": args.device,
+            "python": platform.python_version()}
     with tempfile.TemporaryDirectory(prefix="bench_local_") as tmp:
         root = args.out or Path(tmp)
-        common = [f"local.device={args.device}", f"data.seed={args.seed}", "trainer.resume_mode=disable",
-                  "trainer.save_freq=-1"]
-        if not args.skip_default_run:
-            began = time.perf_counter()
-            steps = [f"trainer.total_training_steps={args.default_steps}"] if args.default_steps else []
-            result = run([*common, *steps, f"local.cache_dir={root / 'empty_cache'}"], root / "default_run")
-            line = {"benchmark": "bench_local", "measurement": "default_run", **meta, **_measure(result),
-                    "process_s": round(time.perf_counter() - began, 2)}
-            print(json.dumps(line), flush=True)
-        for name, overrides in STRATEGIES.items():
-            result = run([*common, *overrides, f"local.cache_dir={root / 'cache'}",
-                          f"trainer.total_training_steps={args.efficiency_steps}"], root / name)
-            line = {"benchmark": "bench_local", "measurement": "sampler_efficiency", "strategy": name, **meta,
-                    **_measure(result)}
-            print(json.dumps(line), flush=True)
+        jobs = [(strategy, seed, args.steps, args.device,
+                 str(root / ("empty_cache" if (strategy, seed) == (OURS, args.seeds[0]) else "cache")),
+                 str(root / f"{strategy}_seed{seed}"))
+                for seed in args.seeds for strategy in args.strategies]
+        jobs.sort(key=lambda job: job[4].endswith("empty_cache"), reverse=True)  # the empty-cache run first
+        if args.jobs > 1:
+            with ProcessPoolExecutor(args.jobs) as pool:
+                lines = list(pool.map(_train, jobs))
+        else:
+            lines = [_train(job) for job in jobs]
+        for line in lines:
+            print(json.dumps({**meta, "measurement": "sampler_run", **line}), flush=True)
+            if (line["strategy"], line["seed"]) == (OURS, args.seeds[0]) and OURS in args.strategies:
+                speed = {k: line[k] for k in ("steps", "wall_s", "train_s", "steps_per_s", "generated_tokens_per_s",
+                                               "responses_generated", "responses_trained", "generated_per_trained",
+                                               "rounds_mean", "partial_steps", "initial_accuracy", "final_accuracy")}
+                print(json.dumps({**meta, "measurement": "default_run", "seed": line["seed"], **speed}), flush=True)
+        for row in summarize(lines):
+            print(json.dumps({**meta, "measurement": "sampler_comparison", **row}), flush=True)
+        if not args.trl_python:
+            print(json.dumps({**meta, "measurement": "trl_grpo", "skipped": "no --trl-python given"}), flush=True)
+            return 0
+        for seed in args.seeds:
+            print(json.dumps({**meta, **_trl(args.trl_python, seed, args.steps, root / "cache")}), flush=True)
     return 0
 
 

@@ -293,15 +293,22 @@ def _recipe(scenario: Scenario, seed: int) -> RunRecord:
     return run_replenisher(scenario, seed, refill="barrier", surplus="discard", gen_batch_size=gen_batch_size)
 
 
+_PLAIN = {"skip_uninformative": False, "revisit_informative": False}
+_CARRY = {"surplus": "carry", "max_staleness_steps": 1}
+
 STRATEGIES: dict[str, tuple[str, Callable[[Scenario, int], RunRecord]]] = {
     _RECIPE: ("verl-recipe: barrier 3x, discard", _recipe),
     "v1_streaming_discard": ("verl v1: streaming 2k refill, discard", run_streaming),
     "adaptive_discard": ("ours: adaptive, discard", lambda s, seed: run_replenisher(
-        s, seed, refill="adaptive", surplus="discard")),
+        s, seed, refill="adaptive", surplus="discard", **_PLAIN)),
     "adaptive_carry": ("ours: adaptive, carry", lambda s, seed: run_replenisher(
-        s, seed, refill="adaptive", surplus="carry", max_staleness_steps=1)),
+        s, seed, refill="adaptive", **_CARRY, **_PLAIN)),
     "adaptive_carry_skip": ("ours: adaptive, carry, skip", lambda s, seed: run_replenisher(
-        s, seed, refill="adaptive", surplus="carry", max_staleness_steps=1, skip_uninformative=True)),
+        s, seed, refill="adaptive", **_CARRY, skip_uninformative=True, revisit_informative=False)),
+    "adaptive_revisit": ("ours: adaptive, discard, revisit", lambda s, seed: run_replenisher(
+        s, seed, refill="adaptive", surplus="discard", skip_uninformative=False, revisit_informative=True)),
+    "adaptive_skip_revisit": ("ours: adaptive, discard, skip, revisit", lambda s, seed: run_replenisher(
+        s, seed, refill="adaptive", surplus="discard", skip_uninformative=True, revisit_informative=True)),
 }
 """Strategy name -> (table label, runner)."""
 

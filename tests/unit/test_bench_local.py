@@ -1,19 +1,59 @@
-"""benchmarks/bench_local.py: one JSON line per measurement, with the fields the README table reads."""
+"""benchmarks/bench_local.py: one JSON line per measurement, with the fields the README tables read."""
 
 from __future__ import annotations
 
 import json
 
-from benchmarks.bench_local import STRATEGIES, main
+from benchmarks.bench_local import STRATEGIES, main, measure, summarize
 
 
 def test_benchmark_prints_one_json_line_per_measurement(capsys, tmp_path):
-    assert main(["--default-steps", "2", "--efficiency-steps", "2", "--out", str(tmp_path)]) == 0
+    assert main(["--seeds", "0", "--steps", "2", "--out", str(tmp_path)]) == 0
     lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
-    assert [line["measurement"] for line in lines] == ["default_run"] + ["sampler_efficiency"] * len(STRATEGIES)
-    assert [line.get("strategy") for line in lines[1:]] == list(STRATEGIES)
-    for line in lines:
-        fields = {"commit", "torch", "device", "steps_per_s", "generated_tokens_per_s", "generated_per_trained"}
-        assert fields <= set(line)
-        assert line["steps"] == 2
-        assert line["generated_per_trained"] >= 1.0
+    kinds = [line["measurement"] for line in lines]
+    assert kinds == ["sampler_run", "default_run", "sampler_run", "sampler_comparison", "sampler_comparison",
+                     "trl_grpo"]  # the default run from an empty model cache comes first
+    runs = [line for line in lines if line["measurement"] == "sampler_run"]
+    assert sorted(line["strategy"] for line in runs) == sorted(STRATEGIES)
+    for line in runs:
+        assert {"commit", "torch", "device", "generated_per_trained", "late", "early", "final_accuracy"} <= set(line)
+        assert line["steps"] == 2 and line["generated_per_trained"] >= 1.0
+    default = next(line for line in lines if line["measurement"] == "default_run")
+    assert {"steps_per_s", "generated_tokens_per_s", "wall_s"} <= set(default)
+    comparison = {line["strategy"]: line for line in lines if line["measurement"] == "sampler_comparison"}
+    assert {"x_fewer_whole", "x_fewer_late", "accuracy_minus_recipe"} <= set(comparison["default"])
+    assert lines[-1] == {**lines[-1], "measurement": "trl_grpo", "skipped": "no --trl-python given"}
+
+
+def _record(step, generated, trained, rounds=1.0, acc=None):
+    data = {"timing_s/step": 0.1, "timing_s/gen": 0.05, "perf/generated_tokens": 10.0,
+            "dapo/sampler/responses_generated": generated, "dapo/sampler/responses_trained": trained,
+            "dapo/sampler/gen_rounds": rounds, "dapo/sampler/partial": float(trained < 16),
+            "dapo/sampler/keep_rate": 0.5}
+    if acc is not None:
+        data["val-core/copy3/acc/mean@1"] = acc
+    return {"step": step, "data": data}
+
+
+def test_windows_split_the_run_into_early_and_late_phases():
+    history = [{"step": 0, "data": {"val-core/copy3/acc/mean@1": 0.0}}]
+    history += [_record(s, 32.0, 16.0) for s in range(1, 51)] + [_record(s, 160.0, 8.0, 4.0) for s in range(51, 101)]
+    history[-1]["data"]["val-core/copy3/acc/mean@1"] = 0.75
+    result = measure(history, late_from=51)
+    assert result["early"]["generated_per_trained"] == 2.0 and result["late"]["generated_per_trained"] == 20.0
+    assert result["generated_per_trained"] == round((50 * 32 + 50 * 160) / (50 * 16 + 50 * 8), 3)
+    assert result["late"]["partial_steps"] == 50 and result["late"]["rounds_mean"] == 4.0
+    assert (result["initial_accuracy"], result["final_accuracy"]) == (0.0, 0.75)
+
+
+def test_summary_ratios_are_per_seed_recipe_over_ours_then_averaged():
+    def line(strategy, seed, whole, late, acc):
+        return {"strategy": strategy, "seed": seed, "generated_per_trained": whole, "rounds_mean": 1.0,
+                "partial_steps": 0, "final_accuracy": acc, "train_s": 1.0,
+                "late": {"generated_per_trained": late}, "early": {"generated_per_trained": 2.0}}
+
+    rows = summarize([line("recipe_barrier_discard", 0, 16.0, 100.0, 0.8), line("default", 0, 8.0, 25.0, 0.9),
+                      line("recipe_barrier_discard", 1, 12.0, 60.0, 0.9), line("default", 1, 12.0, 30.0, 0.9)])
+    ours = next(row for row in rows if row["strategy"] == "default")
+    assert ours["x_fewer_whole"] == 1.5 and ours["x_fewer_late"] == 3.0
+    assert ours["accuracy_minus_recipe"] == 0.05
