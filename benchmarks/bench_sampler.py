@@ -17,7 +17,8 @@ Strategies:
 
 * ``recipe_barrier_discard`` -- verl-recipe's ``RayDAPOTrainer``: rounds of ``data.gen_batch_size = 3 x
   train_batch_size`` prompts (the published 32B run), ``max_num_gen_batches = 10``, surplus discarded; run
-  through :class:`~dapo_verl.sampler.BatchReplenisher` with ``refill=barrier, surplus=discard``.
+  through :class:`~dapo_verl.sampler.BatchReplenisher` with ``refill=barrier, surplus=discard`` and no skipping
+  or revisits.
 * ``v1_streaming_discard`` -- verl v1's sync ``ReplayBuffer`` with ``algorithm.filter_groups`` (simulated
   here by :class:`StreamingRefill`, written from its documented behaviour): a step submits
   ``train_batch_size`` prompts; every finished zero-variance group is evicted and adds 2 refill credits;
@@ -28,7 +29,10 @@ Strategies:
   dispatching after ``100 x train_batch_size`` prompts and counts as partial.
 * ``adaptive_discard`` / ``adaptive_carry`` / ``adaptive_carry_skip`` -- ours: adaptive refill (default
   ``SamplerConfig`` sizing) with surplus discarded, carried one step (``max_staleness_steps=1``), and carried
-  plus history-based skipping (``skip_uninformative=true``).
+  plus measured skipping (``skip_uninformative=true``); no revisits.
+* ``adaptive_revisit`` / ``adaptive_skip_revisit`` -- adaptive refill, surplus discarded, revisits of
+  informative prompts while they are rare (``revisit_informative=true``), without and with skipping; the
+  latter is the shipped default.
 
 Metrics, per strategy over the whole run, then mean / sd / min / max over seeds:
 
@@ -290,7 +294,8 @@ def run_streaming(scenario: Scenario, seed: int) -> RunRecord:
 
 def _recipe(scenario: Scenario, seed: int) -> RunRecord:
     gen_batch_size = scenario.gen_batch_factor * scenario.train_batch_size
-    return run_replenisher(scenario, seed, refill="barrier", surplus="discard", gen_batch_size=gen_batch_size)
+    return run_replenisher(scenario, seed, refill="barrier", surplus="discard", gen_batch_size=gen_batch_size,
+                           skip_uninformative=False, revisit_informative=False)
 
 
 _PLAIN = {"skip_uninformative": False, "revisit_informative": False}
@@ -307,7 +312,7 @@ STRATEGIES: dict[str, tuple[str, Callable[[Scenario, int], RunRecord]]] = {
         s, seed, refill="adaptive", **_CARRY, skip_uninformative=True, revisit_informative=False)),
     "adaptive_revisit": ("ours: adaptive, discard, revisit", lambda s, seed: run_replenisher(
         s, seed, refill="adaptive", surplus="discard", skip_uninformative=False, revisit_informative=True)),
-    "adaptive_skip_revisit": ("ours: adaptive, discard, skip, revisit", lambda s, seed: run_replenisher(
+    "adaptive_skip_revisit": ("ours: default (adaptive, discard, skip, revisit)", lambda s, seed: run_replenisher(
         s, seed, refill="adaptive", surplus="discard", skip_uninformative=True, revisit_informative=True)),
 }
 """Strategy name -> (table label, runner)."""
