@@ -131,7 +131,7 @@ def _valid_token_count(case: _Case, valid: int) -> int | torch.Tensor | float | 
     """``num_valid_tokens`` as a micro-batch of a larger mini-batch passes it, or an invalid count."""
     if not case.chance(0.3):
         return None
-    bad = [math.nan, math.inf, -1, 0.5, float(valid) + 0.5, *([valid - 1] if valid > 0 else [])]
+    bad = [math.nan, math.inf, -1, 0.5, float(valid) + 0.5, *([valid - 1, 0] if valid > 0 else [])]
     count = case.pick("num_valid_tokens", [valid, valid + case.rng.randint(1, 40)], bad=bad, p_bad=0.3)
     return torch.tensor(count) if case.chance(0.3) else count
 
