@@ -3,6 +3,7 @@
 from dapo_verl.sampler.history import PromptHistory
 from dapo_verl.sampler.replenisher import DROP_REASONS, BatchReplenisher, ShortfallError
 from dapo_verl.sampler.sizing import (
+    budget_can_fill,
     estimate_sample_size,
     max_request_size,
     request_size,
@@ -24,6 +25,7 @@ __all__ = [
     "PromptStream",
     "SampledBatch",
     "ShortfallError",
+    "budget_can_fill",
     "estimate_sample_size",
     "max_request_size",
     "request_size",

@@ -3,7 +3,8 @@
 Each call to :meth:`BatchReplenisher.next_batch` returns exactly ``train_batch_size`` informative prompt
 groups. It first takes carried-over groups (``surplus=carry``, oldest first, dropping those older than
 ``max_staleness_steps``), then generates rounds -- sized by ``refill``, within the step's prompt budget
-(:func:`~dapo_verl.sampler.sizing.step_prompt_budget`) -- until the batch is full, filtering each group
+(:func:`~dapo_verl.sampler.sizing.step_prompt_budget`; adaptive refill stops after one round when the rest
+of the budget cannot be expected to fill the batch) -- until the batch is full, filtering each group
 with :func:`~dapo_verl.core.group_drop_reasons` on the raw metric. Prompts come from a
 :class:`~dapo_verl.sampler.stream.PromptStream`, which with ``skip_uninformative`` passes over prompts
 their history predicts to be uninformative (:mod:`~dapo_verl.sampler.history`). At ``max_num_gen_batches``
@@ -38,7 +39,13 @@ import torch
 
 from dapo_verl.config import RefillStrategy, SamplerConfig, ShortfallPolicy, SurplusPolicy
 from dapo_verl.core import DropReason, group_drop_reasons
-from dapo_verl.sampler.sizing import estimate_sample_size, round_request, step_prompt_budget, update_keep_rate
+from dapo_verl.sampler.sizing import (
+    budget_can_fill,
+    estimate_sample_size,
+    round_request,
+    step_prompt_budget,
+    update_keep_rate,
+)
 from dapo_verl.sampler.stream import PromptStream
 from dapo_verl.sampler.types import GenerateFn, GroupResult, IdentityCodec, PayloadCodec, SampledBatch
 
@@ -69,7 +76,8 @@ def _or_minus_one(value: float | None) -> float:
 
 
 class ShortfallError(RuntimeError):
-    """The round limit was reached before the batch was full and ``on_shortfall=error``."""
+    """A step stopped generating (round limit, prompt budget, or expected yield) before its batch was full, and
+    ``on_shortfall=error``."""
 
 
 class BatchReplenisher:
@@ -118,7 +126,7 @@ class BatchReplenisher:
         """Produce the next training batch (see the module docstring).
 
         Raises:
-            ShortfallError: at the round limit with ``on_shortfall=error``.
+            ShortfallError: when a step stops short (round limit, budget, yield) with ``on_shortfall=error``.
             ValueError: if ``generate`` returns malformed groups.
         """
         before = dict(self.counters), dict(self.dropped)
@@ -129,9 +137,9 @@ class BatchReplenisher:
         rounds = requested = 0
         budget = step_prompt_budget(self.config)
         while len(batch) < target:
-            at_round_limit = rounds >= self.config.max_num_gen_batches
-            if at_round_limit or requested >= budget:
-                self._shortfall(batch, step, before, budget_spent=not at_round_limit)
+            limit = self._limit_reached(rounds, budget - requested, target - len(batch))
+            if limit:
+                self._shortfall(batch, step, before, limit=limit)
                 break
             rounds += 1
             requested += self._run_round(batch, step, target, budget - requested)
@@ -150,6 +158,16 @@ class BatchReplenisher:
         """generated - (trained + carried + dropped); 0 unless a group went missing."""
         accounted = self.counters["groups_trained"] + len(self.carried) + sum(self.dropped.values())
         return int(self.counters["groups_generated"] - accounted)
+
+    def _limit_reached(self, rounds: int, budget_left: int, missing: int) -> str | None:
+        """Why the step must stop generating now (``rounds``, ``budget`` or ``yield``), or None."""
+        if rounds >= self.config.max_num_gen_batches:
+            return "rounds"
+        if budget_left <= 0:
+            return "budget"
+        if rounds and not budget_can_fill(self.config, missing, self.keep_rate_estimate, budget_left):
+            return "yield"  # the probe round is done; more would buy a partial batch at a cost nobody agreed to
+        return None
 
     # -- one round ----------------------------------------------------------------------------------
 
@@ -251,7 +269,7 @@ class BatchReplenisher:
             c["score_sum"] += float(group.scores.to(torch.float64).sum())
             c["score_count"] += group.group_size
 
-    def _shortfall(self, batch: list[GroupResult], step: int, before: tuple[dict, dict], *, budget_spent: bool) -> None:
+    def _shortfall(self, batch: list[GroupResult], step: int, before: tuple[dict, dict], *, limit: str) -> None:
         generated = int(self.counters["groups_generated"] - before[0]["groups_generated"])
         rounds = int(self.counters["gen_rounds"] - before[0]["gen_rounds"])
         prompts = int(self.counters["prompts_requested"] - before[0]["prompts_requested"])
@@ -259,15 +277,20 @@ class BatchReplenisher:
         rate = 100.0 * kept / generated if generated else 0.0
         scarce = rate < 50
         cause = "most groups were all-correct or all-wrong" if scarce else "the rounds were too small to fill the batch"
-        limit = (f"the step's budget of max_num_gen_batches x max(data.gen_batch_size, data.train_batch_size) = "
-                 f"{step_prompt_budget(self.config)} prompts" if budget_spent else
-                 f"the round limit algorithm.filter_groups.max_num_gen_batches={self.config.max_num_gen_batches}")
+        budget = step_prompt_budget(self.config)
+        reason = {
+            "rounds": f"the round limit algorithm.filter_groups.max_num_gen_batches={self.config.max_num_gen_batches}",
+            "budget": f"the step's budget of max_num_gen_batches x max(data.gen_batch_size, data.train_batch_size) = "
+                      f"{budget} prompts",
+            "yield": f"the rest of the step's budget of {budget} prompts could not be expected to fill the batch at "
+                     f"the keep-rate estimate {100 * (self.keep_rate_estimate or 0.0):.1f}%",
+        }[limit]
         partial = self.config.on_shortfall == ShortfallPolicy.PARTIAL
         message = (
             f"Dynamic sampling has {len(batch)} of {self.config.train_batch_size} groups for step {step} after "
-            f"{rounds} rounds and {prompts} prompts ({limit}): {kept} of the {generated} groups generated this step "
+            f"{rounds} rounds and {prompts} prompts ({reason}): {kept} of the {generated} groups generated this step "
             f"were informative (keep rate {rate:.1f}%), so {cause}. To fill batches, "
-            f"{' or '.join(self._shortfall_knobs(budget_spent=budget_spent, scarce=scarce))}"
+            f"{' or '.join(self._shortfall_knobs(budget_spent=limit != 'rounds', scarce=scarce))}"
             + ("." if partial else "; or set algorithm.filter_groups.on_shortfall=partial to train on what was found.")
         )
         if partial:  # the user chose this; dapo/sampler/partial records it, so no warning

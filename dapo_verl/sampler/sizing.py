@@ -27,6 +27,13 @@ generate. Adaptive rounds share that budget (:func:`round_request`): when the ke
 stop at the same cost as fixed rounds would instead of asking ``max_oversample_factor`` times more per
 round, so a step's generation stays bounded by the user's two knobs even when almost no group is
 informative.
+
+Yield: adaptive refill never asks for more than the expected informative yield can repay. When even the
+rest of the step's budget is expected to find fewer groups than are missing (``keep_rate * budget_left <
+missing``, :func:`budget_can_fill`), spending it would only buy a partial batch at more than
+``budget / train_batch_size`` prompts per group; the step then generates one round of ``gen_batch_size``
+prompts (a probe that keeps the keep-rate estimate and the prompt histories current, and feeds revisits)
+and stops. ``refill=barrier`` keeps verl-recipe's behaviour: fixed rounds up to the round limit.
 """
 
 from __future__ import annotations
@@ -37,8 +44,8 @@ from statistics import NormalDist
 from dapo_verl.config import RefillStrategy, SamplerConfig
 
 __all__ = [
-    "estimate_sample_size", "max_request_size", "request_size", "round_request", "step_prompt_budget",
-    "update_keep_rate",
+    "budget_can_fill", "estimate_sample_size", "max_request_size", "request_size", "round_request",
+    "step_prompt_budget", "update_keep_rate",
 ]
 
 
@@ -100,8 +107,20 @@ def step_prompt_budget(config: SamplerConfig) -> int:
     return config.max_num_gen_batches * max(config.prompts_per_round, config.train_batch_size)
 
 
+def budget_can_fill(config: SamplerConfig, missing: int, keep_rate: float | None, budget_left: int) -> bool:
+    """Whether the rest of the step's budget is expected to fill the batch: ``keep_rate * budget_left >= missing``.
+
+    Always True for ``refill=barrier`` (verl-recipe generates up to its round limit), with the filter off, and
+    before the keep rate is known.
+    """
+    if config.refill == RefillStrategy.BARRIER or not config.enable or keep_rate is None:
+        return True
+    return keep_rate * budget_left >= missing
+
+
 def round_request(config: SamplerConfig, missing: int, keep_rate: float | None, budget_left: int) -> int:
-    """Prompts for the next round: :func:`request_size`, cut to what is left of the step's budget.
+    """Prompts for the next round: :func:`request_size` cut to what is left of the step's budget, or one round of
+    ``gen_batch_size`` when the rest of the budget cannot be expected to fill the batch (:func:`budget_can_fill`).
 
     Args:
         config: The sampler settings.
@@ -112,6 +131,8 @@ def round_request(config: SamplerConfig, missing: int, keep_rate: float | None, 
     Returns:
         Between 1 and ``budget_left`` prompts.
     """
+    if not budget_can_fill(config, missing, keep_rate, budget_left):
+        return max(1, min(config.prompts_per_round, budget_left))
     return max(1, min(request_size(config, missing, keep_rate), budget_left))
 
 

@@ -14,7 +14,9 @@ from dapo_verl.sampler import (
     GroupResult,
     PromptStream,
     ShortfallError,
+    budget_can_fill,
     request_size,
+    round_request,
     step_prompt_budget,
 )
 from dapo_verl.sampler.simulation import SimulatedPolicy, drifting_pass_rates
@@ -153,8 +155,10 @@ def test_round_limit_partial_trains_on_what_was_found():
 def test_hopeless_data_never_loops_forever():
     sampler, policy = _sampler(rates=(1.0,), max_num_gen_batches=3, on_shortfall="partial")
     batch = sampler.next_batch()
-    assert batch.groups == [] and 1 <= policy.calls <= 3
-    assert batch.metrics["dapo/sampler/prompts_requested"] == step_prompt_budget(sampler.config) == 3 * 8
+    assert batch.groups == [] and policy.calls == 1  # nothing informative: no reason to spend the budget
+    assert batch.metrics["dapo/sampler/prompts_requested"] == 8 < step_prompt_budget(sampler.config) == 3 * 8
+    barrier, policy = _sampler(rates=(1.0,), max_num_gen_batches=3, on_shortfall="partial", refill="barrier")
+    assert barrier.next_batch().groups == [] and policy.calls == 3  # verl-recipe: every round up to the limit
 
 
 @pytest.mark.parametrize("refill", ["adaptive", "barrier"])
@@ -177,14 +181,24 @@ def test_budget_is_rounds_times_the_larger_of_gen_and_train_batch():
     assert step_prompt_budget(SamplerConfig(train_batch_size=8, enable=False)) == 8
 
 
-def test_budget_shortfall_names_the_budget_and_its_knobs():
-    sampler, _ = _sampler(num_prompts=500, rates=(0.5,) + (1.0,) * 31, gen_batch_size=12, max_num_gen_batches=4,
-                          skip_uninformative=False)
-    with pytest.raises(ShortfallError, match=r"step's budget of max_num_gen_batches x max\(data.gen_batch_size, "
-                                              r"data.train_batch_size\) = 48 prompts.*raise data.gen_batch_size.*"
-                                              r"skip_uninformative=true"):
-        for _ in range(10):
-            sampler.next_batch()
+def test_when_the_budget_cannot_fill_the_batch_adaptive_refill_spends_one_round_and_says_why():
+    sampler, policy = _sampler(num_prompts=500, rates=(0.5,) + (1.0,) * 31, gen_batch_size=12,
+                               max_num_gen_batches=4, skip_uninformative=False, revisit_informative=False)
+    sampler.keep_rate_estimate = 0.05  # 0.05 x 48 prompts = 2.4 expected groups for 8 missing
+    with pytest.raises(ShortfallError, match=r"after 1 rounds and 12 prompts \(the rest of the step's budget of 48 "
+                                              r"prompts could not be expected to fill the batch at the keep-rate "
+                                              r"estimate .*raise data.gen_batch_size.*skip_uninformative=true"):
+        sampler.next_batch()
+    assert policy.calls == 1 and sampler.conservation_gap() == 0
+
+
+def test_budget_can_fill_compares_the_expected_yield_of_the_rest_of_the_budget():
+    config = SamplerConfig(train_batch_size=16, gen_batch_size=32, max_num_gen_batches=4)
+    assert budget_can_fill(config, 16, 0.125, 128) and not budget_can_fill(config, 16, 0.12, 128)
+    assert budget_can_fill(config, 16, None, 128)  # before the first round
+    assert budget_can_fill(dataclasses.replace(config, refill="barrier"), 16, 0.0, 128)
+    assert round_request(config, 16, 0.01, 128) == 32  # one round of gen_batch_size, not 4x the missing groups
+    assert round_request(config, 16, 0.5, 128) > 32
 
 
 def test_carry_keeps_surplus_for_the_next_step_and_drops_stale_groups():
