@@ -11,11 +11,17 @@ _TINY = ["data.train_batch_size=4", "data.gen_batch_size=8", "actor_rollout_ref.
          "trainer.resume_mode=disable"]
 
 
+def _capture_info(caplog):
+    """INFO from the package's loggers, whatever level an earlier test left on them (restored afterwards)."""
+    for name in ("dapo_verl", "dapo_verl.local.train", "dapo_verl.sampler.replenisher"):
+        caplog.set_level(logging.INFO, logger=name)
+
+
 def test_partial_batches_give_no_warning_and_one_summary_line(tmp_path, caplog):
     overrides = [*_TINY, "trainer.total_training_steps=3", "algorithm.filter_groups.max_num_gen_batches=1",
                  f"local.cache_dir={tmp_path / 'cache'}"]  # one 8-prompt round cannot fill 4 groups at a 30% keep rate
-    with caplog.at_level(logging.INFO):
-        result = run(overrides, tmp_path / "run")
+    _capture_info(caplog)
+    result = run(overrides, tmp_path / "run")
     partial = sum(value for _, value in result.series("dapo/sampler/partial"))
     assert partial >= 1
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
@@ -28,8 +34,8 @@ def test_stop_when_exhausted_ends_the_run_with_its_last_evaluation_and_checkpoin
     overrides = [*_TINY, "trainer.total_training_steps=40", "trainer.test_freq=100", "trainer.save_freq=100",
                  "algorithm.filter_groups.stop_when_exhausted=true", "algorithm.filter_groups.exhausted_streak=1",
                  "algorithm.filter_groups.exhausted_pool_fraction=0.002", f"local.cache_dir={tmp_path / 'cache'}"]
-    with caplog.at_level(logging.INFO):
-        result = run(overrides, tmp_path / "run")
+    _capture_info(caplog)
+    result = run(overrides, tmp_path / "run")
     assert result.steps < 40  # 0.2% of 9,800 prompts all-wrong once: within the first steps
     assert result.history[-1]["step"] == result.steps
     assert "val-core/copy3/acc/mean@1" in result.history[-1]["data"]  # the last step is evaluated ...
