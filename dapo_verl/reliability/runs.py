@@ -117,15 +117,23 @@ def quiet_run_logs(records: list[logging.LogRecord]) -> Iterator[None]:
     package = logging.getLogger("dapo_verl")
     handler = _Capture(records)
     saved = package.level, package.propagate
+    # A module logger raised above INFO earlier in the process (``dapo-verl ablate`` quietens some) would
+    # drop the records the checks read: they inherit from the package here and get their levels back after.
+    children = {name: logger.level for name, logger in logging.Logger.manager.loggerDict.items()
+                if name.startswith("dapo_verl.") and isinstance(logger, logging.Logger)}
     package.addHandler(handler)
     package.setLevel(logging.INFO)
     package.propagate = False
+    for name in children:
+        logging.getLogger(name).setLevel(logging.NOTSET)
     try:
         yield
     finally:
         package.removeHandler(handler)
         package.setLevel(saved[0])
         package.propagate = saved[1]
+        for name, level in children.items():
+            logging.getLogger(name).setLevel(level)
 
 
 @contextmanager

@@ -44,3 +44,21 @@ def test_the_simulated_sampler_repeats_itself_for_a_seed_and_not_across_seeds():
     assert a["history"] == b["history"] and a["batches"] == b["batches"]
     assert state_differences(a["state"], b["state"]) == (0.0, [])
     assert a["batches"] != c["batches"]
+
+
+def test_quiet_run_logs_collects_info_from_a_module_logger_an_earlier_command_quietened():
+    import logging
+
+    from dapo_verl.reliability.runs import quiet_run_logs
+
+    module = logging.getLogger("dapo_verl.local.train")
+    saved = module.level
+    module.setLevel(logging.ERROR)  # what ``dapo-verl ablate`` leaves behind in the same process
+    try:
+        records: list[logging.LogRecord] = []
+        with quiet_run_logs(records):
+            module.info("Resumed from step %d (%s).", 3, "somewhere")
+        assert [r.getMessage() for r in records] == ["Resumed from step 3 (somewhere)."]
+        assert module.level == logging.ERROR  # given back
+    finally:
+        module.setLevel(saved)
