@@ -11,7 +11,9 @@ from pathlib import Path
 __all__ = ["main"]
 
 DEFAULTS_YAML = Path(__file__).parent / "configs" / "dapo_defaults.yaml"
-README = Path(__file__).parent.parent / "README.md"  # present in a source checkout, not in an installed wheel
+DOCS = Path(__file__).parent.parent / "docs"  # present in a source checkout, not in an installed wheel
+CONFIG_REFERENCE = DOCS / "configuration.md"
+RELIABILITY_PAGE = DOCS / "reliability.md"
 
 
 def _fail(command: str, message: object) -> int:
@@ -92,11 +94,12 @@ def _cmd_toy(args: argparse.Namespace) -> int:
 
 
 def _cmd_config(args: argparse.Namespace) -> int:
-    from dapo_verl.config_docs import render_defaults_yaml, render_reference_markdown, update_readme
+    from dapo_verl.config_docs import render_defaults_yaml, render_reference_markdown, update_generated_section
 
     outputs = {DEFAULTS_YAML: render_defaults_yaml()}
-    if README.exists():
-        outputs[README] = update_readme(README.read_text(), render_reference_markdown())
+    if CONFIG_REFERENCE.exists():
+        outputs[CONFIG_REFERENCE] = update_generated_section(CONFIG_REFERENCE.read_text(),
+                                                             render_reference_markdown(), where=str(CONFIG_REFERENCE))
     if args.write:
         for path, text in outputs.items():
             path.write_text(text)
@@ -114,10 +117,10 @@ def _cmd_config(args: argparse.Namespace) -> int:
 
 
 def _cmd_reliability(args: argparse.Namespace) -> int:
-    from dapo_verl.config_docs import update_readme
+    from dapo_verl.config_docs import update_generated_section
     from dapo_verl.reliability.report import (
-        README_END,
-        README_START,
+        TABLE_END,
+        TABLE_START,
         check_lines,
         environment_note,
         render_markdown,
@@ -131,13 +134,14 @@ def _cmd_reliability(args: argparse.Namespace) -> int:
     for line in check_lines(report):
         print(f"FAILED {line}")
     if args.write or args.check:
-        current = README.read_text()
-        updated = update_readme(current, table, start_marker=README_START, end_marker=README_END)
+        current = RELIABILITY_PAGE.read_text()
+        updated = update_generated_section(current, table, start_marker=TABLE_START, end_marker=TABLE_END,
+                                           where=str(RELIABILITY_PAGE))
         if args.write:
-            README.write_text(updated)
-            print(f"Wrote the reliability table into {README}")
+            RELIABILITY_PAGE.write_text(updated)
+            print(f"Wrote the reliability table into {RELIABILITY_PAGE}")
         elif updated != current:
-            print(f"{README}'s reliability table differs from what the checks produce; run "
+            print(f"{RELIABILITY_PAGE}'s reliability table differs from what the checks produce; run "
                   f"`dapo-verl reliability --write`.")
             return 1
     return 0 if report.passed else 1
@@ -245,15 +249,15 @@ def _parser() -> argparse.ArgumentParser:
     config = commands.add_parser("config", help="print the generated DAPO defaults (verl key paths)")
     mode = config.add_mutually_exclusive_group()
     mode.add_argument("--write", action="store_true",
-                      help=f"regenerate {DEFAULTS_YAML.name} and README.md's configuration reference")
+                      help=f"regenerate {DEFAULTS_YAML.name} and docs/configuration.md's tables")
     mode.add_argument("--check", action="store_true", help="fail if either is out of date")
     config.set_defaults(func=_cmd_config)
 
     reliability = commands.add_parser("reliability", help="run the fuzzing, stress, crash-resume, safe-loading, "
                                       "determinism and output-guard checks; print the reliability table")
     which = reliability.add_mutually_exclusive_group()
-    which.add_argument("--write", action="store_true", help="write the table into README.md")
-    which.add_argument("--check", action="store_true", help="fail if README.md's table differs")
+    which.add_argument("--write", action="store_true", help="write the table into docs/reliability.md")
+    which.add_argument("--check", action="store_true", help="fail if docs/reliability.md's table differs")
     reliability.set_defaults(func=_cmd_reliability)
 
     doctor = commands.add_parser("doctor", help="check that verl sees the dapo loss, estimator and reward manager")

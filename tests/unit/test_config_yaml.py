@@ -1,4 +1,4 @@
-"""configs/dapo_defaults.yaml and README.md's configuration reference are generated from the dataclasses."""
+"""configs/dapo_defaults.yaml and docs/configuration.md's reference are generated from the dataclasses."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 import yaml
 
 from dapo_verl.config import DapoConfig, iter_verl_fields
-from dapo_verl.config_docs import render_defaults_yaml, render_reference_markdown, update_readme
+from dapo_verl.config_docs import render_defaults_yaml, render_reference_markdown, update_generated_section
 
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULTS = ROOT / "dapo_verl" / "configs" / "dapo_defaults.yaml"
@@ -31,9 +31,9 @@ def test_every_key_has_a_comment_above_it_and_no_inline_comments():
         assert lines[i - 1].strip().startswith("#"), f"key on line {i + 1} has no comment above it"
 
 
-def test_readme_configuration_reference_is_up_to_date():
-    readme = (ROOT / "README.md").read_text()
-    assert update_readme(readme, render_reference_markdown()) == readme, "run `dapo-verl config --write`"
+def test_docs_configuration_reference_is_up_to_date():
+    page = (ROOT / "docs" / "configuration.md").read_text()
+    assert update_generated_section(page, render_reference_markdown()) == page, "run `dapo-verl config --write`"
 
 
 def test_reference_lists_every_dapo_key_once():
