@@ -54,21 +54,21 @@ def validate_dapo_config(config: DictConfig) -> DapoConfig:
 
 
 @contextlib.contextmanager
-def _trainer_class(trainer_cls: type) -> Iterator[None]:
-    """Make verl's TaskRunner build ``trainer_cls``.
+def _trainer_class(namespace: dict[str, Any], trainer_cls: type) -> Iterator[None]:
+    """Make verl's ``TaskRunner.run`` build ``trainer_cls`` instead of ``RayPPOTrainer``.
 
-    ``TaskRunner.run`` (verl/trainer/main_ppo_v0.py) constructs the trainer through the module-global name
-    ``RayPPOTrainer``; swapping that name inside the TaskRunner's own process is the smallest override that
-    avoids copying ``run``.
+    ``TaskRunner.run`` (verl/trainer/main_ppo_v0.py) constructs the trainer through the global name
+    ``RayPPOTrainer``. ``namespace`` must be the globals of the ``run`` function that executes: Ray ships
+    the TaskRunner class to its process by value (cloudpickle cannot find ``@ray.remote``'s original class by
+    name), so ``run`` reads a copy of the module's globals, not ``verl.trainer.main_ppo_v0`` itself. Swapping
+    the name there is the smallest override that avoids copying ``run``.
     """
-    import verl.trainer.main_ppo_v0 as v0
-
-    original = v0.RayPPOTrainer
-    v0.RayPPOTrainer = trainer_cls
+    original = namespace["RayPPOTrainer"]
+    namespace["RayPPOTrainer"] = trainer_cls
     try:
         yield
     finally:
-        v0.RayPPOTrainer = original
+        namespace["RayPPOTrainer"] = original
 
 
 def _task_runner_class() -> Any:
@@ -81,7 +81,7 @@ def _task_runner_class() -> Any:
         """verl's TaskRunner, building :class:`~dapo_verl.adapter.trainer.DapoRayTrainer`."""
 
         def run(self, config):
-            with _trainer_class(DapoRayTrainer):
+            with _trainer_class(super().run.__func__.__globals__, DapoRayTrainer):
                 return super().run(config)
 
     return ray.remote(num_cpus=1)(DapoTaskRunner)
