@@ -44,7 +44,7 @@ from dapo_verl.config import DapoConfig
 from dapo_verl.sampler import BatchReplenisher, GroupResult
 from dapo_verl.state_io import load_state, save_state
 
-__all__ = ["SAMPLER_STATE_FILE", "DapoRayTrainer", "ReplayingRolloutManager", "StepStream"]
+__all__ = ["SAMPLER_STATE_FILE", "DapoRayTrainer", "ReplayingRolloutManager", "StepStream", "canonical_group_rows"]
 
 logger = logging.getLogger(__name__)
 
@@ -164,7 +164,11 @@ class DapoRayTrainer(RayPPOTrainer):
         if self.dapo_config.overlong.overlong_filtering:
             metrics.update(apply_overlong_filtering(rollout, self.tokenizer.eos_token_id))
         self._step_metrics = metrics
-        rollout.meta_info["timing"] = {}
+        # fit merges this dict into its timers while its "gen" and "step" timers run, and those timers add
+        # their own time on exit: so timing_s/gen, timing_s/step and perf/throughput (tokens / step time)
+        # count the sampler's generation rounds, which ran in next(train_dataloader) before fit's timers.
+        sampling_s = metrics["timing_s/dapo_sampling"]
+        rollout.meta_info["timing"] = {"gen": sampling_s, "step": sampling_s}
         return rollout
 
     def _generate_groups(self, prompt_ids: Sequence[int]) -> list[GroupResult]:
@@ -189,9 +193,10 @@ class DapoRayTrainer(RayPPOTrainer):
         truncated = response_truncation(output, self.tokenizer.eos_token_id)
         groups = []
         for j, prompt_id in enumerate(prompt_ids):
-            rows = slice(j * n, (j + 1) * n)  # the n interleaved responses of prompt j
+            rows = canonical_group_rows(responses, lengths, start=j * n, size=n)  # prompt j's n responses
             groups.append(GroupResult(prompt_id=int(prompt_id), metric=metric[rows], response_lengths=lengths[rows],
-                                      truncated=truncated[rows], scores=scores[rows], payload=output[rows]))
+                                      truncated=truncated[rows], scores=scores[rows],
+                                      payload=output.select_idxs(rows)))
         return groups
 
     def _metric_values(self, output: DataProto) -> torch.Tensor:
@@ -266,6 +271,29 @@ def _refuse_unsafe_pickle(path: str) -> None:
             f"which verl's loader would execute ({type(err).__name__}). Restore the file from a trusted copy or "
             f"delete it (the sampler state lives in {SAMPLER_STATE_FILE})."
         ) from None
+
+
+def canonical_group_rows(responses: torch.Tensor, lengths: torch.Tensor, *, start: int, size: int) -> torch.Tensor:
+    """Row indices of one group's responses, ``start`` .. ``start + size``, in a canonical order.
+
+    A rollout engine returns a prompt's n responses in the order its concurrent requests finished, and verl's
+    batch balancing breaks ties between equal lengths by position; ordering each group by (length, tokens)
+    makes the batch -- and so every mini-batch -- a function of the responses alone, so a resumed run
+    repeats the uninterrupted one. Indexing with these rows also copies the group out of its round's
+    tensors (a slice would be a view that keeps the whole round alive).
+
+    Args:
+        responses: (B, L) response token ids of the round.
+        lengths: (B,) valid response tokens per row.
+        start: First row of the group.
+        size: Rows in the group (n).
+
+    Returns:
+        (size,) int64 row indices.
+    """
+    rows = range(start, start + size)
+    keys = {row: (int(lengths[row]), responses[row, : int(lengths[row])].tolist()) for row in rows}
+    return torch.tensor(sorted(rows, key=keys.__getitem__), dtype=torch.int64)
 
 
 class _GroupCodec(DataProtoCodec):
