@@ -210,6 +210,22 @@ def _cmd_ablate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_rehearse(args: argparse.Namespace) -> int:
+    from dapo_verl.rehearsal.report import summary_lines, write_report
+    from dapo_verl.rehearsal.run import RehearsalError, RehearsalOptions, rehearse
+
+    options = RehearsalOptions(config_name=args.config_name, overrides=tuple(args.overrides), out_dir=Path(args.out),
+                               steps=args.steps, gpus=args.gpus, overwrite=args.overwrite)
+    try:
+        result = rehearse(options)
+    except RehearsalError as err:
+        print(f"dapo-verl rehearse: {err}", file=sys.stderr)
+        return 2
+    report = write_report(result)
+    print("\n".join(summary_lines(report)))
+    return 0 if report["ok"] else 1
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="dapo-verl", description="DAPO for verl, plus a local backend.")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -259,6 +275,24 @@ def _parser() -> argparse.ArgumentParser:
     which.add_argument("--write", action="store_true", help="write the table into docs/reliability.md")
     which.add_argument("--check", action="store_true", help="fail if docs/reliability.md's table differs")
     reliability.set_defaults(func=_cmd_reliability)
+
+    rehearse = commands.add_parser(
+        "rehearse", help="run a recipe through verl's real trainer on this CPU machine (scale shrunk), with a "
+        "checkpoint and a resume; writes a report", description="Compose CONFIG_NAME (a config under configs/, or "
+        "verl's ppo_trainer) with the overrides, shrink only scale, hardware and engine keys (printed), and run "
+        "verl's real trainer, workers and a CPU rollout replica in a private Ray cluster; then resume from the "
+        "checkpoint before the last step. Give KEY=VALUE overrides before the options.")
+    rehearse.add_argument("config_name", metavar="CONFIG_NAME", help="e.g. dapo_qwen2.5_32b, "
+                          "dapo_clip_ablation_eps_high_0.2, dapo_trainer, ppo_trainer")
+    rehearse.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="the recipe's Hydra overrides")
+    rehearse.add_argument("--out", default="runs/rehearse", metavar="DIR", help="output folder (default: "
+                          "runs/rehearse): data, model, each run's log, metrics.jsonl and checkpoints, report.md")
+    rehearse.add_argument("--steps", type=int, default=3, metavar="N", help="training steps (default: 3; a "
+                          "checkpoint at N-1 is resumed by a second run)")
+    rehearse.add_argument("--gpus", type=int, default=1, metavar="N", help="data-parallel worker processes, each "
+                          "a fake GPU on the CPU (default: 1)")
+    rehearse.add_argument("--overwrite", action="store_true", help="replace an earlier rehearsal in --out")
+    rehearse.set_defaults(func=_cmd_rehearse)
 
     doctor = commands.add_parser("doctor", help="check that verl sees the dapo loss, estimator and reward manager")
     doctor.set_defaults(func=_cmd_doctor)

@@ -1,0 +1,310 @@
+"""Which keys a rehearsal changes, and to what: only scale, hardware and engine; never the algorithm.
+
+:func:`rehearsal_changes` reads the recipe's composed config and returns one :class:`Change` per key the
+rehearsal must set to run on one CPU machine, each with the reason. Everything not listed -- the loss and its
+clip range, the estimator, the reward manager and its overlong shaping (rescaled to the shorter responses),
+dynamic sampling and its limits, group size, optimiser, schedule, checkpoint and validation cadence,
+logging backends that need no network -- stays the recipe's own.
+
+The changes fall in five groups:
+
+* **Model**: the recipe's model cannot be loaded here, so a tiny stand-in (:mod:`.stand_in`) takes its place
+  unless ``actor_rollout_ref.model.path`` already points at a small local model; attention falls back to
+  ``eager`` (flash-attention is CUDA-only).
+* **Scale**: batch sizes shrink keeping the recipe's ratios (generation batch / train batch, mini-batches
+  per step as far as the smaller batch allows); sequence lengths shrink to what the rehearsal data needs, and
+  every length-derived budget (token limits per GPU, overlong buffer) keeps its ratio to them.
+* **Hardware**: one node, ``gpus`` fake GPUs (CPU processes), no tensor/sequence/pipeline parallelism, float32.
+  FSDP1 is replaced by FSDP2, because FSDP1 requires CUDA (``sync_module_states``).
+* **Engine**: ``rollout.name=dapo_cpu`` (:mod:`dapo_verl.adapter.cpu_rollout`) stands in for vLLM, with full-tensor
+  weight sync (``checkpoint_engine.backend=naive``); at most two agent-loop workers.
+* **Run**: the rehearsal's data files, step count, checkpoint cadence and directories; logging to JSONL (``file``)
+  in addition to the recipe's offline loggers.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+__all__ = ["ONLINE_LOGGERS", "Change", "RehearsalShape", "rehearsal_changes", "select"]
+
+ONLINE_LOGGERS = ("wandb", "swanlab", "mlflow", "vemlp_wandb", "clearml", "trackio", "rl_insight")
+"""Tracking backends that need a network or an account; a rehearsal drops them and says so."""
+
+_MISSING = object()
+
+
+@dataclass(frozen=True)
+class Change:
+    """One key the rehearsal sets.
+
+    Attributes:
+        key: Full dotted verl key.
+        recipe: The recipe's value (``None`` when unset, ``"<unresolved: ...>"`` when it names a missing
+            environment variable).
+        rehearsal: The value the rehearsal runs with.
+        reason: Why, in a few words.
+        group: ``model``, ``scale``, ``hardware``, ``engine`` or ``run``.
+        declared: Whether the key exists in the composed config (otherwise it is added with ``+``).
+    """
+
+    key: str
+    recipe: Any
+    rehearsal: Any
+    reason: str
+    group: str
+    declared: bool = True
+
+    def override(self) -> str:
+        """The Hydra command-line override that applies this change."""
+        value = self.rehearsal
+        if isinstance(value, bool):
+            text = "true" if value else "false"
+        elif value is None:
+            text = "null"
+        elif isinstance(value, (list, tuple)):
+            text = "[" + ",".join(str(v) for v in value) + "]"
+        elif isinstance(value, dict):
+            text = "{" + ",".join(f"{k}:{v}" for k, v in value.items()) + "}"
+        else:
+            text = str(value)
+        return f"{'' if self.declared else '+'}{self.key}={text}"
+
+
+@dataclass(frozen=True)
+class RehearsalShape:
+    """The sizes the rehearsal runs at (chosen by :mod:`.run` from the data and the command line).
+
+    Attributes:
+        model_path: The stand-in model (or the recipe's own small model).
+        model_replaced: Whether ``model_path`` replaces the recipe's model.
+        train_file: Rehearsal training parquet file.
+        val_file: Rehearsal validation parquet file.
+        max_prompt_length: Longest rehearsal prompt in tokens, rounded up (never above the recipe's).
+        max_response_length: Response budget in tokens.
+        train_batch_size: Prompt groups per training step.
+        gpus: Fake GPUs (CPU worker processes) on the single node.
+        steps: Training steps of the first run.
+        checkpoint_dir: ``trainer.default_local_dir`` of the run.
+        ray_temp_dir: The private Ray directory of the run (a short path: Ray's socket names must fit 107 bytes).
+    """
+
+    model_path: str
+    model_replaced: bool
+    train_file: str
+    val_file: str
+    max_prompt_length: int
+    max_response_length: int
+    train_batch_size: int
+    gpus: int
+    steps: int
+    checkpoint_dir: str
+    ray_temp_dir: str
+
+
+def select(config: DictConfig, key: str, default: Any = None) -> Any:
+    """``config``'s value at ``key``; ``"<unresolved: ...>"`` for an interpolation that cannot resolve here."""
+    try:
+        value = OmegaConf.select(config, key, default=_MISSING, throw_on_resolution_failure=True)
+    except Exception as err:  # an ${oc.env:...} the cluster sets and this machine does not
+        variable = re.search(r"Environment variable '(\w+)' not found", str(err))
+        return f"<unresolved: ${variable.group(1)} is not set>" if variable else f"<unresolved: {err}>".splitlines()[0]
+    if value is _MISSING:
+        return default
+    return OmegaConf.to_container(value, resolve=True) if isinstance(value, DictConfig) else value
+
+
+def _declared(config: DictConfig, key: str) -> bool:
+    parent, _, leaf = key.rpartition(".")
+    node = OmegaConf.select(config, parent, throw_on_resolution_failure=False) if parent else config
+    return isinstance(node, DictConfig) and leaf in node
+
+
+class _Planner:
+    def __init__(self, config: DictConfig) -> None:
+        self.config = config
+        self.changes: dict[str, Change] = {}
+
+    def set(self, key: str, value: Any, reason: str, group: str, *, only_if_declared: bool = False) -> None:
+        declared = _declared(self.config, key)
+        if only_if_declared and not declared:
+            return
+        recipe = select(self.config, key)
+        if declared and recipe == value:
+            return
+        self.changes[key] = Change(key, recipe, value, reason, group, declared)
+
+    def get(self, key: str, default: Any = None) -> Any:
+        value = select(self.config, key, default)
+        return default if isinstance(value, str) and value.startswith("<unresolved") else value
+
+
+def _largest_divisor_at_most(n: int, limit: int) -> int:
+    return max(d for d in range(1, max(1, min(n, limit)) + 1) if n % d == 0)
+
+
+_SEQUENCES_PER_MICRO_BATCH = 4
+_FLOAT32 = {"param_dtype": "fp32", "reduce_dtype": "fp32", "buffer_dtype": "fp32"}
+
+
+def _scaled_tokens(value: Any, old_total: int, new_total: int) -> int | None:
+    """A per-GPU token budget scaled by new_total / old_total, holding at least a few full sequences.
+
+    The floor of :data:`_SEQUENCES_PER_MICRO_BATCH` sequences keeps the number of micro-batches (each with a
+    fixed FSDP cost on CPU) small; it changes how a mini-batch is split, never the loss (token-mean over the
+    mini-batch).
+    """
+    if not isinstance(value, int) or value <= 0:
+        return None
+    return max(_SEQUENCES_PER_MICRO_BATCH * new_total, math.ceil(value * new_total / max(old_total, 1)))
+
+
+def _model(p: _Planner, shape: RehearsalShape) -> None:
+    if shape.model_replaced:
+        p.set("actor_rollout_ref.model.path", shape.model_path,
+              "stand-in: tiny qwen2 model with Qwen2.5's chat format, built in code", "model")
+    p.set("actor_rollout_ref.model.override_config.attn_implementation", "eager",
+          "flash-attention is CUDA-only", "model")
+
+
+def _scale(p: _Planner, shape: RehearsalShape) -> None:
+    old_train = int(p.get("data.train_batch_size"))
+    new_train = min(old_train, shape.train_batch_size)
+    p.set("data.train_batch_size", new_train, "prompt groups per step", "scale")
+    gen = p.get("data.gen_batch_size")
+    if isinstance(gen, int):
+        p.set("data.gen_batch_size", max(new_train, round(gen * new_train / old_train)),
+              f"keeps the recipe's {gen / old_train:g} x train_batch_size", "scale")
+    for section in ("actor_rollout_ref.actor", "critic"):
+        mini = p.get(f"{section}.ppo_mini_batch_size")
+        if isinstance(mini, int) and (section != "critic" or p.get("critic.enable")):
+            steps = max(1, old_train // max(mini, 1))
+            p.set(f"{section}.ppo_mini_batch_size", _largest_divisor_at_most(new_train, max(1, new_train // steps)),
+                  f"the recipe takes {steps} gradient steps per step, the rehearsal as many as {new_train} "
+                  f"prompts allow", "scale")
+    for key in ("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu",
+                "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu",
+                "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu", "critic.ppo_micro_batch_size_per_gpu"):
+        value = p.get(key)
+        if isinstance(value, int) and value > 8:
+            p.set(key, 8, "micro-batch", "scale")
+    val_n = p.get("actor_rollout_ref.rollout.val_kwargs.n")
+    if isinstance(val_n, int) and val_n > 2:
+        p.set("actor_rollout_ref.rollout.val_kwargs.n", 2, "validation samples per prompt", "scale")
+    _lengths(p, shape)
+
+
+def _lengths(p: _Planner, shape: RehearsalShape) -> None:
+    old_prompt = int(p.get("data.max_prompt_length"))
+    old_response = int(p.get("data.max_response_length"))
+    new_prompt = min(old_prompt, shape.max_prompt_length)
+    new_response = min(old_response, shape.max_response_length)
+    p.set("data.max_prompt_length", new_prompt, "the longest rehearsal prompt, rounded up to 64", "scale")
+    p.set("data.max_response_length", new_response, "response budget", "scale")
+    old_total, new_total = old_prompt + old_response, new_prompt + new_response
+    for key in ("actor_rollout_ref.actor.ppo_max_token_len_per_gpu",
+                "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu",
+                "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu", "critic.ppo_max_token_len_per_gpu",
+                "actor_rollout_ref.rollout.max_num_batched_tokens", "actor_rollout_ref.rollout.max_model_len"):
+        scaled = _scaled_tokens(p.get(key), old_total, new_total)
+        if scaled is not None:
+            p.set(key, scaled, f"follows the sequence length ({old_total} -> {new_total} tokens)", "scale")
+    for key in ("reward.reward_kwargs.overlong_tokens", "reward.reward_kwargs.overlong_buffer_cfg.len"):
+        value = p.get(key)
+        if isinstance(value, int) and value > 0:
+            p.set(key, max(1, min(new_response, round(value * new_response / old_response))),
+                  f"the recipe's overlong buffer, {value / old_response:.0%} of max_response_length", "scale")
+
+
+def _hardware(p: _Planner, shape: RehearsalShape) -> None:
+    p.set("trainer.nnodes", 1, "one machine", "hardware")
+    p.set("trainer.n_gpus_per_node", shape.gpus, "fake GPUs: one CPU process each", "hardware")
+    p.set("trainer.device", "cpu", "no GPU", "hardware")
+    for role in ("actor", "ref"):
+        base = f"actor_rollout_ref.{role}"
+        if p.get(f"{base}.strategy") == "fsdp":
+            p.set(f"{base}.strategy", "fsdp2", "FSDP1 needs CUDA (sync_module_states); FSDP2 runs on CPU", "hardware")
+        # verl computes in bfloat16 (autocast and FSDP's param dtype) unless mixed_precision says otherwise;
+        # CPUs without bfloat16 units emulate it slowly, and float32 lets the rollout and actor log-probs agree.
+        if isinstance(p.get(f"{base}.fsdp_config"), dict):
+            p.set(f"{base}.fsdp_config.mixed_precision", dict(_FLOAT32), "float32 compute: bfloat16 is slow on CPU",
+                  "hardware")
+        p.set(f"{base}.fsdp_config.dtype", "float32", "float32 compute: bfloat16 is slow on CPU", "hardware",
+              only_if_declared=True)
+        p.set(f"{base}.fsdp_config.model_dtype", "fp32", "float32 weights", "hardware", only_if_declared=True)
+        p.set(f"{base}.fsdp_config.use_torch_compile", False, "no compiler for CPU here", "hardware",
+              only_if_declared=True)
+        if (p.get(f"{base}.fsdp_config.ulysses_sequence_parallel_size") or 1) > 1:
+            p.set(f"{base}.fsdp_config.ulysses_sequence_parallel_size", 1, "no sequence parallelism", "hardware")
+        if (p.get(f"{base}.ulysses_sequence_parallel_size") or 1) > 1:
+            p.set(f"{base}.ulysses_sequence_parallel_size", 1, "no sequence parallelism", "hardware")
+    for key in ("tensor_model_parallel_size", "data_parallel_size", "pipeline_model_parallel_size",
+                "expert_parallel_size"):
+        value = p.get(f"actor_rollout_ref.rollout.{key}")
+        if isinstance(value, int) and value > 1:
+            p.set(f"actor_rollout_ref.rollout.{key}", 1, "no model parallelism in the stand-in engine", "hardware")
+
+
+def _ray(p: _Planner, shape: RehearsalShape) -> None:
+    # Ray counts only GPU/NPU resources for placement (the cpu platform names GPU), so fake GPUs satisfy it.
+    p.set("ray_kwargs.ray_init.num_gpus", shape.gpus, "fake GPUs for Ray's placement", "hardware")
+    p.set("ray_kwargs.ray_init.num_cpus", 16, "logical CPUs for verl's actors (they mostly wait)", "hardware")
+    p.set("ray_kwargs.ray_init._temp_dir", shape.ray_temp_dir, "a private Ray cluster, started and stopped here",
+          "hardware")
+    p.set("ray_kwargs.ray_init.include_dashboard", False, "no dashboard", "hardware")
+
+
+def _engine(p: _Planner) -> None:
+    p.set("actor_rollout_ref.rollout.name", "dapo_cpu", "CPU rollout replica in place of vLLM", "engine")
+    p.set("actor_rollout_ref.rollout.mode", "async", "verl 0.9 serves rollouts asynchronously", "engine")
+    p.set("actor_rollout_ref.rollout.checkpoint_engine.backend", "naive", "full-tensor weight sync in process",
+          "engine")
+    workers = p.get("actor_rollout_ref.rollout.agent.num_workers")
+    if isinstance(workers, int) and workers > 2:
+        p.set("actor_rollout_ref.rollout.agent.num_workers", 2, "two agent-loop workers on two cores", "engine")
+    reward_workers = p.get("reward.num_workers")
+    if isinstance(reward_workers, int) and reward_workers > 1:
+        p.set("reward.num_workers", 1, "one reward worker", "engine")
+    units = p.get("transfer_queue.backend.SimpleStorage.num_data_storage_units")
+    if isinstance(units, int) and units > 1:
+        p.set("transfer_queue.backend.SimpleStorage.num_data_storage_units", 1, "one storage unit", "engine")
+    if (p.get("data.dataloader_num_workers") or 0) > 0:
+        p.set("data.dataloader_num_workers", 0, "load data in the trainer process", "engine")
+
+
+def _run(p: _Planner, shape: RehearsalShape) -> None:
+    p.set("data.train_files", shape.train_file, "rehearsal data", "run")
+    p.set("data.val_files", shape.val_file, "rehearsal data", "run")
+    p.set("trainer.total_training_steps", shape.steps, "rehearsal length", "run")
+    p.set("trainer.save_freq", max(1, shape.steps - 1), "checkpoint before the last step, to resume from it", "run")
+    p.set("trainer.default_local_dir", shape.checkpoint_dir, "rehearsal output", "run")
+    p.set("trainer.resume_mode", "disable", "the first run starts fresh", "run")
+    loggers = p.get("trainer.logger") or []
+    loggers = [loggers] if isinstance(loggers, str) else list(loggers)
+    kept = [name for name in loggers if name not in ONLINE_LOGGERS]
+    if "file" not in kept:
+        kept.append("file")
+    if kept != loggers:
+        dropped = [name for name in loggers if name in ONLINE_LOGGERS]
+        reason = "JSONL metrics for the report" + (f"; {', '.join(dropped)} need a network" if dropped else "")
+        p.set("trainer.logger", kept, reason, "run")
+    for key in ("trainer.rollout_data_dir", "trainer.validation_data_dir"):
+        if p.get(key):
+            p.set(key, f"{shape.checkpoint_dir}/../{key.rsplit('.', 1)[1]}", "rehearsal output", "run")
+
+
+def rehearsal_changes(config: DictConfig, shape: RehearsalShape) -> list[Change]:
+    """Every key the rehearsal sets, in the order above (see the module docstring)."""
+    planner = _Planner(config)
+    _model(planner, shape)
+    _scale(planner, shape)
+    _hardware(planner, shape)
+    _ray(planner, shape)
+    _engine(planner)
+    _run(planner, shape)
+    return list(planner.changes.values())

@@ -1,0 +1,212 @@
+"""The rehearsal's report: what verl logged, which DAPO parts ran, the resume check, what still needs a GPU.
+
+Everything here is read from what verl itself wrote -- the file logger's JSONL of each run -- plus the composed
+recipe; nothing is taken from dapo_verl's own objects.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from pathlib import Path
+from typing import Any
+
+from dapo_verl.rehearsal.run import RehearsalResult
+
+__all__ = ["REQUIRED_METRICS", "build_report", "read_jsonl", "write_report"]
+
+REQUIRED_METRICS = {
+    "dapo/sampler/gen_rounds": "dynamic sampling: generation rounds",
+    "dapo/sampler/keep_rate": "dynamic sampling: share of groups kept",
+    "dapo/sampler/generated_per_trained": "dynamic sampling: responses generated per response trained",
+    "actor/dapo/clip_upper_fraction": "clip-higher: share of tokens clipped at 1 + eps_high",
+    "dapo/overlong/penalty_mean": "soft overlong punishment: mean penalty",
+    "timing_s/gen": "generation time, every round of the step",
+}
+"""Metrics a DAPO recipe's rehearsal must find in every training step verl logged."""
+
+# Not comparable between two processes: wall times, throughput and memory; and verl's bootstrap estimates of
+# validation best@N/worst@N/maj@N, which resample with a generator whose state depends on earlier calls.
+_VOLATILE_PREFIXES = ("timing_s/", "timing_per_token_ms/", "perf/", "actor/perf/")
+_BOOTSTRAPPED = re.compile(r"/(best|worst|maj)@\d+/")
+
+GPU_ONLY = (
+    "vLLM itself: its sampling kernels, tensor parallelism, memory settings (gpu_memory_utilization, "
+    "max_num_batched_tokens, chunked prefill, CUDA graphs) and weight-update transport",
+    "FSDP1 (the recipe's strategy=fsdp) and NCCL collectives; the rehearsal runs FSDP2 over gloo",
+    "bfloat16 numerics, flash-attention and Ulysses sequence parallelism",
+    "the real model's memory and speed: whether it fits with the recipe's offload and micro-batch settings",
+    "multi-node placement and the recipe's full batch and sequence sizes",
+)
+
+
+def read_jsonl(path: Path) -> dict[int, dict[str, Any]]:
+    """verl file-logger records by step (later records of a step update earlier ones)."""
+    steps: dict[int, dict[str, Any]] = {}
+    if not path.exists():
+        return steps
+    for line in path.read_text().splitlines():
+        if line.strip():
+            record = json.loads(line)
+            steps.setdefault(int(record["step"]), {}).update(record["data"])
+    return steps
+
+
+def _training_steps(steps: dict[int, dict[str, Any]]) -> dict[int, dict[str, Any]]:
+    return {k: v for k, v in steps.items() if "training/global_step" in v}
+
+
+def _resume_check(first: dict[int, dict[str, Any]], second: dict[int, dict[str, Any]], step: int) -> dict[str, Any]:
+    """Compare step ``step`` of the uninterrupted run with the same step after the resume."""
+    a, b = first.get(step), second.get(step)
+    if a is None or b is None:
+        return {"step": step, "compared": 0, "identical": False, "differences": ["step missing in one run"]}
+    keys = sorted(k for k in set(a) & set(b) if not k.startswith(_VOLATILE_PREFIXES) and not _BOOTSTRAPPED.search(k))
+    differences = []
+    for key in keys:
+        x, y = a[key], b[key]
+        same = x == y or (isinstance(x, float) and isinstance(y, float) and math.isclose(x, y, rel_tol=1e-6,
+                                                                                          abs_tol=1e-9))
+        if not same:
+            differences.append(f"{key}: {x} vs {y}")
+    return {"step": step, "compared": len(keys), "identical": not differences, "differences": differences}
+
+
+def _components(result: RehearsalResult, logged: dict[int, dict[str, Any]]) -> list[dict[str, Any]]:
+    recipe = result.recipe
+    seen = set().union(*logged.values()) if logged else set()
+
+    def row(name: str, setting: str, active: bool, evidence: str) -> dict[str, Any]:
+        return {"component": name, "setting": setting, "active": active, "evidence": evidence}
+
+    loss = recipe.get("actor_rollout_ref.actor.policy_loss.loss_mode")
+    actor = "actor_rollout_ref.actor"
+    low, high, agg = (recipe.get(f"{actor}.{k}") for k in ("clip_ratio_low", "clip_ratio_high", "loss_agg_mode"))
+    fg = recipe.get("algorithm.filter_groups.enable")
+    sampler = "dapo/sampler/gen_rounds" in seen
+    return [
+        row("decoupled-clip loss", f"loss_mode={loss}, eps {low}/{high}, {agg}",
+            loss == "dapo" and "actor/dapo/clip_upper_fraction" in seen, "actor/dapo/clip_*_fraction logged"),
+        row("group advantage", f"adv_estimator={recipe.get('algorithm.adv_estimator')}",
+            "critic/advantages/mean" in seen, "critic/advantages/* logged"),
+        row("reward manager", f"{recipe.get('reward.reward_manager.name')}",
+            "critic/score/mean" in seen, "critic/score/* logged"),
+        row("soft overlong punishment",
+            f"overlong_reward_penalty={recipe.get('reward.reward_kwargs.overlong_reward_penalty')}",
+            "dapo/overlong/penalty_mean" in seen, "dapo/overlong/penalty_mean logged"),
+        row("overlong filtering", f"overlong_filtering={recipe.get('algorithm.overlong_filtering')}",
+            bool(recipe.get("algorithm.overlong_filtering")) and "dapo/overlong/filtered_fraction" in seen,
+            "dapo/overlong/filtered_fraction logged"),
+        row("dynamic sampling (batch replenisher)",
+            f"filter_groups.enable={fg}, refill={recipe.get('algorithm.filter_groups.refill')}, "
+            f"surplus={recipe.get('algorithm.filter_groups.surplus')}, "
+            f"on_shortfall={recipe.get('algorithm.filter_groups.on_shortfall')}",
+            sampler, "dapo/sampler/* logged"),
+    ]
+
+
+def build_report(result: RehearsalResult) -> dict[str, Any]:
+    """The report as plain data (``report.json``)."""
+    runs = []
+    logs = {}
+    for run in result.runs:
+        logs[run.name] = read_jsonl(run.metrics)
+        trained = _training_steps(logs[run.name])
+        step_times = [v["timing_s/step"] for v in trained.values() if "timing_s/step" in v]
+        runs.append({
+            "name": run.name, "returncode": run.returncode, "wall_s": round(run.wall_s, 1), "log": str(run.log),
+            "metrics": str(run.metrics), "steps_logged": sorted(trained), "error": run.error,
+            "time_per_step_s": round(sum(step_times) / len(step_times), 2) if step_times else None,
+        })
+    first = _training_steps(logs.get(result.runs[0].name, {})) if result.runs else {}
+    missing = {step: [k for k in REQUIRED_METRICS if k not in data] for step, data in first.items()}
+    dapo_recipe = result.entry_module == "dapo_verl.main"
+    report: dict[str, Any] = {
+        "config": result.options.config_name,
+        "entry": result.entry,
+        "ok": bool(result.runs) and all(r.returncode == 0 for r in result.runs),
+        "runs": runs,
+        "changes": [{"key": c.key, "recipe": c.recipe, "rehearsal": c.rehearsal, "reason": c.reason, "group": c.group}
+                    for c in result.changes],
+        "data": {"train_file": str(result.data.train_file), "val_file": str(result.data.val_file),
+                 "recipe_train_rows": result.data.real_train_rows, "recipe_val_rows": result.data.real_val_rows,
+                 "generated_train_rows": result.data.generated_train_rows, "recipe_files": list(result.data.sources)},
+        "model": {"path": result.model_path, "stand_in": result.model_replaced},
+        "components": _components(result, first),
+        "metrics_logged": sorted(set().union(*first.values())) if first else [],
+        "missing_required_metrics": {s: m for s, m in missing.items() if m} if dapo_recipe else {},
+        "not_checked": list(GPU_ONLY),
+    }
+    if len(result.runs) > 1 and result.runs[1].returncode == 0:
+        second = _training_steps(logs[result.runs[1].name])
+        report["resume"] = _resume_check(first, second, result.options.steps)
+    if dapo_recipe and report["missing_required_metrics"]:
+        report["ok"] = False
+    return report
+
+
+def _markdown(report: dict[str, Any]) -> str:
+    lines = [f"# Rehearsal of `{report['config']}`", "",
+             f"Entry point: `python {report['entry']}`. Result: **{'passed' if report['ok'] else 'FAILED'}**.", ""]
+    lines += ["| run | exit | wall time | steps logged | time per step |", "|---|---|---|---|---|"]
+    for run in report["runs"]:
+        lines.append(f"| {run['name']} | {run['returncode']} | {run['wall_s']} s | {run['steps_logged']} | "
+                     f"{run['time_per_step_s']} s |")
+        if run["error"]:
+            lines += ["", f"**{run['name']} failed:** `{run['error']}` (full log: `{run['log']}`)", ""]
+    lines += ["", "## DAPO components", "", "| component | recipe setting | active | evidence |", "|---|---|---|---|"]
+    lines += [f"| {c['component']} | {c['setting']} | {'yes' if c['active'] else 'no'} | {c['evidence']} |"
+              for c in report["components"]]
+    if "resume" in report:
+        resume = report["resume"]
+        verdict = "identical" if resume["identical"] else f"{len(resume['differences'])} differ"
+        lines += ["", "## Resume", "", f"Step {resume['step']} trained again after resuming from the checkpoint of "
+                  f"step {resume['step'] - 1}: {resume['compared']} logged values compared with the uninterrupted run, "
+                  f"{verdict}."]
+        lines += [f"- {d}" for d in resume["differences"][:20]]
+    if report["missing_required_metrics"]:
+        lines += ["", "## Missing metrics", ""]
+        lines += [f"- step {s}: {', '.join(m)}" for s, m in report["missing_required_metrics"].items()]
+    lines += ["", "## Keys changed for the CPU run", "", "| key | recipe | rehearsal | why |", "|---|---|---|---|"]
+    lines += [f"| `{c['key']}` | {c['recipe']} | {c['rehearsal']} | {c['reason']} |" for c in report["changes"]]
+    data, model = report["data"], report["model"]
+    lines += ["", "## Data and model", "",
+              f"- training file: {data['recipe_train_rows']} rows from the recipe's files, "
+              f"{data['generated_train_rows']} generated; validation: "
+              f"{data['recipe_val_rows'] or 'generated'} rows from the recipe's files",
+              f"- model: {'stand-in built in code' if model['stand_in'] else 'the recipe own'} ({model['path']})",
+              "", "## Not checked here (needs a GPU run)", ""]
+    lines += [f"- {item}" for item in report["not_checked"]]
+    lines += ["", f"Metrics verl logged each step ({len(report['metrics_logged'])}): "
+              + ", ".join(f"`{m}`" for m in report["metrics_logged"])]
+    return "\n".join(lines) + "\n"
+
+
+def write_report(result: RehearsalResult) -> dict[str, Any]:
+    """Write ``report.json`` and ``report.md`` into the rehearsal folder; return the report."""
+    report = build_report(result)
+    out = result.options.out_dir
+    (out / "report.json").write_text(json.dumps(report, indent=1, default=str) + "\n")
+    (out / "report.md").write_text(_markdown(report))
+    return report
+
+
+def summary_lines(report: dict[str, Any]) -> list[str]:
+    """A short console summary of the report."""
+    lines = []
+    for run in report["runs"]:
+        status = "ok" if run["returncode"] == 0 else f"FAILED: {run['error']}"
+        lines.append(f"{run['name']}: steps {run['steps_logged']}, {run['wall_s']} s, "
+                     f"{run['time_per_step_s']} s/step -- {status}")
+    active = [c["component"] for c in report["components"] if c["active"]]
+    lines.append(f"DAPO components active: {', '.join(active) or 'none'}")
+    if "resume" in report:
+        r = report["resume"]
+        lines.append(f"resume: step {r['step']} after the resume vs uninterrupted: {r['compared']} values, "
+                     + ("identical" if r["identical"] else f"{len(r['differences'])} differ"))
+    for step, metrics in report["missing_required_metrics"].items():
+        lines.append(f"step {step} lacks {', '.join(metrics)}")
+    lines.append(f"{'PASSED' if report['ok'] else 'FAILED'}; report: {report['runs'][0]['log'].rsplit('/run1', 1)[0]}"
+                 f"/report.md" if report["runs"] else "FAILED: no run started")
+    return lines

@@ -1,0 +1,369 @@
+"""``dapo-verl rehearse``: run a recipe through verl's real trainer on this machine, then resume it.
+
+A rehearsal composes the recipe exactly as the cluster launcher does (Hydra, with the user's overrides),
+shrinks only scale, hardware and engine keys (:mod:`.plan`, printed before anything starts), prepares data
+(:mod:`.data`) and a model (:mod:`.stand_in`), and starts the recipe's own entry point --
+``python -m dapo_verl.main --config-name <recipe>``, or ``python -m verl.trainer.main_ppo`` for verl's
+``ppo_trainer`` -- in a subprocess with:
+
+* ``VERL_PLATFORM=cpu`` and ``VERL_USE_EXTERNAL_MODULES=dapo_verl.adapter.cpu_plugin`` (every process of the
+  run loads the CPU platform and rollout replica; nothing outside the rehearsal does);
+* a private Ray cluster in a temporary directory, which the run starts and stops;
+* ``VERL_FILE_LOGGER_PATH`` pointing at the run's ``metrics.jsonl``.
+
+The first run trains ``steps`` steps with a checkpoint before the last one; the second run resumes from that
+checkpoint and trains the last step again. :mod:`.report` compares the two and summarises what verl logged.
+
+Output layout under ``out``: ``data/`` (train/val parquet), ``model/`` (the stand-in), ``run1/`` and
+``run2/`` (``metrics.jsonl``, ``log.txt``, ``checkpoints/``), ``changes.json``, ``report.md``, ``report.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig
+
+from dapo_verl.rehearsal.data import RehearsalData, prepare_files
+from dapo_verl.rehearsal.plan import Change, RehearsalShape, rehearsal_changes, select
+
+__all__ = ["RehearsalError", "RehearsalOptions", "RehearsalResult", "compose_recipe", "rehearse"]
+
+CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
+VERL_CONFIG = "ppo_trainer"
+"""verl's own trainer config: rehearsed through ``verl.trainer.main_ppo`` (the existing-setup user's path)."""
+
+PLUGIN_MODULE = "dapo_verl.adapter.cpu_plugin"
+MAX_OWN_MODEL_PARAMETERS = 30_000_000
+"""A recipe's ``model.path`` is rehearsed as is when it is a local model up to this size; else the stand-in."""
+
+_STEP_LINE = re.compile(r"\bstep:(\d+) - ")
+_ERROR_LINE = re.compile(r"^(?:\S+\s)?([A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt)\b.*)$")
+
+
+class RehearsalError(RuntimeError):
+    """The rehearsal could not start or a run failed; the message names the cause and the log."""
+
+
+@dataclass(frozen=True)
+class RehearsalOptions:
+    """Settings of one rehearsal.
+
+    Attributes:
+        config_name: A config under ``configs/`` (a recipe, ``dapo_trainer``) or ``ppo_trainer`` (verl's).
+        overrides: The user's Hydra overrides, applied before the rehearsal's changes.
+        out_dir: Output folder (created; must not hold an earlier rehearsal unless ``overwrite``).
+        steps: Training steps of the first run (>= 2: a checkpoint at ``steps - 1`` is resumed).
+        gpus: Fake GPUs, i.e. data-parallel worker processes (>= 1).
+        train_batch_size: Prompt groups per step in the rehearsal (the recipe's if smaller).
+        max_response_length: Response budget in tokens (the recipe's if smaller).
+        train_rows: Rows of the rehearsal's training file.
+        val_rows: Rows of its validation file.
+        resume: Run the second (resume) process.
+        seed: Seed of generated data and of the stand-in model.
+        timeout_s: Limit per run, after which it is stopped and reported as failed.
+        overwrite: Replace an existing rehearsal in ``out_dir``.
+    """
+
+    config_name: str
+    overrides: tuple[str, ...] = ()
+    out_dir: Path = Path("runs/rehearse")
+    steps: int = 3
+    gpus: int = 1
+    train_batch_size: int = 4
+    max_response_length: int = 8
+    train_rows: int = 96
+    val_rows: int = 4
+    resume: bool = True
+    seed: int = 0
+    timeout_s: float = 900.0
+    overwrite: bool = False
+
+
+@dataclass
+class RunRecord:
+    """One verl process of the rehearsal."""
+
+    name: str
+    command: list[str]
+    returncode: int
+    wall_s: float
+    log: Path
+    metrics: Path
+    error: str = ""
+
+
+@dataclass
+class RehearsalResult:
+    """What a rehearsal did; :mod:`.report` turns it into ``report.md``/``report.json``."""
+
+    options: RehearsalOptions
+    entry: str
+    entry_module: str
+    changes: list[Change]
+    data: RehearsalData
+    model_path: str
+    model_replaced: bool
+    runs: list[RunRecord] = field(default_factory=list)
+    recipe: dict[str, Any] = field(default_factory=dict)
+
+
+def _verl_config_dir() -> str:
+    import verl.trainer.config as verl_config
+
+    return str(Path(verl_config.__file__).parent)
+
+
+def compose_recipe(config_name: str, overrides: Sequence[str]) -> tuple[DictConfig, list[str]]:
+    """Compose ``config_name`` with ``overrides`` as its launcher would; return it and the entry command.
+
+    Raises:
+        RehearsalError: for a config name that is neither under ``configs/`` nor ``ppo_trainer``.
+    """
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    if config_name == VERL_CONFIG:
+        config_dir, entry = _verl_config_dir(), [sys.executable, "-m", "verl.trainer.main_ppo"]
+    elif (CONFIG_DIR / f"{config_name}.yaml").is_file():
+        config_dir, entry = str(CONFIG_DIR), [sys.executable, "-m", "dapo_verl.main", f"--config-name={config_name}"]
+    else:
+        names = sorted(p.stem for p in CONFIG_DIR.glob("*.yaml") if p.stem not in ("dapo_defaults", "local"))
+        raise RehearsalError(f"No config named {config_name!r}. Rehearse one of {', '.join(names)}, or {VERL_CONFIG} "
+                             f"(verl's own trainer, e.g. with the loss_mode=dapo overrides of an existing setup).")
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=config_dir, version_base=None):
+        config = compose(config_name=config_name, overrides=list(overrides))
+    return config, entry
+
+
+def _as_list(value: Any) -> list[str] | None:
+    if value is None or (isinstance(value, str) and value.startswith("<unresolved")):
+        return None
+    return [value] if isinstance(value, str) else [str(v) for v in value]
+
+
+def _small_local_model(path: Any) -> bool:
+    """Whether ``path`` is a local Hugging Face model of at most :data:`MAX_OWN_MODEL_PARAMETERS` parameters."""
+    if not isinstance(path, str) or not (Path(path) / "config.json").is_file():
+        return False
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(path)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    return sum(p.numel() for p in model.parameters()) <= MAX_OWN_MODEL_PARAMETERS
+
+
+def _longest_prompt(model_path: str, files: Sequence[Path], prompt_key: str) -> int | None:
+    """Longest chat-templated prompt of ``files`` in tokens, or None if the files lack ``prompt_key``."""
+    import pyarrow.parquet as pq
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    longest = 0
+    for file in files:
+        table = pq.read_table(file)
+        if prompt_key not in table.column_names:
+            return None
+        for messages in table.column(prompt_key).to_pylist():
+            if isinstance(messages, str):
+                messages = [{"role": "user", "content": messages}]
+            text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+            longest = max(longest, len(tokenizer(text)["input_ids"]))
+    return longest
+
+
+def _prepare_out(out: Path, overwrite: bool) -> None:
+    if out.exists() and any(out.iterdir()):
+        if not (out / "changes.json").exists() and not overwrite:
+            raise RehearsalError(f"--out {out} exists and is not a rehearsal folder; choose an empty or new folder.")
+        if not overwrite:
+            raise RehearsalError(f"--out {out} holds an earlier rehearsal; pass --overwrite to replace it or choose "
+                                 f"another folder.")
+        shutil.rmtree(out)
+    out.mkdir(parents=True, exist_ok=True)
+
+
+def _environment(metrics: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    env.pop("CUDA_VISIBLE_DEVICES", None)  # Ray refuses num_gpus when it is set (even to "")
+    modules = [m for m in env.get("VERL_USE_EXTERNAL_MODULES", "").split(",") if m and m != PLUGIN_MODULE]
+    env.update({
+        "VERL_PLATFORM": "cpu",
+        "VERL_ENGINE_DEVICE": "cuda",  # verl registers its FSDP engine for cuda/npu; the cpu platform runs it
+        "VERL_USE_EXTERNAL_MODULES": ",".join([PLUGIN_MODULE, *modules]),
+        "VERL_FILE_LOGGER_PATH": str(metrics),
+        "OMP_NUM_THREADS": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+        "HF_HUB_OFFLINE": "1",
+        "RAY_AUTH_MODE": "disabled",
+        "RAY_DEDUP_LOGS": "0",
+        "HYDRA_FULL_ERROR": "1",
+        "PYTHONUNBUFFERED": "1",
+    })
+    return env
+
+
+def _kill_leftovers(marker: str) -> None:
+    """Stop processes of the private Ray cluster (their command lines name its temporary directory)."""
+    for pid_dir in Path("/proc").glob("[0-9]*"):
+        try:
+            if marker in (pid_dir / "cmdline").read_bytes().decode(errors="replace"):
+                os.kill(int(pid_dir.name), signal.SIGKILL)
+        except (OSError, ValueError):
+            continue
+
+
+def _last_error(log: Path) -> str:
+    """The last exception line verl's run printed (Ray prefixes are stripped), or the log's last line."""
+    lines = [re.sub(r"^\x1b\[\d+m\(.*?\)\x1b\[\d+m\s*", "", line).rstrip() for line in
+             log.read_text(errors="replace").splitlines()]
+    for line in reversed(lines):
+        match = _ERROR_LINE.match(line.strip())
+        if match and not match.group(1).startswith(("UserWarning", "FutureWarning", "DeprecationWarning")):
+            return match.group(1)
+    return next((line for line in reversed(lines) if line.strip()), "(empty log)")
+
+
+def _launch(name: str, command: list[str], run_dir: Path, timeout_s: float, ray_dir: str, steps: int,
+            echo: Callable[[str], None]) -> RunRecord:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    log, metrics = run_dir / "log.txt", run_dir / "metrics.jsonl"
+    echo(f"[{name}] {' '.join(command[:4])} ... ({len(command) - 4} overrides); log: {log}")
+    start = time.perf_counter()
+    with open(log, "w") as sink:
+        sink.write(" ".join(command) + "\n\n")
+        sink.flush()
+        process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                   env=_environment(metrics), start_new_session=True, bufsize=1)
+        assert process.stdout is not None
+        deadline = start + timeout_s
+        try:
+            for line in process.stdout:
+                sink.write(line)
+                step = _STEP_LINE.search(line)
+                if step:
+                    echo(f"[{name}] step {step.group(1)}/{steps} logged ({time.perf_counter() - start:.0f} s)")
+                if time.perf_counter() > deadline:
+                    raise subprocess.TimeoutExpired(command, timeout_s)
+            returncode = process.wait()
+        except (subprocess.TimeoutExpired, KeyboardInterrupt):
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+            returncode = -signal.SIGKILL
+            sink.write(f"\n[dapo-verl rehearse] stopped after {time.perf_counter() - start:.0f} s\n")
+        finally:
+            _kill_leftovers(ray_dir)
+    record = RunRecord(name, command, returncode, time.perf_counter() - start, log, metrics)
+    if returncode != 0:
+        record.error = _last_error(log)
+    echo(f"[{name}] {'finished' if returncode == 0 else 'FAILED'} in {record.wall_s:.0f} s")
+    return record
+
+
+def _plan(options: RehearsalOptions, config: DictConfig, out: Path, run: str, ray_dir: str,
+          data: RehearsalData, model_path: str, replaced: bool) -> list[Change]:
+    prompt_key = select(config, "data.prompt_key", "prompt")
+    longest = _longest_prompt(model_path, [data.train_file, data.val_file], prompt_key) or 448
+    shape = RehearsalShape(
+        model_path=model_path, model_replaced=replaced, train_file=str(data.train_file), val_file=str(data.val_file),
+        max_prompt_length=64 * -(-longest // 64), max_response_length=options.max_response_length,
+        train_batch_size=options.train_batch_size, gpus=options.gpus, steps=options.steps,
+        checkpoint_dir=str(out / run / "checkpoints"), ray_temp_dir=ray_dir,
+    )
+    return rehearsal_changes(config, shape)
+
+
+def _check(options: RehearsalOptions) -> None:
+    if options.steps < 2:
+        raise RehearsalError(f"--steps {options.steps}: a rehearsal needs >= 2 steps (a checkpoint at step "
+                             f"steps-1 is resumed). Use --steps 2 or more.")
+    if options.gpus < 1:
+        raise RehearsalError(f"--gpus {options.gpus}: need >= 1 worker process.")
+    if options.train_batch_size < 1 or options.max_response_length < 1:
+        raise RehearsalError("--train-batch-size and --max-response-length must be >= 1.")
+
+
+def rehearse(options: RehearsalOptions, echo: Callable[[str], None] = print) -> RehearsalResult:
+    """Run the rehearsal described in the module docstring and return what happened (see :mod:`.report`).
+
+    Raises:
+        RehearsalError: when the rehearsal cannot start (unknown config, bad options, unusable ``--out``).
+            A failing verl run does not raise: its error is in the result and the report.
+    """
+    from dapo_verl.rehearsal.stand_in import build_stand_in
+
+    _check(options)
+    config, entry = compose_recipe(options.config_name, options.overrides)
+    out = options.out_dir.resolve()
+    _prepare_out(out, options.overwrite)
+
+    own_model = select(config, "actor_rollout_ref.model.path")
+    replaced = not _small_local_model(own_model)
+    model_path = str(build_stand_in(out / "model", seed=options.seed)) if replaced else str(own_model)
+    data = prepare_files(out / "data", train_files=_as_list(select(config, "data.train_files")),
+                         val_files=_as_list(select(config, "data.val_files")), train_rows=options.train_rows,
+                         val_rows=options.val_rows, seed=options.seed)
+    ray_dir = tempfile.mkdtemp(prefix="dvr-")  # short: Ray's socket paths must fit in 107 bytes
+    try:
+        changes = _plan(options, config, out, "run1", ray_dir, data, model_path, replaced)
+        result = RehearsalResult(options, " ".join(entry[1:]), entry[2], changes, data, model_path, replaced,
+                                 recipe=_recipe_summary(config))
+        (out / "changes.json").write_text(json.dumps([asdict(c) for c in changes], indent=1, default=str))
+        echo(_changes_text(options, entry, changes))
+        user = list(options.overrides)
+        first = _launch("run1", [*entry, *user, *(c.override() for c in changes)], out / "run1", options.timeout_s,
+                        ray_dir, options.steps, echo)
+        result.runs.append(first)
+        if first.returncode == 0 and options.resume:
+            resume = [*(c.override() for c in changes if c.key not in ("trainer.default_local_dir",
+                                                                        "trainer.resume_mode")),
+                      f"trainer.default_local_dir={out / 'run2' / 'checkpoints'}", "trainer.resume_mode=resume_path",
+                      f"trainer.resume_from_path={out / 'run1' / 'checkpoints' / f'global_step_{options.steps - 1}'}"]
+            result.runs.append(_launch("run2 (resume)", [*entry, *user, *resume], out / "run2", options.timeout_s,
+                                       ray_dir, options.steps, echo))
+    finally:
+        _kill_leftovers(ray_dir)
+        shutil.rmtree(ray_dir, ignore_errors=True)
+    return result
+
+
+_RECIPE_KEYS = (
+    "trainer.use_v1", "actor_rollout_ref.actor.policy_loss.loss_mode", "actor_rollout_ref.actor.loss_agg_mode",
+    "actor_rollout_ref.actor.clip_ratio_low", "actor_rollout_ref.actor.clip_ratio_high", "algorithm.adv_estimator",
+    "reward.reward_manager.name", "reward.reward_kwargs.overlong_reward_penalty", "algorithm.overlong_filtering",
+    "algorithm.filter_groups.enable", "algorithm.filter_groups.metric", "algorithm.filter_groups.refill",
+    "algorithm.filter_groups.surplus", "algorithm.filter_groups.on_shortfall",
+    "algorithm.filter_groups.max_num_gen_batches", "actor_rollout_ref.rollout.n", "trainer.nnodes",
+    "trainer.n_gpus_per_node", "actor_rollout_ref.model.path", "data.train_batch_size",
+    "data.max_response_length",
+)
+
+
+def _recipe_summary(config: DictConfig) -> dict[str, Any]:
+    return {key: select(config, key) for key in _RECIPE_KEYS}
+
+
+def _changes_text(options: RehearsalOptions, entry: list[str], changes: list[Change]) -> str:
+    lines = [f"Rehearsing {options.config_name} through `{' '.join(entry[1:])}` on this machine. "
+             f"Keys changed for a CPU run ({len(changes)}; everything else is the recipe's own):"]
+    width = max((len(c.key) for c in changes), default=0)
+    for group in ("model", "scale", "hardware", "engine", "run"):
+        for change in (c for c in changes if c.group == group):
+            recipe = "(unset)" if change.recipe is None else change.recipe
+            lines.append(f"  {change.key:<{width}}  {recipe} -> {change.rehearsal}   ({group}: {change.reason})")
+    return "\n".join(lines)
