@@ -1,8 +1,14 @@
 """``python -m dapo_verl.main``: DAPO on verl (Hydra entry point; config ``configs/dapo_trainer.yaml``).
 
-Like ``verl.trainer.main_ppo`` it validates the config and starts Ray with a TaskRunner, but the
-TaskRunner builds :class:`~dapo_verl.adapter.trainer.DapoRayTrainer`. ``--help`` and ``--cfg job`` show the
-resolved configuration without starting anything.
+Like ``verl.trainer.main_ppo`` it validates the config and starts Ray with a TaskRunner:
+
+* ``trainer.use_v1=true`` (the default, as in verl): verl's own v1 TaskRunner; the config names
+  :class:`~dapo_verl.adapter.v1_sampler.DapoReplayBuffer` as its custom sampler and
+  :class:`~dapo_verl.adapter.v1_sampler.DapoCheckpointCallback` as its checkpoint callback.
+* ``trainer.use_v1=false``: verl's legacy TaskRunner, building :class:`~dapo_verl.adapter.trainer.DapoRayTrainer`
+  (verl deprecates the legacy trainer).
+
+``--help`` and ``--cfg job`` show the resolved configuration without starting anything.
 """
 
 from __future__ import annotations
@@ -31,10 +37,15 @@ def validate_dapo_config(config: DictConfig) -> DapoConfig:
     """
     dapo = DapoConfig.from_verl(config)
     if config.trainer.get("use_v1", False):
+        _check_v1_sampler(config)
+    reward_model = config.reward.get("reward_model", {})
+    if dapo.sampler.enable and reward_model.get("enable", False) and not reward_model.get("enable_resource_pool", False):
         raise ValueError(
-            "trainer.use_v1=true selects verl's v1 trainer, whose own filter_groups discards surplus groups and "
-            "does not use dapo_verl's batch replenisher. Set trainer.use_v1=false (dapo_trainer.yaml does), or run "
-            "verl.trainer.main_ppo with loss_mode=dapo and verl's filter_groups."
+            "reward.reward_model.enable=true with reward.reward_model.enable_resource_pool=false: a colocated reward "
+            "model scores responses only after generation, so dynamic sampling cannot read "
+            f"algorithm.filter_groups.metric={dapo.sampler.metric} while it samples. Give the reward model its own "
+            "GPUs (reward.reward_model.enable_resource_pool=true), use a rule-based reward, or set "
+            "algorithm.filter_groups.enable=false."
         )
     n = config.actor_rollout_ref.rollout.n
     if n < 2:
@@ -51,6 +62,27 @@ def validate_dapo_config(config: DictConfig) -> DapoConfig:
     if reason and dapo.loss.clip_ratio_high != dapo.loss.clip_ratio_low:
         warnings.warn(reason, stacklevel=2)
     return dapo
+
+
+V1_SAMPLER = ("pkg://dapo_verl.adapter.v1_sampler", "DapoReplayBuffer")
+V1_CHECKPOINT_CALLBACK = "dapo_verl.adapter.v1_sampler.DapoCheckpointCallback"
+
+
+def _check_v1_sampler(config: DictConfig) -> None:
+    sampler = config.trainer.v1.sampler.get("custom_sampler") or {}
+    if (sampler.get("path"), sampler.get("name")) != V1_SAMPLER:
+        raise ValueError(
+            f"trainer.v1.sampler.custom_sampler is {{path: {sampler.get('path')}, name: {sampler.get('name')}}}; "
+            f"python -m dapo_verl.main runs dapo_verl's batch replenisher as v1's sampler ({{path: {V1_SAMPLER[0]}, "
+            f"name: {V1_SAMPLER[1]}}}, as dapo/base.yaml sets). To use verl's built-in filter_groups instead, run "
+            f"python -m verl.trainer.main_ppo with loss_mode=dapo."
+        )
+    if config.trainer.get("checkpoint_callback_class") != V1_CHECKPOINT_CALLBACK:
+        raise ValueError(
+            f"trainer.checkpoint_callback_class={config.trainer.get('checkpoint_callback_class')!r}: without "
+            f"{V1_CHECKPOINT_CALLBACK} the sampler's state (prompt history, carried groups, counters) is not saved "
+            f"and a resumed run would repeat or lose groups. Keep dapo/base.yaml's value."
+        )
 
 
 @contextlib.contextmanager
@@ -99,7 +131,14 @@ def run_dapo(config: DictConfig) -> None:
     auto_set_device(config)
     validate_dapo_config(config)
     validate_config(config=config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config))
-    run_ppo(config, task_runner_class=_task_runner_class())
+    if config.trainer.use_v1:
+        from verl.trainer.main_ppo import TaskRunnerV1
+
+        run_ppo(config, task_runner_class=TaskRunnerV1)
+    else:
+        logger.warning("trainer.use_v1=false: verl's legacy trainer, which verl deprecates; dapo_verl's batch "
+                       "replenisher drives it as it drives the v1 trainer's sampler.")
+        run_ppo(config, task_runner_class=_task_runner_class())
 
 
 @hydra.main(config_path="configs", config_name="dapo_trainer", version_base=None)

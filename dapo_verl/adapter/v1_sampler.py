@@ -1,0 +1,340 @@
+"""Dynamic sampling in verl's v1 trainer: dapo_verl's batch replenisher as verl's custom replay buffer.
+
+verl 0.9's v1 trainer (``trainer.use_v1=true``, its default) takes a custom sampler through
+``trainer.v1.sampler.custom_sampler.{path,name}``: a replay-buffer class whose ``sample()`` returns the
+trajectory keys (in TransferQueue) of each training batch. :class:`DapoReplayBuffer` is that class, and every
+decision in it is made by the same engine-agnostic :class:`~dapo_verl.sampler.BatchReplenisher` the legacy
+trainer and the local backend use -- which prompts, how many per round, filtering on raw correctness, the
+round limit and ``on_shortfall``, carried surplus and its staleness, history skipping, accounting, metrics:
+
+* ``sample(partition_id="train")`` runs one ``next_batch()`` per training step. Its generate callback
+  submits the replenisher's prompt ids through the trainer's own ``_submit_batch_to_rollout`` (rows read from
+  the trainer's dataset by index, so the prompt identity is the dataset position), waits until verl's agent
+  loop has published every group as finished, and reads each response's ``acc``, score, length and truncation
+  from TransferQueue. The trainer's per-step baseline submission (``_add_batch_to_generate``) is switched off:
+  the replenisher submits exactly what it decided, and nothing of it is still generating when ``sample()``
+  returns (replicas may sleep).
+* With ``trainer.v1.parameter_sync_step > 1`` the step's groups are served in that many slices; the
+  sampler's metrics come with the first slice only, so verl's per-step aggregation never averages a counter.
+* Dropped groups (uninformative, surplus, stale) are cleared from TransferQueue; selected groups' prompt keys
+  are cleared here and their trajectories by the trainer after the step, as verl's own buffers do.
+* Validation (``partition_id="val"``) passes through verl's ``ReplayBufferAsync`` untouched.
+* State: :class:`DapoCheckpointCallback` (``trainer.checkpoint_callback_class``) saves the replenisher's state
+  next to verl's checkpoint; the first ``sample()`` after a resume restores it. In ``sync`` mode verl does not
+  checkpoint TransferQueue, so a step that will be checkpointed carries no surplus (it is counted as dropped
+  ``surplus``) and a resumed run repeats the uninterrupted one; in the async modes TransferQueue itself is
+  checkpointed and carried groups survive.
+
+The same class serves ``sync``, ``colocate_async`` and ``separate_async``; for separate_async's hybrid switching
+it answers ``get_sampleable_count`` and ``wait_for_sampleable``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+import transfer_queue as tq
+from transfer_queue import KVBatchMeta
+from verl.trainer.ppo.checkpoint_callback import CheckpointCallback
+from verl.trainer.ppo.v1.replay_buffer import ReplayBufferAsync
+from verl.utils import tensordict_utils as tu
+
+from dapo_verl.adapter.reward import overlong_metrics
+from dapo_verl.config import DapoConfig
+from dapo_verl.sampler import BatchReplenisher, GroupResult
+from dapo_verl.state_io import load_state, save_state
+
+__all__ = ["SAMPLER_STATE_FILE", "DapoCheckpointCallback", "DapoReplayBuffer", "GroupKeys"]
+
+logger = logging.getLogger(__name__)
+
+SAMPLER_STATE_FILE = "dapo_sampler.safetensors"
+"""The replenisher's state inside verl's ``global_step_<k>`` folder (the legacy trainer uses the same name)."""
+
+_TERMINAL = ("finished", "failure")
+_DEFAULT_POLL_S = 0.05
+
+
+@dataclass(frozen=True)
+class GroupKeys:
+    """A group's payload in v1: where its trajectories live in TransferQueue.
+
+    Attributes:
+        uid: The prompt key (``uid``); trajectory keys are ``{uid}_{session}_{output}``.
+        keys: The trajectory keys, in session order.
+        tags: Their TransferQueue tags (``seq_len``, ``min/max_global_steps``, ... -- what the trainer reads).
+    """
+
+    uid: str
+    keys: tuple[str, ...]
+    tags: tuple[dict[str, Any], ...]
+
+
+class _GroupKeysCodec:
+    """Carried payloads as plain data for the sampler's state file (the trajectories stay in TransferQueue)."""
+
+    def encode(self, payload: GroupKeys) -> dict[str, Any]:
+        return {"uid": payload.uid, "keys": list(payload.keys), "tags": [dict(t) for t in payload.tags]}
+
+    def decode(self, data: dict[str, Any]) -> GroupKeys:
+        return GroupKeys(data["uid"], tuple(data["keys"]), tuple(data["tags"]))
+
+
+def _session_of(key: str) -> tuple[int, int]:
+    """(session, output) of a trajectory key ``{uid}_{session}_{output}``."""
+    _, session, output = key.rsplit("_", 2)
+    return int(session), int(output)
+
+
+class DapoReplayBuffer(ReplayBufferAsync):
+    """verl v1 custom sampler driven by dapo_verl's batch replenisher (see the module docstring).
+
+    verl constructs it with its custom-sampler keyword arguments; ``refill_fn`` is the trainer's bound
+    ``_add_prompts_to_generate``, through which the buffer reaches the trainer. ``sampler_kwargs`` may set
+    ``poll_interval`` (seconds between TransferQueue polls while a round generates; default 0.05).
+    """
+
+    def __init__(self, trainer_mode: str, trainer_config: Any, max_off_policy_threshold: int | None = None,
+                 max_off_policy_strategy: str = "drop", sampler_kwargs: Any = None, refill_fn: Any = None) -> None:
+        poll = float((sampler_kwargs or {}).get("poll_interval", _DEFAULT_POLL_S))
+        super().__init__(trainer_mode=trainer_mode, trainer_config=trainer_config,
+                         max_off_policy_threshold=max_off_policy_threshold,
+                         max_off_policy_strategy=max_off_policy_strategy, sampler_kwargs=sampler_kwargs,
+                         poll_interval=poll, refill_fn=refill_fn)
+        trainer = getattr(refill_fn, "__self__", None)
+        if trainer is None:
+            raise TypeError("DapoReplayBuffer needs verl's refill_fn (the trainer's bound _add_prompts_to_generate); "
+                            "set it as trainer.v1.sampler.custom_sampler in the config, not by hand.")
+        self.trainer = trainer
+        # The replenisher submits its own rounds; verl's fixed per-step submission and its async warm-up would
+        # add prompts from verl's dataloader that the replenisher never asked for and would never train on.
+        trainer._add_batch_to_generate = _no_submission
+        trainer._add_async_warmup_batches = _no_submission
+        self._replenisher: BatchReplenisher | None = None
+        self._served_step: int | None = None
+        self._step_groups: list[GroupResult] = []
+        self._step_metrics: dict[str, float] = {}
+        self._live: dict[str, GroupKeys] = {}  # groups of ours still in TransferQueue (carried or being served)
+        self._step_uids: list[str] = []
+
+    # -- verl's sampler interface ------------------------------------------------------------------------
+
+    def sample(self, global_steps: int, partition_id: str, batch_size: int) -> tuple[KVBatchMeta, dict]:
+        """The next ``batch_size`` groups of step ``global_steps`` (see the module docstring)."""
+        if partition_id != "train":
+            return super().sample(global_steps, partition_id, batch_size)
+        self._prepare(global_steps)
+        if batch_size > len(self._step_groups) and self._step_groups:
+            batch_size = len(self._step_groups)  # a partial step (on_shortfall=partial): serve what was found
+        served, self._step_groups = self._step_groups[:batch_size], self._step_groups[batch_size:]
+        payloads: list[GroupKeys] = [g.payload for g in served]
+        tq.kv_clear(partition_id="train", keys=[p.uid for p in payloads])  # the trainer clears the trajectories
+        for payload in payloads:
+            self._live.pop(payload.uid, None)
+        metrics, self._step_metrics = self._step_metrics, {}
+        keys = [k for p in payloads for k in p.keys]
+        tags = [t for p in payloads for t in p.tags]
+        metrics.update(self._overlong_metrics(keys))
+        return KVBatchMeta(partition_id="train", keys=keys, tags=tags), metrics
+
+    @staticmethod
+    def _overlong_metrics(keys: list[str]) -> dict[str, float]:
+        """``dapo/overlong/*`` of the served responses, from the reward manager's extra info (as in the legacy path)."""
+        if not keys:
+            return {}
+        extras = tq.kv_batch_get(keys=keys, partition_id="train", select_fields=["extra_fields"])["extra_fields"]
+        infos = [(getattr(e, "data", e) or {}).get("reward_extra_info", {}) for e in extras]
+        if not all("overlong_penalty" in info for info in infos):
+            return {}
+        return overlong_metrics({name: np.array([info[name] for info in infos]) for name in ("overlong_penalty",
+                                                                                           "truncated")})
+
+    def get_sampleable_count(self, global_steps: int, partition_id: str) -> int:
+        """Groups ready for step ``global_steps`` (separate_async hybrid switching)."""
+        if partition_id != "train":
+            return super().get_sampleable_count(global_steps, partition_id)
+        return len(self._step_groups) if self._served_step == global_steps else 0
+
+    def wait_for_sampleable(self, global_steps: int, partition_id: str, target_count: int) -> tuple[set[str], dict]:
+        """Produce step ``global_steps``'s batch now (``sample`` then serves it); return its prompt uids."""
+        if partition_id != "train":
+            return super().wait_for_sampleable(global_steps, partition_id, target_count)
+        self._prepare(global_steps)
+        return {g.payload.uid for g in self._step_groups}, {}
+
+    # -- one training step -------------------------------------------------------------------------------
+
+    def _prepare(self, global_steps: int) -> None:
+        if self._served_step == global_steps:
+            return
+        replenisher = self._ensure_replenisher(global_steps)
+        if self._step_groups:
+            raise RuntimeError(f"Step {self._served_step} left {len(self._step_groups)} groups unserved; verl's "
+                               f"trainer asked for fewer than train_batch_size. This is a dapo_verl bug.")
+        self._step_uids = []
+        sampled = replenisher.next_batch()
+        metrics = dict(sampled.metrics)
+        if self._checkpoint_follows(global_steps) and self.trainer_mode == "sync" and replenisher.carried:
+            metrics["dapo/sampler/dropped/surplus"] += replenisher.drop_carried("surplus")
+            metrics["dapo/sampler/carried_groups"] = 0
+        kept = {g.payload.uid for g in sampled.groups} | {g.payload.uid for _, g in replenisher.carried}
+        dropped = [uid for uid in [*self._live, *self._step_uids] if uid not in kept]
+        self._clear(dropped)
+        self._live = {g.payload.uid: g.payload for _, g in replenisher.carried}
+        self._live.update({g.payload.uid: g.payload for g in sampled.groups})
+        self._step_groups = list(sampled.groups)
+        self._step_metrics = metrics
+        self._served_step = global_steps
+
+    def _checkpoint_follows(self, global_steps: int) -> bool:
+        trainer_config = self.trainer.config.trainer
+        save_freq = int(trainer_config.save_freq)
+        last = global_steps >= int(getattr(self.trainer, "total_training_steps", global_steps + 1))
+        return save_freq > 0 and (last or global_steps % save_freq == 0)
+
+    def _clear(self, uids: Sequence[str]) -> None:
+        if not uids:
+            return
+        listing = (tq.kv_list(partition_id="train") or {}).get("train", {})
+        wanted = set(uids)
+        keys = [key for key in listing if key.split("_")[0] in wanted]
+        tq.kv_clear(partition_id="train", keys=keys)
+
+    # -- the replenisher and its generate callback ----------------------------------------------------------
+
+    def _ensure_replenisher(self, global_steps: int) -> BatchReplenisher:
+        if self._replenisher is not None:
+            return self._replenisher
+        config = self.trainer.config
+        dapo = DapoConfig.from_verl(config)
+        self._replenisher = BatchReplenisher(dapo.sampler, len(self.trainer.train_dataset), self._generate_groups,
+                                             codec=_GroupKeysCodec(), shuffle=bool(config.data.get("shuffle", True)))
+        if global_steps > 1:
+            self._restore(global_steps)
+        return self._replenisher
+
+    def _generate_groups(self, prompt_ids: Sequence[int]) -> list[GroupResult]:
+        """Submit ``prompt_ids`` to verl's agent loop and wait for their groups (the replenisher's callback)."""
+        uids = [uuid.uuid4().hex for _ in prompt_ids]  # no "_": verl splits keys on it
+        batch = self._prompt_batch(prompt_ids, uids)
+        self.trainer._submit_batch_to_rollout(batch)
+        self._step_uids.extend(uids)
+        listing = self._wait_terminal(uids)
+        return [self._group(prompt_id, uid, listing) for prompt_id, uid in zip(prompt_ids, uids)]
+
+    def _prompt_batch(self, prompt_ids: Sequence[int], uids: list[str]) -> Any:
+        from verl.utils.dataset.rl_dataset import collate_fn
+
+        rows = [self.trainer.train_dataset[int(i)] for i in prompt_ids]
+        batch_dict = collate_fn(rows)
+        batch_dict["uid"] = np.array(uids, dtype=object)
+        batch = tu.get_tensordict(batch_dict)
+        tu.assign_non_tensor_data(batch, "global_steps", self.trainer.global_steps)
+        return batch
+
+    def _wait_terminal(self, uids: list[str]) -> dict[str, dict]:
+        """Poll TransferQueue until every prompt in ``uids`` is finished or failed; return the partition."""
+        pending = set(uids)
+        while True:
+            listing = (tq.kv_list(partition_id="train") or {}).get("train", {})
+            pending = {uid for uid in pending if listing.get(uid, {}).get("status") not in _TERMINAL}
+            if not pending:
+                return listing
+            time.sleep(self.poll_interval)
+
+    def _group(self, prompt_id: int, uid: str, listing: dict[str, dict]) -> GroupResult:
+        keys = sorted((k for k in listing if k.split("_")[0] == uid and k != uid), key=_session_of)
+        if listing[uid].get("status") == "failure" or not keys:
+            raise RuntimeError(f"verl's agent loop failed for prompt {prompt_id} (uid {uid}); see the agent-loop "
+                               f"worker's log. dapo_verl does not train on failed groups.")
+        final: dict[int, str] = {}
+        for key in keys:  # the last output of each session carries the session's reward (multi-turn loops)
+            final[_session_of(key)[0]] = key
+        finals = [final[s] for s in sorted(final)]
+        values = tq.kv_batch_get(keys=finals, partition_id="train", select_fields=["extra_fields", "rm_scores"])
+        metric_key = self._replenisher_metric()
+        metric, scores, truncated = [], [], []
+        response_length = int(self.trainer.config.actor_rollout_ref.rollout.response_length)
+        for key, extra, rm in zip(finals, values["extra_fields"], values["rm_scores"], strict=True):
+            info = (getattr(extra, "data", extra) or {}).get("reward_extra_info", {})
+            if metric_key not in info:
+                raise ValueError(
+                    f"algorithm.filter_groups.metric={metric_key!r} is not in the reward's extra info (available: "
+                    f"{sorted(info)}); the reward manager must report it per response. Use acc with "
+                    f"reward.reward_manager.name=dapo_verl.")
+            metric.append(float(info[metric_key]))
+            scores.append(float(rm.sum()))
+            length = int(listing[key].get("response_len", 0))
+            truncated.append(bool(info.get("truncated", length >= response_length)))
+        lengths = [int(listing[k].get("response_len", 0)) for k in finals]
+        return GroupResult(
+            prompt_id=int(prompt_id), metric=torch.tensor(metric, dtype=torch.float64),
+            response_lengths=torch.tensor(lengths), truncated=torch.tensor(truncated), scores=torch.tensor(scores),
+            payload=GroupKeys(uid, tuple(keys), tuple(dict(listing[k]) for k in keys)),
+        )
+
+    def _replenisher_metric(self) -> str:
+        assert self._replenisher is not None
+        return self._replenisher.config.metric
+
+    # -- checkpoints ----------------------------------------------------------------------------------------
+
+    def save_state(self, checkpoint_dir: str) -> None:
+        """Write the replenisher's state into verl's checkpoint folder (called by the checkpoint callback)."""
+        if self._replenisher is not None:
+            save_state(self._replenisher.state_dict(), os.path.join(checkpoint_dir, SAMPLER_STATE_FILE))
+
+    def _restore(self, global_steps: int) -> None:
+        folder = _resume_folder(self.trainer.config, global_steps - 1)
+        path = os.path.join(folder, SAMPLER_STATE_FILE)
+        if not os.path.exists(path):
+            raise FileNotFoundError(
+                f"Resuming at step {global_steps} from {folder}, which has no {SAMPLER_STATE_FILE}: it was not written "
+                f"by dapo_verl's sampler, so carried groups and prompt history cannot be restored. Resume from a "
+                f"dapo_verl checkpoint or set trainer.resume_mode=disable.")
+        assert self._replenisher is not None
+        self._replenisher.load_state_dict(load_state(path))
+        self._live = {g.payload.uid: g.payload for _, g in self._replenisher.carried}
+        self._clear_orphans()
+        logger.info("dapo_verl: restored the sampler state from %s", path)
+
+    def _clear_orphans(self) -> None:
+        """Drop trajectories a restored TransferQueue holds for groups the sampler no longer tracks.
+
+        verl saves TransferQueue before it clears the step's trained trajectories, so an async checkpoint holds
+        them without their prompt keys.
+        """
+        listing = (tq.kv_list(partition_id="train") or {}).get("train", {})
+        orphans = [key for key in listing if key.split("_")[0] not in self._live]
+        if orphans:
+            tq.kv_clear(partition_id="train", keys=orphans)
+
+
+def _no_submission(*args: Any) -> None:
+    """Replaces the v1 trainer's own prompt submissions (the replenisher submits its rounds itself)."""
+
+
+def _resume_folder(config: Any, step: int) -> str:
+    """The ``global_step_<step>`` folder verl resumed from (``resume_mode`` auto or resume_path)."""
+    if config.trainer.resume_mode == "resume_path" and config.trainer.resume_from_path:
+        return os.path.abspath(str(config.trainer.resume_from_path))
+    return os.path.join(os.path.abspath(str(config.trainer.default_local_dir)), f"global_step_{step}")
+
+
+class DapoCheckpointCallback(CheckpointCallback):
+    """``trainer.checkpoint_callback_class``: saves :class:`DapoReplayBuffer`'s state with each checkpoint."""
+
+    def on_save(self, trainer: Any, global_step: int, checkpoint_dir: str, async_save: bool = False,
+                **kwargs: Any) -> None:
+        buffer = getattr(trainer, "replay_buffer", None)
+        if isinstance(buffer, DapoReplayBuffer):
+            buffer.save_state(checkpoint_dir)
+
