@@ -154,6 +154,21 @@ class BatchReplenisher:
         """True once ``exhausted_pool_fraction`` of the prompt pool is exhausted (``stop_when_exhausted`` reads it)."""
         return self.stream.history.exhausted_fraction >= self.config.exhausted_pool_fraction
 
+    def drop_carried(self, reason: str) -> int:
+        """Drop every carried group for ``reason`` (one of :data:`DROP_REASONS`); return how many.
+
+        A backend whose carried payloads cannot outlive a checkpoint (verl v1 in sync mode keeps them in a
+        queue that is not saved) calls this before a checkpoint, so the saved state holds no group it cannot
+        restore and the accounting stays conserved.
+        """
+        if reason not in DROP_REASONS:
+            raise ValueError(f"reason={reason!r} is not a drop reason; expected one of {DROP_REASONS}.")
+        dropped = len(self.carried)
+        for _, group in self.carried:
+            self._drop(group, reason)
+        self.carried = []
+        return dropped
+
     def conservation_gap(self) -> int:
         """generated - (trained + carried + dropped); 0 unless a group went missing."""
         accounted = self.counters["groups_trained"] + len(self.carried) + sum(self.dropped.values())
