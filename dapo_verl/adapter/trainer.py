@@ -35,6 +35,7 @@ import numpy as np
 import torch
 from omegaconf import open_dict
 from verl import DataProto
+from verl.protocol import pad_dataproto_to_divisor, unpad_dataproto
 from verl.trainer.ppo.ray_trainer import RayPPOTrainer
 
 from dapo_verl.adapter.dataproto_codec import DataProtoCodec
@@ -116,6 +117,7 @@ class DapoRayTrainer(RayPPOTrainer):
         self.sampler = BatchReplenisher(self.dapo_config.sampler, len(self.train_dataset), self._generate_groups,
                                         codec=_GroupCodec(), shuffle=bool(self.config.data.get("shuffle", True)))
         self._pending: tuple[DataProto, dict[str, float]] | None = None
+        self._padding_responses = 0
         self._step_metrics: dict[str, float] = {}
         epochs = max(int(self.config.trainer.total_epochs), 1)
         total = self.config.trainer.total_training_steps or (
@@ -141,10 +143,12 @@ class DapoRayTrainer(RayPPOTrainer):
     def _next_training_prompts(self) -> dict[str, Any]:
         for _ in range(_MAX_EMPTY_BATCHES):
             start = time.perf_counter()
+            self._padding_responses = 0
             sampled = self.sampler.next_batch()
             if sampled.groups:
                 rollout = DataProto.concat([g.payload for g in sampled.groups])
-                metrics = {**sampled.metrics, "timing_s/dapo_sampling": time.perf_counter() - start}
+                metrics = {**sampled.metrics, "timing_s/dapo_sampling": time.perf_counter() - start,
+                           "dapo/rollout/padding_responses": self._padding_responses}
                 self._pending = (rollout, metrics)
                 return self._collate([self.train_dataset[g.prompt_id] for g in sampled.groups])
             logger.warning("Dynamic sampling found no informative group for step %d; sampling again.", sampled.step)
@@ -181,7 +185,12 @@ class DapoRayTrainer(RayPPOTrainer):
         gen_batch.meta_info["global_steps"] = self.global_steps
         n = self.config.actor_rollout_ref.rollout.n
         manager = getattr(self.async_rollout_manager, "real", self.async_rollout_manager)
-        output = manager.generate_sequences(gen_batch.repeat(repeat_times=n, interleave=True))
+        # verl's agent-loop manager splits the rows evenly over its workers and refuses a remainder
+        # (DataProto.chunk); pad with copies of the first rows and drop their responses, as verl's _validate does.
+        request, pad = pad_dataproto_to_divisor(gen_batch.repeat(repeat_times=n, interleave=True),
+                                                _agent_loop_workers(manager, self.config))
+        output = unpad_dataproto(manager.generate_sequences(request), pad)
+        self._padding_responses += pad
         output.meta_info.pop("timing", None)
         drop = [key for key in output.non_tensor_batch if key in rows or key == "uid"]
         if drop:
@@ -271,6 +280,12 @@ def _refuse_unsafe_pickle(path: str) -> None:
             f"which verl's loader would execute ({type(err).__name__}). Restore the file from a trusted copy or "
             f"delete it (the sampler state lives in {SAMPLER_STATE_FILE})."
         ) from None
+
+
+def _agent_loop_workers(manager: Any, config: Any) -> int:
+    """How many agent-loop workers verl's rollout manager splits a request over."""
+    workers = getattr(manager, "agent_loop_workers", None)
+    return len(workers) if workers else max(1, int(config.actor_rollout_ref.rollout.agent.num_workers))
 
 
 def canonical_group_rows(responses: torch.Tensor, lengths: torch.Tensor, *, start: int, size: int) -> torch.Tensor:

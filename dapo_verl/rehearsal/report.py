@@ -67,7 +67,7 @@ def _resume_check(first: dict[int, dict[str, Any]], second: dict[int, dict[str, 
     for key in keys:
         x, y = a[key], b[key]
         same = x == y or (isinstance(x, float) and isinstance(y, float) and math.isclose(x, y, rel_tol=1e-6,
-                                                                                          abs_tol=1e-9))
+                                                                                          abs_tol=1e-6))
         if not same:
             differences.append(f"{key}: {x} vs {y}")
     return {"step": step, "compared": len(keys), "identical": not differences, "differences": differences}

@@ -1,0 +1,109 @@
+"""What a rehearsal changes: only scale, hardware, engine and run keys; every algorithm setting stays the recipe's."""
+
+from __future__ import annotations
+
+import pytest
+from omegaconf import OmegaConf
+
+from dapo_verl.rehearsal.plan import Change, RehearsalShape, rehearsal_changes
+from dapo_verl.rehearsal.run import RehearsalError, compose_recipe
+
+pytestmark = pytest.mark.verl
+
+RECIPES = ["dapo_qwen2.5_32b", "dapo_wo_ds_qwen2.5_32b", "dapo_qwen2.5_7b", "dapo_qwen2.5_math_1.5b",
+           "dapo_clip_ablation_eps_high_0.2", "dapo_clip_ablation_eps_high_0.28", "dapo_trainer"]
+
+# The algorithm: none of these may differ between a recipe and its rehearsal.
+ALGORITHM_KEYS = [
+    "actor_rollout_ref.actor.policy_loss.loss_mode", "actor_rollout_ref.actor.clip_ratio_low",
+    "actor_rollout_ref.actor.clip_ratio_high", "actor_rollout_ref.actor.clip_ratio_c",
+    "actor_rollout_ref.actor.loss_agg_mode", "actor_rollout_ref.actor.ppo_epochs",
+    "actor_rollout_ref.actor.use_kl_loss", "actor_rollout_ref.actor.entropy_coeff",
+    "actor_rollout_ref.actor.optim.lr", "actor_rollout_ref.actor.optim.lr_warmup_steps",
+    "actor_rollout_ref.actor.optim.weight_decay", "actor_rollout_ref.actor.optim.clip_grad",
+    "actor_rollout_ref.actor.fsdp_config.param_offload", "actor_rollout_ref.actor.fsdp_config.optimizer_offload",
+    "actor_rollout_ref.actor.use_dynamic_bsz", "actor_rollout_ref.model.use_remove_padding",
+    "actor_rollout_ref.model.enable_gradient_checkpointing",
+    "actor_rollout_ref.rollout.n", "actor_rollout_ref.rollout.temperature", "actor_rollout_ref.rollout.top_p",
+    "actor_rollout_ref.rollout.val_kwargs.temperature", "actor_rollout_ref.rollout.val_kwargs.top_p",
+    "algorithm.adv_estimator", "algorithm.norm_adv_by_std_in_grpo", "algorithm.overlong_filtering",
+    "algorithm.use_kl_in_reward", "algorithm.filter_groups.enable", "algorithm.filter_groups.metric",
+    "algorithm.filter_groups.max_num_gen_batches", "algorithm.filter_groups.refill",
+    "algorithm.filter_groups.surplus", "algorithm.filter_groups.on_shortfall", "data.seed",
+    "reward.reward_manager.name", "reward.reward_kwargs.overlong_reward_penalty",
+    "reward.reward_kwargs.overlong_penalty_factor", "trainer.use_v1", "trainer.val_before_train",
+    "trainer.test_freq", "trainer.total_epochs", "trainer.project_name", "trainer.experiment_name",
+]
+
+
+def _shape(tmp_path, **kw) -> RehearsalShape:
+    values = dict(model_path=str(tmp_path / "model"), model_replaced=True, train_file=str(tmp_path / "t.parquet"),
+                  val_file=str(tmp_path / "v.parquet"), max_prompt_length=128, max_response_length=8,
+                  train_batch_size=4, gpus=1, steps=3, checkpoint_dir=str(tmp_path / "ckpt"),
+                  ray_temp_dir="/tmp/dvr-test")
+    values.update(kw)
+    return RehearsalShape(**values)
+
+
+def _apply(config, changes: list[Change]):
+    """The config the rehearsal runs: the recipe with every change applied (added keys included)."""
+    base = OmegaConf.create(OmegaConf.to_container(config))
+    return OmegaConf.merge(base, OmegaConf.from_dotlist([c.override().lstrip("+") for c in changes]))
+
+
+@pytest.mark.parametrize("name", RECIPES)
+def test_rehearsal_changes_no_algorithm_key(name, tmp_path):
+    config, entry = compose_recipe(name, [])
+    changes = rehearsal_changes(config, _shape(tmp_path))
+    changed = {c.key for c in changes}
+    assert not changed & set(ALGORITHM_KEYS)
+    assert entry[1:] == ["-m", "dapo_verl.main", f"--config-name={name}"]
+    assert {c.group for c in changes} <= {"model", "scale", "hardware", "engine", "run"}
+    rehearsed = _apply(config, changes)
+    for key in ALGORITHM_KEYS:
+        recipe = OmegaConf.select(config, key, throw_on_resolution_failure=False)
+        assert OmegaConf.select(rehearsed, key, throw_on_resolution_failure=False) == recipe, key
+
+
+def test_paper_recipe_is_shrunk_keeping_its_ratios(tmp_path):
+    config, _ = compose_recipe("dapo_qwen2.5_32b", [])
+    changes = {c.key: c for c in rehearsal_changes(config, _shape(tmp_path))}
+    assert changes["data.train_batch_size"].rehearsal == 4
+    assert changes["data.gen_batch_size"].rehearsal == 12  # the recipe's 3 x train_batch_size
+    assert changes["actor_rollout_ref.actor.ppo_mini_batch_size"].rehearsal == 1  # several gradient steps, as 16
+    # The overlong buffer keeps its share of the response budget: 4096 / 20480 = 20% of 8 tokens -> 2.
+    assert changes["reward.reward_kwargs.overlong_tokens"].rehearsal == 2
+    assert changes["actor_rollout_ref.rollout.name"].rehearsal == "dapo_cpu"
+    assert changes["actor_rollout_ref.actor.strategy"].rehearsal == "fsdp2"
+    assert changes["trainer.nnodes"].recipe == 16 and changes["trainer.nnodes"].rehearsal == 1
+    assert changes["actor_rollout_ref.model.path"].recipe == "<unresolved: $DAPO_MODEL_PATH is not set>"
+    assert changes["actor_rollout_ref.actor.fsdp_config.mixed_precision"].override() == (
+        "+actor_rollout_ref.actor.fsdp_config.mixed_precision={param_dtype:fp32,reduce_dtype:fp32,buffer_dtype:fp32}")
+    assert changes["ray_kwargs.ray_init.num_gpus"].override() == "+ray_kwargs.ray_init.num_gpus=1"
+
+
+def test_user_overrides_are_the_recipe(tmp_path):
+    config, _ = compose_recipe("dapo_trainer", ["actor_rollout_ref.rollout.n=6", "algorithm.filter_groups.surplus=carry"])
+    changes = {c.key for c in rehearsal_changes(config, _shape(tmp_path, gpus=2))}
+    assert "actor_rollout_ref.rollout.n" not in changes and "algorithm.filter_groups.surplus" not in changes
+    assert OmegaConf.select(config, "actor_rollout_ref.rollout.n") == 6
+
+
+def test_online_loggers_are_dropped_and_file_added(tmp_path):
+    config, _ = compose_recipe("dapo_trainer", ["trainer.logger=[console,wandb]"])
+    change = next(c for c in rehearsal_changes(config, _shape(tmp_path)) if c.key == "trainer.logger")
+    assert change.rehearsal == ["console", "file"]
+    assert "wandb need a network" in change.reason
+
+
+def test_verl_own_trainer_config_runs_verl_main_ppo(tmp_path):
+    config, entry = compose_recipe("ppo_trainer", ["actor_rollout_ref.rollout.name=vllm",
+                                                   "actor_rollout_ref.actor.policy_loss.loss_mode=dapo"])
+    assert entry[1:] == ["-m", "verl.trainer.main_ppo"]
+    keys = {c.key for c in rehearsal_changes(config, _shape(tmp_path))}
+    assert "actor_rollout_ref.actor.policy_loss.loss_mode" not in keys
+
+
+def test_unknown_config_names_the_choices():
+    with pytest.raises(RehearsalError, match=r"No config named 'dapo_qwen3'.*dapo_qwen2\.5_32b.*ppo_trainer"):
+        compose_recipe("dapo_qwen3", [])
