@@ -9,11 +9,12 @@ from the same ratio as the loss in one core call (no second validation, no boole
 in one transfer: two host synchronisations per call, against three for ``vanilla``'s three ``.item()``.
 
 Metrics (averaged over micro-batches and data-parallel ranks by verl): verl's ``actor/pg_clipfrac``,
-``actor/ppo_kl`` and ``actor/pg_clipfrac_lower`` (dual clip), plus ``dapo/actor/clip_upper_fraction``,
-``dapo/actor/clip_lower_fraction``, ``dapo/actor/dual_clip_fraction``,
-``dapo/actor/clip_higher_kept_fraction`` (tokens with A > 0 and 1 + eps_low < r <= 1 + eps_high: trainable
-only because of clip-higher) and ``dapo/actor/ratio_mean|min|max`` (min and max are per micro-batch,
-then averaged).
+``actor/ppo_kl`` and ``actor/pg_clipfrac_lower`` (dual clip), plus ``actor/dapo/clip_upper_fraction``,
+``actor/dapo/clip_lower_fraction``, ``actor/dapo/dual_clip_fraction``,
+``actor/dapo/clip_higher_kept_fraction`` (tokens with A > 0 and 1 + eps_low < r <= 1 + eps_high: trainable
+only because of clip-higher) and ``actor/dapo/ratio_mean|min|max`` (min and max are per micro-batch,
+then averaged). Each name starts with ``actor/`` because verl prefixes every other loss metric with it
+(``dapo/actor/x`` would be logged as ``actor/dapo/actor/x``); the local backend logs the same names.
 """
 
 from __future__ import annotations
@@ -63,6 +64,6 @@ def compute_policy_loss_dapo(
         "actor/pg_clipfrac": stats["clip_upper_fraction"] + stats["clip_lower_fraction"],
         "actor/ppo_kl": stats.pop("approx_kl"),
         "actor/pg_clipfrac_lower": stats["dual_clip_fraction"],
-        **{f"dapo/actor/{key}": value for key, value in stats.items()},
+        **{f"actor/dapo/{key}": value for key, value in stats.items()},
     }
     return loss, metrics

@@ -132,8 +132,8 @@ _COLUMNS = (
     ("answer+EOS", "val-aux/*/exact/mean@*", "final"),
     ("entropy (run mean)", "actor/entropy", "run_mean"),
     ("response length (run mean)", "response_length/mean", "run_mean"),
-    ("upper clip frac. (run mean)", "dapo/actor/clip_upper_fraction", "run_mean"),
-    ("lower clip frac. (run mean)", "dapo/actor/clip_lower_fraction", "run_mean"),
+    ("upper clip frac. (run mean)", "actor/dapo/clip_upper_fraction", "run_mean"),
+    ("lower clip frac. (run mean)", "actor/dapo/clip_lower_fraction", "run_mean"),
     ("generated/trained (run mean)", "dapo/sampler/generated_per_trained", "run_mean"),
 )
 """(column title, metric key or pattern, which statistic) of the summary table."""

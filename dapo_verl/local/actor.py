@@ -164,10 +164,10 @@ class _StepMetrics:
             "actor/pg_clipfrac": frac["clip_upper_fraction"] + frac["clip_lower_fraction"],
             "actor/entropy": self.sums["entropy"] / tokens,
             "actor/grad_norm": sum(self.grad_norms) / max(len(self.grad_norms), 1),
-            **{f"dapo/actor/{key}": value for key, value in frac.items()},
-            "dapo/actor/ratio_min": self.ratio_min if has_tokens else math.nan,
-            "dapo/actor/ratio_max": self.ratio_max if has_tokens else math.nan,
-            "dapo/actor/gradient_steps": float(len(self.grad_norms)),
+            **{f"actor/dapo/{key}": value for key, value in frac.items()},
+            "actor/dapo/ratio_min": self.ratio_min if has_tokens else math.nan,
+            "actor/dapo/ratio_max": self.ratio_max if has_tokens else math.nan,
+            "actor/dapo/gradient_steps": float(len(self.grad_norms)),
         }
 
 
@@ -185,7 +185,7 @@ def update_policy(model: PreTrainedModel, optimizer: torch.optim.Optimizer, batc
 
     Returns:
         ``actor/pg_loss`` (mean over gradient steps), ``actor/pg_clipfrac``, ``actor/entropy``,
-        ``actor/grad_norm`` (mean over gradient steps), ``dapo/actor/{clip_upper_fraction,
+        ``actor/grad_norm`` (mean over gradient steps), ``actor/dapo/{clip_upper_fraction,
         clip_lower_fraction, dual_clip_fraction, clip_higher_kept_fraction, ratio_mean, ratio_min,
         ratio_max, gradient_steps}``; fractions are over every valid token seen in the step. When the batch
         has no valid token, ``actor/entropy``, the clip fractions and the ratio statistics are NaN (undefined).
@@ -239,9 +239,9 @@ def batch_metrics(batch: TrainBatch) -> dict[str, float]:
 
     Returns:
         ``critic/score/mean`` (shaped reward), ``critic/advantages/mean``, ``response_length/mean``,
-        ``response_length/clip_ratio`` (share truncated), ``dapo/actor/train_acc`` (raw correctness of the
-        trained responses), ``dapo/actor/uninformative_groups`` (trained groups whose correctness does not
-        vary; 0 whenever dynamic sampling is on), ``dapo/actor/loss_tokens``.
+        ``response_length/clip_ratio`` (share truncated), ``actor/dapo/train_acc`` (raw correctness of the
+        trained responses), ``actor/dapo/uninformative_groups`` (trained groups whose correctness does not
+        vary; 0 whenever dynamic sampling is on), ``actor/dapo/loss_tokens``.
     """
     acc = batch.acc.view(-1, batch.group_size).float()  # (P, G)
     uninformative = (acc.amax(dim=1) == acc.amin(dim=1)).sum()
@@ -250,7 +250,7 @@ def batch_metrics(batch: TrainBatch) -> dict[str, float]:
         "critic/advantages/mean": batch.advantages.mean().item(),
         "response_length/mean": batch.lengths.float().mean().item(),
         "response_length/clip_ratio": batch.truncated.float().mean().item(),
-        "dapo/actor/train_acc": acc.mean().item(),
-        "dapo/actor/uninformative_groups": float(uninformative),
-        "dapo/actor/loss_tokens": float(batch.mask.sum()),
+        "actor/dapo/train_acc": acc.mean().item(),
+        "actor/dapo/uninformative_groups": float(uninformative),
+        "actor/dapo/loss_tokens": float(batch.mask.sum()),
     }

@@ -26,9 +26,9 @@ PANELS: dict[str, list[tuple[str, str]]] = {
                                  ("response_length/clip_ratio", "share truncated")],
     "dynamic sampling": [("dapo/sampler/keep_rate", "keep rate"),
                          ("dapo/sampler/gen_rounds", "generation rounds")],
-    "clipping (share of tokens)": [("dapo/actor/clip_upper_fraction", "upper clip (1 + eps_high)"),
-                                   ("dapo/actor/clip_lower_fraction", "lower clip (1 - eps_low)"),
-                                   ("dapo/actor/clip_higher_kept_fraction", "kept trainable by clip-higher")],
+    "clipping (share of tokens)": [("actor/dapo/clip_upper_fraction", "upper clip (1 + eps_high)"),
+                                   ("actor/dapo/clip_lower_fraction", "lower clip (1 - eps_low)"),
+                                   ("actor/dapo/clip_higher_kept_fraction", "kept trainable by clip-higher")],
 }
 """Panel title -> [(metric key, legend label)]; ``{task}`` is replaced by the task name."""
 

@@ -17,9 +17,9 @@ Metric keys (one JSONL record per step; step 0 holds the untrained model's evalu
   ``response_length/mean``, ``response_length/clip_ratio`` (share truncated), ``training/global_step``,
   ``val-core/<task>/acc/mean@1`` (held-out greedy accuracy) and ``val-aux/<task>/{exact,score}/mean@1``,
   ``val-aux/<task>/response_length/mean``, ``timing_s/{gen,update_actor,testing,step}``;
-* clipping: ``dapo/actor/{clip_upper_fraction, clip_lower_fraction, dual_clip_fraction,
+* clipping: ``actor/dapo/{clip_upper_fraction, clip_lower_fraction, dual_clip_fraction,
   clip_higher_kept_fraction, ratio_mean, ratio_min, ratio_max, gradient_steps}``;
-* the trained batch: ``dapo/actor/{train_acc, uninformative_groups, loss_tokens}``,
+* the trained batch: ``actor/dapo/{train_acc, uninformative_groups, loss_tokens}``,
   ``perf/generated_tokens``;
 * dynamic sampling: every ``dapo/sampler/*`` key of :class:`~dapo_verl.sampler.BatchReplenisher`.
 

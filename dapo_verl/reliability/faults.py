@@ -196,7 +196,7 @@ def _reference(run_dir: Path, overrides: list[str]) -> _Reference:
     with tracker.installed():
         result = run(overrides, run_dir)
     history = read_history(run_dir / "metrics.jsonl")
-    steps = [int(r["data"].get("dapo/actor/gradient_steps") or 0) for r in history if r["step"] > 0]
+    steps = [int(r["data"].get("actor/dapo/gradient_steps") or 0) for r in history if r["step"] > 0]
     return _Reference(history=history, tracker=tracker, final_state=read_checkpoint(checkpoint_dir(run_dir,
                       result.steps)), model=load_file(str(run_dir / "model" / "model.safetensors")),
                       gradient_steps=steps)

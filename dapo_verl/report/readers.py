@@ -111,6 +111,24 @@ def _keep_all(key: str) -> bool:
     return True
 
 
+_RENAMED_PREFIXES = (("dapo/actor/", "actor/dapo/"),)
+"""Metric prefixes older dapo_verl runs logged, and today's names (verl's ``actor/`` prefix turned the loss
+metrics ``dapo/actor/x`` into ``actor/dapo/actor/x``, so they became ``actor/dapo/x`` everywhere)."""
+
+
+def current_name(key: str) -> str:
+    """Today's name of a metric an older run logged under an earlier name.
+
+    Example:
+        >>> current_name("dapo/actor/clip_upper_fraction")
+        'actor/dapo/clip_upper_fraction'
+    """
+    for old, new in _RENAMED_PREFIXES:
+        if key.startswith(old):
+            return new + key[len(old):]
+    return key
+
+
 class _Columns:
     """Collects ``(step, {metric: value})`` records as one compact column per kept metric."""
 
@@ -125,7 +143,7 @@ class _Columns:
     def add(self, step: int, data: Mapping[str, Any]) -> None:
         self.record_steps.append(step)
         for name, raw in data.items():
-            key, value = str(name), _as_float(raw)
+            key, value = current_name(str(name)), _as_float(raw)
             if not math.isnan(value):
                 self.logged.add(key)
             kept = self._kept.get(key)

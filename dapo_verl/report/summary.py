@@ -37,8 +37,8 @@ __all__ = ["CLIP_METRICS", "DEFAULT_LAST_FRAC", "DEFAULT_METRICS", "ArmMetric", 
 DEFAULT_LAST_FRAC = 0.2
 """Share of a training metric's logged values (the last ones) averaged into its final value."""
 
-CLIP_METRICS = ("actor/pg_clipfrac", "dapo/actor/clip_upper_fraction", "dapo/actor/clip_lower_fraction",
-                "dapo/actor/clip_higher_kept_fraction")
+CLIP_METRICS = ("actor/pg_clipfrac", "actor/dapo/clip_upper_fraction", "actor/dapo/clip_lower_fraction",
+                "actor/dapo/clip_higher_kept_fraction")
 """verl's clip fraction and the dapo loss's upper/lower split and clip-higher share (adapter/losses.py)."""
 
 DEFAULT_METRICS = ("actor/entropy", "response_length/mean", *CLIP_METRICS, "dapo/sampler/prefilter_acc",

@@ -20,9 +20,9 @@ TINY = [
 ]
 KEYS = [
     "actor/pg_loss", "actor/pg_clipfrac", "actor/entropy", "actor/grad_norm", "critic/score/mean",
-    "response_length/mean", "response_length/clip_ratio", "dapo/actor/clip_upper_fraction",
-    "dapo/actor/clip_lower_fraction", "dapo/actor/dual_clip_fraction", "dapo/actor/clip_higher_kept_fraction",
-    "dapo/actor/ratio_mean", "dapo/actor/ratio_min", "dapo/actor/ratio_max", "dapo/sampler/keep_rate",
+    "response_length/mean", "response_length/clip_ratio", "actor/dapo/clip_upper_fraction",
+    "actor/dapo/clip_lower_fraction", "actor/dapo/dual_clip_fraction", "actor/dapo/clip_higher_kept_fraction",
+    "actor/dapo/ratio_mean", "actor/dapo/ratio_min", "actor/dapo/ratio_max", "dapo/sampler/keep_rate",
     "dapo/sampler/gen_rounds", "dapo/sampler/prefilter_acc", "dapo/sampler/generated_per_trained",
     "dapo/sampler/dropped/all_wrong",
 ]
@@ -72,7 +72,7 @@ def test_metrics_jsonl_is_verl_file_logger_format_with_the_expected_keys(runs):
 
 
 def test_only_informative_groups_are_trained_when_filtering_is_on(runs):
-    for step, value in runs["resumed"].series("dapo/actor/uninformative_groups"):
+    for step, value in runs["resumed"].series("actor/dapo/uninformative_groups"):
         assert value == 0.0, step
 
 
@@ -88,7 +88,7 @@ def test_without_filtering_uninformative_groups_reach_the_loss(runs):
     result = run([*TINY, cache, "algorithm.filter_groups.enable=false", "trainer.total_training_steps=3",
                   "trainer.save_freq=-1", "trainer.test_freq=-1", "trainer.val_before_train=false"],
                  runs["root"] / "unfiltered")
-    assert sum(value for _, value in result.series("dapo/actor/uninformative_groups")) > 0
+    assert sum(value for _, value in result.series("actor/dapo/uninformative_groups")) > 0
     assert all(value == 4.0 for _, value in result.series("dapo/sampler/groups_trained"))
 
 
@@ -109,7 +109,7 @@ def test_a_step_without_loss_tokens_logs_undefined_per_token_metrics(runs):
                   "reward.reward_kwargs.overlong_tokens=1", "algorithm.overlong_filtering=true",
                   "algorithm.filter_groups.enable=false", "local.task.heldout_size=50", "data.seed=0",
                   f"local.cache_dir={runs['root'] / 'cache'}"], runs["root"] / "no_loss_tokens", progress=True)
-    assert [value for _, value in result.series("dapo/actor/loss_tokens")] == [0.0, 0.0]
+    assert [value for _, value in result.series("actor/dapo/loss_tokens")] == [0.0, 0.0]
     assert result.series("actor/entropy") == []  # logged as null: undefined, not 0
     lines = (runs["root"] / "no_loss_tokens" / "metrics.jsonl").read_text().splitlines()
     assert all(json.loads(line)["data"]["actor/entropy"] is None for line in lines)

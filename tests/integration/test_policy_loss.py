@@ -60,9 +60,9 @@ def test_dapo_metrics_split_the_clip_fraction(gen):
     _, metrics = compute_policy_loss_dapo(old_log_prob=old, log_prob=logp, advantages=adv, response_mask=mask,
                                           config=actor_config())
     assert metrics["actor/pg_clipfrac"] == pytest.approx(
-        metrics["dapo/actor/clip_upper_fraction"] + metrics["dapo/actor/clip_lower_fraction"])
+        metrics["actor/dapo/clip_upper_fraction"] + metrics["actor/dapo/clip_lower_fraction"])
     for key in ("clip_higher_kept_fraction", "dual_clip_fraction", "ratio_mean", "ratio_min", "ratio_max"):
-        assert f"dapo/actor/{key}" in metrics
+        assert f"actor/dapo/{key}" in metrics
     assert all(isinstance(v, float) for v in metrics.values())
 
 
@@ -129,7 +129,7 @@ def test_ppo_loss_runs_dapo_and_equals_vanilla_with_backward(gen):
         rollout["full_logp"].grad = None
     assert results["dapo"][0] == pytest.approx(results["vanilla"][0], rel=1e-12)
     torch.testing.assert_close(results["dapo"][1], results["vanilla"][1], rtol=1e-12, atol=1e-15)
-    assert "dapo/actor/clip_upper_fraction" in results["dapo"][2]
+    assert "actor/dapo/clip_upper_fraction" in results["dapo"][2]
     assert get_policy_loss_fn("dapo") is compute_policy_loss_dapo
 
 

@@ -57,16 +57,16 @@ def test_micro_batching_leaves_the_update_unchanged(model, gen, agg):
     for (name, a), (_, b) in zip(whole.named_parameters(), split.named_parameters()):
         assert torch.allclose(a, b, atol=1e-6, rtol=0), name
     assert m1["actor/pg_loss"] == pytest.approx(m2["actor/pg_loss"], abs=1e-6)
-    assert m1["dapo/actor/gradient_steps"] == 4.0
+    assert m1["actor/dapo/gradient_steps"] == 4.0
 
 
 def test_later_gradient_steps_move_the_ratio_away_from_one(model, gen):
     dapo = DapoConfig()
     batch = assemble_batch(_groups(gen), torch.randint(3, 17, (4, S), generator=gen), dapo)
     _, metrics = _update(model, batch, dapo, ActorConfig(ppo_mini_batch_size=1, ppo_epochs=3))
-    assert metrics["dapo/actor/ratio_max"] > 1.0 > metrics["dapo/actor/ratio_min"]
+    assert metrics["actor/dapo/ratio_max"] > 1.0 > metrics["actor/dapo/ratio_min"]
     assert metrics["actor/pg_clipfrac"] == pytest.approx(
-        metrics["dapo/actor/clip_upper_fraction"] + metrics["dapo/actor/clip_lower_fraction"])
+        metrics["actor/dapo/clip_upper_fraction"] + metrics["actor/dapo/clip_lower_fraction"])
     assert all(torch.isfinite(torch.tensor(v)) for v in metrics.values())
 
 
@@ -96,7 +96,7 @@ def test_batch_metrics_count_uninformative_groups(gen):
     groups[1] = GroupResult(prompt_id=1, metric=torch.ones(G, dtype=torch.bool), response_lengths=old.response_lengths,
                             truncated=old.truncated, scores=old.scores, payload=old.payload)
     metrics = batch_metrics(assemble_batch(groups, torch.zeros(4, S, dtype=torch.int64), DapoConfig()))
-    assert metrics["dapo/actor/uninformative_groups"] == 1.0
+    assert metrics["actor/dapo/uninformative_groups"] == 1.0
     assert 0.0 <= metrics["response_length/clip_ratio"] <= 1.0
 
 
@@ -109,8 +109,8 @@ def test_per_token_metrics_are_undefined_when_no_token_is_trained(model, gen):
     batch = assemble_batch(groups, torch.randint(3, 17, (4, S), generator=gen), dapo)
     assert not batch.mask.any()
     _, metrics = _update(model, batch, dapo, ActorConfig(ppo_mini_batch_size=2))
-    undefined = ["actor/entropy", "actor/pg_clipfrac", "dapo/actor/clip_upper_fraction", "dapo/actor/ratio_mean",
-                 "dapo/actor/ratio_min", "dapo/actor/ratio_max"]
+    undefined = ["actor/entropy", "actor/pg_clipfrac", "actor/dapo/clip_upper_fraction", "actor/dapo/ratio_mean",
+                 "actor/dapo/ratio_min", "actor/dapo/ratio_max"]
     assert all(math.isnan(metrics[key]) for key in undefined), {k: metrics[k] for k in undefined}
     assert metrics["actor/pg_loss"] == 0.0
-    assert metrics["dapo/actor/gradient_steps"] == 2.0
+    assert metrics["actor/dapo/gradient_steps"] == 2.0

@@ -202,21 +202,21 @@ def test_arm_spread_is_mean_sample_std_min_max_over_seeds(tmp_path):
 
 
 def test_metrics_missing_in_some_runs_or_arms_show_as_na(tmp_path):
-    kept = {"dapo/actor/clip_upper_fraction": [0.1] * 10}
+    kept = {"actor/dapo/clip_upper_fraction": [0.1] * 10}
     runs = {"dapo": [write_jsonl(tmp_path / "d1.jsonl", training_run(list(range(10)), acc=[0.1], extra=kept)),
                      write_jsonl(tmp_path / "d2.jsonl", training_run(list(range(10)), acc=[0.2]))],
             "grpo": [write_jsonl(tmp_path / "g1.jsonl", training_run(list(range(10)), acc=[0.3]))]}
     report = build_report(runs, tmp_path / "out")
-    upper = report.row("dapo/actor/clip_upper_fraction", "dapo")
+    upper = report.row("actor/dapo/clip_upper_fraction", "dapo")
     assert (upper.final.n, upper.runs, upper.final.std) == (1, 2, None)
-    absent = report.row("dapo/actor/clip_upper_fraction", "grpo")
+    absent = report.row("actor/dapo/clip_upper_fraction", "grpo")
     assert absent.final.n == 0 and absent.final.mean is None
     markdown = (tmp_path / "out" / "report.md").read_text()
-    assert "| `dapo/actor/clip_upper_fraction` | grpo | 0/1 | n/a | n/a | n/a | n/a |" in markdown
-    assert "| `dapo/actor/clip_upper_fraction` | dapo | 1/2 | 0.1 | 0.1 – 0.1 |" in markdown
+    assert "| `actor/dapo/clip_upper_fraction` | grpo | 0/1 | n/a | n/a | n/a | n/a |" in markdown
+    assert "| `actor/dapo/clip_upper_fraction` | dapo | 1/2 | 0.1 | 0.1 – 0.1 |" in markdown
     assert "Not logged by any run:" in markdown and "`dapo/sampler/prefilter_acc`" in markdown
     data = json.loads((tmp_path / "out" / "report.json").read_text())
-    assert data["arms"]["grpo"]["metrics"]["dapo/actor/clip_upper_fraction"]["final"]["mean"] is None
+    assert data["arms"]["grpo"]["metrics"]["actor/dapo/clip_upper_fraction"]["final"]["mean"] is None
     assert {p.name for p in (tmp_path / "out").iterdir()} == {"report.md", "report.json", "accuracy.png",
                                                               "entropy.png", "clip_fractions.png"}
 
@@ -239,7 +239,7 @@ def test_default_metrics_pick_the_largest_n_accuracy_of_each_source_and_requests
 # -- the CLI -------------------------------------------------------------------------------------------
 
 def test_compare_cli_reads_all_three_formats_writes_the_report_and_prints_the_table(tmp_path, capsys):
-    clip = {"dapo/actor/clip_upper_fraction": [0.01] * 10, "dapo/actor/clip_lower_fraction": [0.02] * 10}
+    clip = {"actor/dapo/clip_upper_fraction": [0.01] * 10, "actor/dapo/clip_lower_fraction": [0.02] * 10}
     write_jsonl(tmp_path / "runs" / "clip028" / "seed1" / "metrics.jsonl",
                 training_run([0.9] * 10, acc=[0.0, 0.4, 0.5], extra=clip))
     write_events(tmp_path / "runs" / "clip028" / "seed2" / "tensorboard",
