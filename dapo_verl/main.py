@@ -39,7 +39,8 @@ def validate_dapo_config(config: DictConfig) -> DapoConfig:
     if config.trainer.get("use_v1", False):
         _check_v1_sampler(config)
     reward_model = config.reward.get("reward_model", {})
-    if dapo.sampler.enable and reward_model.get("enable", False) and not reward_model.get("enable_resource_pool", False):
+    colocated_reward_model = reward_model.get("enable", False) and not reward_model.get("enable_resource_pool", False)
+    if dapo.sampler.enable and colocated_reward_model:
         raise ValueError(
             "reward.reward_model.enable=true with reward.reward_model.enable_resource_pool=false: a colocated reward "
             "model scores responses only after generation, so dynamic sampling cannot read "

@@ -40,7 +40,7 @@ from verl.trainer.ppo.ray_trainer import RayPPOTrainer
 
 from dapo_verl.adapter.dataproto_codec import DataProtoCodec
 from dapo_verl.adapter.reward import overlong_metrics
-from dapo_verl.adapter.transforms import apply_overlong_filtering, response_truncation
+from dapo_verl.adapter.transforms import apply_overlong_filtering, no_op_groups, response_truncation
 from dapo_verl.config import DapoConfig
 from dapo_verl.sampler import BatchReplenisher, GroupResult
 from dapo_verl.state_io import load_state, save_state
@@ -57,22 +57,33 @@ _MAX_EMPTY_BATCHES = 3
 
 
 class StepStream:
-    """``fit``'s ``train_dataloader``: yields one collated prompt batch per training step, forever.
+    """``fit``'s ``train_dataloader``: one collated prompt batch per training step, one iteration per data pass.
 
-    ``fit`` ends the run itself at ``trainer.total_training_steps``; ``len()`` is the number of training steps
-    per ``trainer.total_epochs`` (used by ``fit`` only to label epochs).
+    ``fit`` labels its steps with the loop variable of ``for epoch in range(current_epoch, total_epochs)`` and
+    ``training/epoch``; an iteration here ends once the sampler has started a new pass over the prompts, so
+    that label follows the sampler's data epochs. The run length is ``trainer.total_training_steps`` (``fit``
+    returns after the last step), not a number of epochs. ``len()`` is what ``fit`` divides ``global_steps`` by
+    to find the epoch it resumes in; after a resume it is chosen to give the restored sampler's epoch.
     """
 
     def __init__(self, trainer: DapoRayTrainer, steps_per_epoch: int) -> None:
         self._trainer = trainer
-        self._steps_per_epoch = steps_per_epoch
+        self._len = steps_per_epoch
 
     def __len__(self) -> int:
-        return self._steps_per_epoch
+        return self._len
+
+    def resume_at(self, global_steps: int, data_epoch: int) -> None:
+        """Make ``global_steps // len(self)`` equal ``data_epoch`` (where an integer length allows it)."""
+        self._len = resume_length(global_steps, data_epoch)
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
+        stream = self._trainer.sampler.stream
+        epoch = stream.epoch
         while True:
             yield self._trainer._next_training_prompts()
+            if stream.epoch != epoch:
+                return
 
     def state_dict(self) -> dict[str, Any]:
         """Nothing: the sampler state is saved in its own file (see :data:`SAMPLER_STATE_FILE`)."""
@@ -80,6 +91,21 @@ class StepStream:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Nothing to restore here; see :meth:`DapoRayTrainer._load_checkpoint`."""
+
+
+def resume_length(global_steps: int, data_epoch: int) -> int:
+    """The smallest length L >= 1 with ``global_steps // L == data_epoch``, or the closest when none exists.
+
+    Example:
+        >>> resume_length(10, 3), 10 // resume_length(10, 3)
+        (3, 3)
+        >>> resume_length(5, 0)
+        6
+    """
+    if data_epoch <= 0:
+        return global_steps + 1
+    low = -(-(global_steps + 1) // (data_epoch + 1))  # ceil((g + 1) / (e + 1))
+    return max(1, min(low, global_steps // data_epoch))  # below `low` only when data epochs are shorter than a step
 
 
 class ReplayingRolloutManager:
@@ -126,6 +152,10 @@ class DapoRayTrainer(RayPPOTrainer):
         with open_dict(self.config):
             self.config.actor_rollout_ref.actor.optim.total_training_steps = self.total_training_steps
         self.train_dataloader = StepStream(self, steps_per_epoch=math.ceil(self.total_training_steps / epochs))
+        with open_dict(self.config):
+            # fit loops over range(epoch, total_epochs) while StepStream ends one iteration per data pass; the run
+            # still ends at total_training_steps, so the epoch loop must never run out first.
+            self.config.trainer.total_epochs = max(epochs, self.total_training_steps + 1)
         logger.info("dapo_verl: %d training steps; the sampler visits the %d prompts as often as needed.",
                     self.total_training_steps, len(self.train_dataset))
 
@@ -146,17 +176,30 @@ class DapoRayTrainer(RayPPOTrainer):
             self._padding_responses = 0
             sampled = self.sampler.next_batch()
             if sampled.groups:
-                rollout = DataProto.concat([g.payload for g in sampled.groups])
+                payloads = [g.payload for g in sampled.groups]
+                prompt_ids = [g.prompt_id for g in sampled.groups]
+                padding = -len(payloads) % self._group_multiple()  # only a partial batch needs any
+                if padding:
+                    payloads.append(no_op_groups(payloads[0], padding))
+                    prompt_ids += [prompt_ids[0]] * padding
                 metrics = {**sampled.metrics, "timing_s/dapo_sampling": time.perf_counter() - start,
-                           "dapo/rollout/padding_responses": self._padding_responses}
-                self._pending = (rollout, metrics)
-                return self._collate([self.train_dataset[g.prompt_id] for g in sampled.groups])
+                           "dapo/rollout/padding_responses": self._padding_responses,
+                           "dapo/rollout/padding_groups": padding}
+                self._pending = (DataProto.concat(payloads), metrics)
+                return self._collate([self.train_dataset[i] for i in prompt_ids])
             logger.warning("Dynamic sampling found no informative group for step %d; sampling again.", sampled.step)
         raise RuntimeError(
             f"Dynamic sampling found no informative group in {_MAX_EMPTY_BATCHES} attempts of "
             f"{self.dapo_config.sampler.max_num_gen_batches} rounds each: every group was all-correct or all-wrong. "
             f"Check the reward function and data, or raise algorithm.filter_groups.max_num_gen_batches."
         )
+
+    def _group_multiple(self) -> int:
+        """Groups a batch must be a multiple of: whole mini-batches, and rows that split over the DP ranks."""
+        mini = int(self.config.actor_rollout_ref.actor.ppo_mini_batch_size)
+        n = int(self.config.actor_rollout_ref.rollout.n)
+        dp = self._get_dp_size(self.actor_rollout_wg, "actor")
+        return math.lcm(mini, dp // math.gcd(dp, n))
 
     def _replay_rollout(self, rows: int) -> DataProto:
         if self._pending is None:
@@ -260,6 +303,7 @@ class DapoRayTrainer(RayPPOTrainer):
                 f"checkpoint or set trainer.resume_mode=disable."
             )
         self.sampler.load_state_dict(load_state(path))
+        self.train_dataloader.resume_at(self.global_steps, self.sampler.stream.epoch)
         logger.info("dapo_verl: restored the sampler state from %s", path)
         return result
 

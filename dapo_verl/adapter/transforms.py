@@ -13,7 +13,7 @@ from verl import DataProto
 
 from dapo_verl.core import mask_truncated_responses, truncated_response_mask
 
-__all__ = ["apply_overlong_filtering", "response_truncation"]
+__all__ = ["apply_overlong_filtering", "no_op_groups", "response_truncation"]
 
 
 def response_truncation(batch: DataProto, eos_token_id: int | list[int] | None) -> torch.Tensor:
@@ -42,3 +42,22 @@ def apply_overlong_filtering(batch: DataProto, eos_token_id: int | list[int] | N
     truncated = response_truncation(batch, eos_token_id)
     batch.batch["response_mask"] = mask_truncated_responses(batch.batch["response_mask"], truncated)
     return {"dapo/overlong/filtered_fraction": float(truncated.float().mean()) if truncated.numel() else 0.0}
+
+
+def no_op_groups(group: DataProto, count: int) -> DataProto:
+    """``count`` copies of one group's rows that train nothing: no response token counts, scores are zero.
+
+    verl's update needs a batch that splits into whole mini-batches and data-parallel ranks; a partial batch
+    (``on_shortfall=partial``) is topped up with these, as verl's v1 trainer tops up short batches with no-op
+    samples (``verl/trainer/ppo/padding_utils.py``). With ``response_mask`` zero they add nothing to the loss or
+    its token count; their group has zero advantage.
+    """
+    pad = DataProto.concat([group] * count)
+    pad = pad.select_idxs(torch.arange(len(pad)))  # own tensors: zeroing below must not touch ``group``
+    responses = pad.batch["responses"]
+    pad.batch["response_mask"] = torch.zeros_like(pad.batch.get("response_mask", responses))
+    pad.batch["attention_mask"][:, -responses.shape[-1]:] = 0
+    for key in ("rm_scores", "token_level_scores", "rollout_log_probs"):
+        if key in pad.batch.keys():  # noqa: SIM118 (TensorDict refuses `in` on itself)
+            pad.batch[key] = torch.zeros_like(pad.batch[key])
+    return pad

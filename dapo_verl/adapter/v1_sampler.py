@@ -114,6 +114,9 @@ class DapoReplayBuffer(ReplayBufferAsync):
             raise TypeError("DapoReplayBuffer needs verl's refill_fn (the trainer's bound _add_prompts_to_generate); "
                             "set it as trainer.v1.sampler.custom_sampler in the config, not by hand.")
         self.trainer = trainer
+        # Read now: verl's v1 trainer later forces data.gen_batch_size=1 in its config (TB _init_dataloader)
+        # for its own one-prompt refills; the replenisher's rounds keep the recipe's gen_batch_size.
+        self.dapo = DapoConfig.from_verl(trainer.config)
         # The replenisher submits its own rounds; verl's fixed per-step submission and its async warm-up would
         # add prompts from verl's dataloader that the replenisher never asked for and would never train on.
         trainer._add_batch_to_generate = _no_submission
@@ -214,8 +217,7 @@ class DapoReplayBuffer(ReplayBufferAsync):
         if self._replenisher is not None:
             return self._replenisher
         config = self.trainer.config
-        dapo = DapoConfig.from_verl(config)
-        self._replenisher = BatchReplenisher(dapo.sampler, len(self.trainer.train_dataset), self._generate_groups,
+        self._replenisher = BatchReplenisher(self.dapo.sampler, len(self.trainer.train_dataset), self._generate_groups,
                                              codec=_GroupKeysCodec(), shuffle=bool(config.data.get("shuffle", True)))
         if global_steps > 1:
             self._restore(global_steps)

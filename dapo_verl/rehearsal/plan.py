@@ -26,12 +26,13 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-__all__ = ["ONLINE_LOGGERS", "Change", "RehearsalShape", "rehearsal_changes", "select"]
+__all__ = ["ONLINE_LOGGERS", "Change", "RehearsalShape", "override_keys", "rehearsal_changes", "select"]
 
 ONLINE_LOGGERS = ("wandb", "swanlab", "mlflow", "vemlp_wandb", "clearml", "trackio", "rl_insight")
 """Tracking backends that need a network or an account; a rehearsal drops them and says so."""
@@ -126,13 +127,14 @@ def _declared(config: DictConfig, key: str) -> bool:
 
 
 class _Planner:
-    def __init__(self, config: DictConfig) -> None:
+    def __init__(self, config: DictConfig, user_keys: frozenset[str]) -> None:
         self.config = config
+        self.user_keys = user_keys
         self.changes: dict[str, Change] = {}
 
     def set(self, key: str, value: Any, reason: str, group: str, *, only_if_declared: bool = False) -> None:
         declared = _declared(self.config, key)
-        if only_if_declared and not declared:
+        if (only_if_declared and not declared) or (group == "scale" and key in self.user_keys):
             return
         recipe = select(self.config, key)
         if declared and recipe == value:
@@ -298,9 +300,24 @@ def _run(p: _Planner, shape: RehearsalShape) -> None:
             p.set(key, f"{shape.checkpoint_dir}/../{key.rsplit('.', 1)[1]}", "rehearsal output", "run")
 
 
-def rehearsal_changes(config: DictConfig, shape: RehearsalShape) -> list[Change]:
-    """Every key the rehearsal sets, in the order above (see the module docstring)."""
-    planner = _Planner(config)
+def override_keys(overrides: Sequence[str]) -> frozenset[str]:
+    """The keys a list of Hydra overrides sets (``+``, ``++`` and ``~`` prefixes removed).
+
+    Example:
+        >>> sorted(override_keys(["+a.b=1", "c=[1,2]", "~d"]))
+        ['a.b', 'c', 'd']
+    """
+    return frozenset(item.lstrip("+~").split("=", 1)[0] for item in overrides)
+
+
+def rehearsal_changes(config: DictConfig, shape: RehearsalShape,
+                      user_keys: frozenset[str] = frozenset()) -> list[Change]:
+    """Every key the rehearsal sets, in the order above (see the module docstring).
+
+    Scale keys the user set on the command line (``user_keys``) are kept as given: a size chosen for the
+    rehearsal is the user's to choose. Model, hardware, engine and run keys change whatever was given.
+    """
+    planner = _Planner(config, user_keys)
     _model(planner, shape)
     _scale(planner, shape)
     _hardware(planner, shape)

@@ -37,7 +37,7 @@ from typing import Any
 from omegaconf import DictConfig
 
 from dapo_verl.rehearsal.data import RehearsalData, prepare_files
-from dapo_verl.rehearsal.plan import Change, RehearsalShape, rehearsal_changes, select
+from dapo_verl.rehearsal.plan import Change, RehearsalShape, override_keys, rehearsal_changes, select
 
 __all__ = ["RehearsalError", "RehearsalOptions", "RehearsalResult", "compose_recipe", "rehearse"]
 
@@ -285,7 +285,7 @@ def _plan(options: RehearsalOptions, config: DictConfig, out: Path, run: str, ra
         train_batch_size=options.train_batch_size, gpus=options.gpus, steps=options.steps,
         checkpoint_dir=str(out / run / "checkpoints"), ray_temp_dir=ray_dir,
     )
-    return rehearsal_changes(config, shape)
+    return rehearsal_changes(config, shape, override_keys(options.overrides))
 
 
 def _check(options: RehearsalOptions) -> None:

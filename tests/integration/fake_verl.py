@@ -64,6 +64,7 @@ def compose_config(tmp_path, *overrides: str):
             "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
             "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=2", "critic.enable=False",
             "reward.reward_model.enable=False", "reward.reward_kwargs.overlong_tokens=2", "trainer.logger=['file']",
+            "trainer.use_v1=False",
             "trainer.total_epochs=1", "trainer.n_gpus_per_node=1", "trainer.val_before_train=False",
             "trainer.test_freq=-1", "trainer.save_freq=1", "trainer.resume_mode=auto",
             f"trainer.default_local_dir={tmp_path / 'ckpt'}", *overrides,

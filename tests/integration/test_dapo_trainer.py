@@ -55,6 +55,18 @@ def test_every_update_gets_a_full_batch_of_informative_contiguous_groups(tmp_pat
     assert os.path.exists(tmp_path / "ckpt" / "global_step_3" / SAMPLER_STATE_FILE)
 
 
+def test_training_epoch_follows_the_sampler_passes_over_the_data(tmp_path, monkeypatch):
+    # 24 prompts, about 6 consumed per step: the sampler starts a new pass every few steps.
+    trainer, metrics = _fit(tmp_path, monkeypatch, 10, *CARRY)
+    steps = sorted(s for s in metrics if s > 0)
+    assert len(steps) == 10  # the run still ends at total_training_steps
+    labels = [metrics[s]["training/epoch"] for s in steps]
+    passes = [metrics[s]["dapo/sampler/data_epoch"] for s in steps]
+    assert labels == sorted(labels) and labels[-1] >= 1  # it advances (it stayed 0 before)
+    # A step is labelled with the pass its first prompts came from: the previous step's data epoch.
+    assert labels == [0, *passes[:-1]]
+
+
 def test_run_length_and_lr_schedule_count_training_steps(tmp_path, monkeypatch):
     trainer, _ = _fit(tmp_path, monkeypatch, 2, *CARRY)
     assert trainer.total_training_steps == 2
@@ -87,8 +99,14 @@ def test_validation_requests_pass_through_to_the_real_rollout_manager(tmp_path, 
 
 
 def test_dapo_config_checks(tmp_path):
-    with pytest.raises(ValueError, match="trainer.use_v1=true selects verl's v1 trainer"):
-        validate_dapo_config(compose_config(tmp_path, "trainer.use_v1=true"))
+    validate_dapo_config(compose_config(tmp_path, "trainer.use_v1=true"))  # v1 runs the replenisher as its sampler
+    with pytest.raises(ValueError, match="trainer.v1.sampler.custom_sampler is .*DapoReplayBuffer"):
+        validate_dapo_config(compose_config(tmp_path, "trainer.use_v1=true",
+                                            "trainer.v1.sampler.custom_sampler.name=X"))
+    with pytest.raises(ValueError, match="trainer.checkpoint_callback_class=None: without"):
+        validate_dapo_config(compose_config(tmp_path, "trainer.use_v1=true", "trainer.checkpoint_callback_class=null"))
+    with pytest.raises(ValueError, match="a colocated reward model scores responses only after generation"):
+        validate_dapo_config(compose_config(tmp_path, "reward.reward_model.enable=true"))
     with pytest.raises(ValueError, match="actor_rollout_ref.rollout.n=1"):
         validate_dapo_config(compose_config(tmp_path, "actor_rollout_ref.rollout.n=1"))
     with pytest.raises(ValueError, match="overlong_tokens=4096 exceeds data.max_response_length=6"):
@@ -102,7 +120,8 @@ def test_main_shows_the_resolved_dapo_config_without_starting_anything():
     job = subprocess.run([sys.executable, "-m", "dapo_verl.main", "--cfg", "job"], capture_output=True, text=True,
                          check=True)
     assert "loss_mode: dapo" in job.stdout and "adv_estimator: dapo" in job.stdout
-    assert "name: dapo_verl" in job.stdout and "use_v1: false" in job.stdout
+    assert "name: dapo_verl" in job.stdout and "use_v1: true" in job.stdout
+    assert "path: pkg://dapo_verl.adapter.v1_sampler" in job.stdout and "name: DapoReplayBuffer" in job.stdout
     usage = subprocess.run([sys.executable, "-m", "dapo_verl.main", "--help"], capture_output=True, text=True,
                            check=True)
     assert "Override anything in the config" in usage.stdout

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from omegaconf import OmegaConf
 
-from dapo_verl.rehearsal.plan import Change, RehearsalShape, rehearsal_changes
+from dapo_verl.rehearsal.plan import Change, RehearsalShape, override_keys, rehearsal_changes
 from dapo_verl.rehearsal.run import RehearsalError, compose_recipe
 
 pytestmark = pytest.mark.verl
@@ -82,11 +82,17 @@ def test_paper_recipe_is_shrunk_keeping_its_ratios(tmp_path):
     assert changes["ray_kwargs.ray_init.num_gpus"].override() == "+ray_kwargs.ray_init.num_gpus=1"
 
 
-def test_user_overrides_are_the_recipe(tmp_path):
-    config, _ = compose_recipe("dapo_trainer", ["actor_rollout_ref.rollout.n=6", "algorithm.filter_groups.surplus=carry"])
-    changes = {c.key for c in rehearsal_changes(config, _shape(tmp_path, gpus=2))}
+def test_user_overrides_are_the_recipe_and_their_sizes_are_kept(tmp_path):
+    overrides = ["actor_rollout_ref.rollout.n=6", "algorithm.filter_groups.surplus=carry",
+                 "actor_rollout_ref.actor.ppo_mini_batch_size=2", "data.gen_batch_size=8",
+                 "actor_rollout_ref.rollout.name=vllm"]
+    config, _ = compose_recipe("dapo_trainer", overrides)
+    changes = {c.key: c for c in rehearsal_changes(config, _shape(tmp_path, gpus=2), override_keys(overrides))}
     assert "actor_rollout_ref.rollout.n" not in changes and "algorithm.filter_groups.surplus" not in changes
-    assert OmegaConf.select(config, "actor_rollout_ref.rollout.n") == 6
+    # Sizes the user chose for the rehearsal stay; the engine is replaced whatever the user wrote.
+    assert "actor_rollout_ref.actor.ppo_mini_batch_size" not in changes and "data.gen_batch_size" not in changes
+    assert changes["actor_rollout_ref.rollout.name"].rehearsal == "dapo_cpu"
+    assert changes["trainer.n_gpus_per_node"].rehearsal == 2
 
 
 def test_online_loggers_are_dropped_and_file_added(tmp_path):

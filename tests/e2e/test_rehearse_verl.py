@@ -1,0 +1,128 @@
+"""verl's real trainer on this machine, through ``dapo-verl rehearse``: Ray workers, FSDP2 on gloo, the CPU replica.
+
+Every assertion reads what verl itself wrote -- its file logger's JSONL and its checkpoint folders -- never
+dapo_verl's objects. The runs are small (tiny stand-in model, 4 prompts a step) but go through the same code a
+cluster run does: verl's trainer, workers, agent loop, reward loop, checkpoint manager and weight sync.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from dapo_verl.rehearsal.report import REQUIRED_METRICS, read_jsonl, write_report
+from dapo_verl.rehearsal.run import RehearsalOptions, rehearse
+
+pytestmark = [pytest.mark.slow, pytest.mark.verl, pytest.mark.e2e]
+
+# The dapo_trainer config takes verl's defaults for sizes verl cannot guess; a user sets these too.
+SIZES = ["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",
+         "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8",
+         "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=8", "actor_rollout_ref.actor.ppo_mini_batch_size=2"]
+# Surplus carried and prompts skipped by history: the sampler state a resume has to restore.
+CARRY = ["algorithm.filter_groups.refill=barrier", "data.gen_batch_size=8", "algorithm.filter_groups.surplus=carry",
+         "algorithm.filter_groups.skip_uninformative=true"]
+
+
+def _rehearse(tmp_path: Path, config: str, *overrides: str, steps: int = 3, resume: bool = True, gpus: int = 1):
+    options = RehearsalOptions(config_name=config, overrides=tuple(overrides), out_dir=tmp_path / "rehearsal",
+                               steps=steps, resume=resume, gpus=gpus, timeout_s=600)
+    report = write_report(rehearse(options, echo=lambda line: None))
+    out = options.out_dir
+    failures = [f"{r['name']}: {r['error']}" for r in report["runs"] if r["returncode"] != 0]
+    assert not failures, f"{failures}; logs under {out}"
+    return report, read_jsonl(out / "run1" / "metrics.jsonl"), out
+
+
+def _training_steps(logged):
+    return {step: data for step, data in logged.items() if "training/global_step" in data}
+
+
+def _assert_dapo_metrics_every_step(logged, steps):
+    trained = _training_steps(logged)
+    assert sorted(trained) == list(range(1, steps + 1))
+    for step, data in trained.items():
+        missing = [key for key in REQUIRED_METRICS if key not in data]
+        assert not missing, f"step {step} lacks {missing}"
+        assert data["dapo/sampler/gen_rounds"] >= 1 or data["dapo/sampler/groups_from_carry"] > 0
+        assert 0 < data["dapo/sampler/keep_rate"] <= 1
+        assert data["timing_s/gen"] <= data["timing_s/step"]
+    return trained
+
+
+def test_v1_sync_trains_with_the_replenisher_and_resumes_exactly(tmp_path):
+    report, logged, out = _rehearse(tmp_path, "dapo_trainer", "actor_rollout_ref.rollout.n=4", *SIZES, *CARRY)
+    trained = _assert_dapo_metrics_every_step(logged, 3)
+    assert report["ok"], report
+    # verl's checkpoint folder holds the sampler's state, written by dapo_verl's checkpoint callback.
+    assert (out / "run1" / "checkpoints" / "global_step_2" / "dapo_sampler.safetensors").is_file()
+    assert (out / "run2" / "checkpoints" / "global_step_3" / "dapo_sampler.safetensors").is_file()
+    # Surplus was carried within the run; a checkpointed step carries none (sync mode does not save the queue).
+    assert sum(data["dapo/sampler/groups_from_carry"] for data in trained.values()) > 0
+    assert trained[2]["dapo/sampler/carried_groups"] == 0 and trained[3]["dapo/sampler/carried_groups"] == 0
+    assert trained[3]["dapo/sampler/history_size"] > 0
+    # The resumed run's step 3 equals the uninterrupted run's step 3, sampler counters included.
+    assert report["resume"]["identical"], report["resume"]["differences"]
+    assert report["resume"]["compared"] > 50
+    resumed = _training_steps(read_jsonl(out / "run2" / "metrics.jsonl"))
+    assert sorted(resumed) == [3] and resumed[3]["dapo/sampler/train_step"] == 3
+
+
+def test_legacy_trainer_with_odd_n_and_partial_batches_resumes_exactly(tmp_path):
+    # n=3 over two agent-loop workers: every request must be padded to split evenly (DataProto.chunk refuses).
+    # One round per step with on_shortfall=partial: short batches are topped up to whole mini-batches.
+    report, logged, out = _rehearse(
+        tmp_path, "dapo_trainer", "trainer.use_v1=false", "actor_rollout_ref.rollout.n=3",
+        "actor_rollout_ref.rollout.agent.num_workers=2", "algorithm.filter_groups.max_num_gen_batches=1",
+        "algorithm.filter_groups.on_shortfall=partial", "algorithm.filter_groups.surplus=carry", *SIZES)
+    trained = _assert_dapo_metrics_every_step(logged, 3)
+    assert any(data["dapo/sampler/partial"] == 1 for data in trained.values())
+    assert any(data["dapo/rollout/padding_responses"] > 0 for data in trained.values())
+    assert any(data["dapo/rollout/padding_groups"] > 0 for data in trained.values())
+    assert all(data["timing_s/gen"] >= data["timing_s/dapo_sampling"] for data in trained.values())
+    assert (out / "run1" / "checkpoints" / "global_step_2" / "dapo_sampler.safetensors").is_file()
+    assert report["resume"]["identical"], report["resume"]["differences"]
+
+
+def test_legacy_trainer_on_two_data_parallel_ranks(tmp_path):
+    report, logged, _ = _rehearse(tmp_path, "dapo_trainer", "trainer.use_v1=false", "actor_rollout_ref.rollout.n=4",
+                                  *SIZES, steps=2, resume=False, gpus=2)
+    trained = _assert_dapo_metrics_every_step(logged, 2)
+    assert report["ok"]
+    # Both ranks trained: verl balanced the batch over 2 partitions of equal size.
+    assert all(data["global_seqlen/minmax_diff"] >= 0 and "global_seqlen/balanced_max" in data
+               for data in trained.values())
+
+
+def test_verl_main_ppo_with_the_readme_loss_mode_dapo_overrides(tmp_path):
+    readme = ["actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.n=4",
+              "actor_rollout_ref.actor.policy_loss.loss_mode=dapo", "actor_rollout_ref.actor.clip_ratio_low=0.2",
+              "actor_rollout_ref.actor.clip_ratio_high=0.28", "actor_rollout_ref.actor.loss_agg_mode=token-mean",
+              "algorithm.adv_estimator=dapo", "reward.reward_manager.name=dapo_verl",
+              "+reward.reward_kwargs.overlong_tokens=2", "+reward.reward_kwargs.overlong_penalty_factor=1.0"]
+    report, logged, _ = _rehearse(tmp_path, "ppo_trainer", *readme, *SIZES, steps=2, resume=False)
+    assert report["entry"].endswith("verl.trainer.main_ppo")
+    trained = _training_steps(logged)
+    assert sorted(trained) == [1, 2]
+    for data in trained.values():
+        assert "actor/dapo/clip_upper_fraction" in data and "actor/dapo/clip_higher_kept_fraction" in data
+        assert "actor/dapo/actor/clip_upper_fraction" not in data  # verl's actor/ prefix is not doubled
+        assert data["actor/pg_clipfrac"] == pytest.approx(
+            data["actor/dapo/clip_upper_fraction"] + data["actor/dapo/clip_lower_fraction"])
+        assert "dapo/sampler/gen_rounds" not in data  # verl's own trainer: no replenisher
+
+
+def test_v1_colocate_async_trains_with_the_replenisher_and_resumes(tmp_path):
+    report, logged, out = _rehearse(tmp_path, "dapo_trainer", "trainer.v1.trainer_mode=colocate_async",
+                                    "actor_rollout_ref.rollout.n=4", *SIZES, *CARRY)
+    trained = _assert_dapo_metrics_every_step(logged, 3)
+    assert report["ok"]
+    resumed = _training_steps(read_jsonl(out / "run2" / "metrics.jsonl"))
+    assert sorted(resumed) == [3]
+    # The sampler state came back: the resumed step continues the counters and history of the first run.
+    for key in ("dapo/sampler/train_step", "dapo/sampler/history_size", "dapo/sampler/data_epoch"):
+        assert resumed[3][key] == trained[3][key], key
+    changes = json.loads((out / "changes.json").read_text())
+    assert not any(c["key"].startswith("trainer.v1") for c in changes)  # the mode is the recipe's own
