@@ -4,6 +4,14 @@ verl passes registered estimators only ``token_level_rewards``, ``response_mask`
 ``algorithm`` section) and ``index`` (the ``uid`` of each row), so the settings are read from ``config``:
 ``norm_adv_by_std_in_grpo``, ``adv_epsilon`` and ``group_token_mean`` (see ``dapo_verl.config``). Equal to
 verl's ``grpo`` on the same input; zero on padding and for zero-spread groups.
+
+One documented difference: verl's v1 trainer special-cases its own ``grpo`` when an agent loop emits several
+outputs for one sampled response (multi-turn sessions): only each session's final output enters the group's
+mean and std, and its advantage is copied to the session's other outputs
+(``verl.trainer.ppo.v1.utils.compute_advantage_for_multi_trajectories``). A registered estimator sees rows and
+uids, not sessions, so ``dapo`` normalises over every output. With one output per sampled response (single-turn
+rollouts, every dapo_verl recipe) the two are equal; for multi-turn agent loops on v1 use ``adv_estimator=grpo``.
+Tested in ``tests/integration/test_advantage_estimator.py``.
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """Rehearsal data: the first rows of the recipe's own files, or a small generated set in verl's RL schema.
 
 Generated rows are DAPO-Math rows (``data_source="math_dapo"``, the DAPO prompt template, an integer
-``ground_truth``), so verl's own rule-based scorer (``math_dapo``, through the recipe's reward manager) checks
-them. Their answers are 1 or 2, the two answers the stand-in model (:mod:`.stand_in`) can give, so its groups
-come out mixed or all wrong, as real groups do.
+``ground_truth``; every prompt distinct), so verl's own rule-based scorer (``math_dapo``, through the recipe's
+reward manager) checks them. Their answers are 1 or 2, the two answers the stand-in model (:mod:`.stand_in`)
+can give, so its groups come out mixed or all wrong, as real groups do.
 
 When the recipe's files exist, their first rows are copied unchanged (same columns, same types): verl's dataset
 class, prompt filter, chat template and scorer then meet the real data. The stand-in cannot solve real
@@ -38,7 +38,9 @@ def generated_table(num_rows: int, *, seed: int, split: str, start_index: int = 
     for i in range(num_rows):
         answer = rng.choice((1, 2))
         a = rng.randint(0, 9)
-        problem = f"What is {a + answer} - {a}?"
+        # Numbered, so no two rows share a prompt: identical prompts would share the replica's sampling stream
+        # and make a resumed run's groups depend on request order.
+        problem = f"Problem {start_index + i}: what is {a + answer} - {a}?"
         rows.append({
             "data_source": "math_dapo",
             "prompt": [{"content": dapo_prompt(problem), "role": "user"}],

@@ -33,7 +33,7 @@ __all__ = [
     "stand_in_parameter_count",
 ]
 
-STAND_IN_VERSION = 2
+STAND_IN_VERSION = 3
 """Bumped whenever the built model or tokenizer changes, so cached copies are rebuilt."""
 
 QWEN25_CHAT_TEMPLATE = (
@@ -67,7 +67,7 @@ def _merge_corpus() -> list[str]:
     from dapo_verl.data.schema import DAPO_PROMPT_PREFIX, DAPO_PROMPT_SUFFIX
 
     system = "You are Qwen, created by Alibaba Cloud. You are a helpful assistant."
-    problems = [f"What is {a} - {b}?" for a in range(20) for b in range(10)]
+    problems = [f"Problem {i}: what is {i % 20} - {i % 10}?" for i in range(200)]
     return [system, DAPO_PROMPT_PREFIX, DAPO_PROMPT_SUFFIX] * 50 + problems
 
 

@@ -86,3 +86,43 @@ def test_bad_setting_names_the_key(gen):
     rewards, mask, uids = _batch(gen)
     with pytest.raises(ValueError, match="algorithm.adv_epsilon=-1 must be >= 0.0"):
         compute_dapo_outcome_advantage(rewards, mask, {"adv_epsilon": -1}, uids)
+
+
+def _v1_batch(gen, sessions_outputs):
+    """A v1 batch: one prompt (uid "p"), sessions with 1 or more outputs, keys ``p_{session}_{output}``."""
+    keys = [f"p_{s}_{o}" for s, outputs in enumerate(sessions_outputs) for o in range(outputs)]
+    rows, length = len(keys), 4
+    mask = torch.ones(rows, length, dtype=torch.float64)
+    rewards = torch.zeros(rows, length, dtype=torch.float64)
+    rewards[:, -1] = torch.randint(0, 2, (rows,), generator=gen).double() * 2 - 1
+    data = DataProto.from_dict(tensors={"token_level_rewards": rewards, "response_mask": mask},
+                               non_tensors={"uid": np.array(["p"] * rows, dtype=object)})
+    return data, keys
+
+
+@pytest.mark.parametrize("sessions", [[1, 1, 1, 1], [2, 1, 3, 1]])
+def test_v1_multi_output_sessions_the_documented_difference_from_grpo(gen, sessions):
+    """verl's v1 trainer special-cases its own GRPO enum: with sessions that emit several outputs (multi-turn
+    agent loops) only each session's final output enters the group statistics. ``adv_estimator=dapo`` cannot see
+    sessions (verl passes estimators rows and uids only), so it normalises over every output. With one output per
+    session -- every single-turn rollout, every dapo_verl recipe -- the two are equal."""
+    from verl.trainer.ppo.v1.utils import compute_advantage_for_multi_trajectories
+
+    data, keys = _v1_batch(gen, sessions)
+    config = OmegaConf.create({"norm_adv_by_std_in_grpo": True})
+    results = {}
+    for name in ("grpo", "dapo"):
+        out = compute_advantage_for_multi_trajectories(data.slice(0, len(data)), batch_keys=keys,
+                                                       adv_estimator=name, num_repeat=len(sessions), config=config)
+        results[name] = out.batch["advantages"][:, 0]
+    if max(sessions) == 1:
+        torch.testing.assert_close(results["dapo"], results["grpo"], rtol=1e-6, atol=1e-6)
+    else:
+        session = [key.split("_")[1] for key in keys]
+        finals = [i for i in range(len(keys)) if i + 1 == len(keys) or session[i + 1] != session[i]]
+        grpo_finals = results["grpo"][finals]
+        expected = compute_dapo_outcome_advantage(data.batch["token_level_rewards"][finals],
+                                                  data.batch["response_mask"][finals], config,
+                                                  np.array(["p"] * len(finals), dtype=object))[0][:, 0]
+        torch.testing.assert_close(grpo_finals, expected, rtol=1e-6, atol=1e-6)  # GRPO: final outputs only
+        assert not torch.allclose(results["dapo"], results["grpo"])  # dapo: every output counts

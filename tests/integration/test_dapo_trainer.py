@@ -57,7 +57,7 @@ def test_every_update_gets_a_full_batch_of_informative_contiguous_groups(tmp_pat
 
 def test_training_epoch_follows_the_sampler_passes_over_the_data(tmp_path, monkeypatch):
     # 24 prompts, about 6 consumed per step: the sampler starts a new pass every few steps.
-    trainer, metrics = _fit(tmp_path, monkeypatch, 10, *CARRY)
+    _, metrics = _fit(tmp_path, monkeypatch, 10, *CARRY)
     steps = sorted(s for s in metrics if s > 0)
     assert len(steps) == 10  # the run still ends at total_training_steps
     labels = [metrics[s]["training/epoch"] for s in steps]
