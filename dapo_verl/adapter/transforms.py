@@ -54,10 +54,8 @@ def no_op_groups(group: DataProto, count: int) -> DataProto:
     """
     pad = DataProto.concat([group] * count)
     pad = pad.select_idxs(torch.arange(len(pad)))  # own tensors: zeroing below must not touch ``group``
-    responses = pad.batch["responses"]
-    pad.batch["response_mask"] = torch.zeros_like(pad.batch.get("response_mask", responses))
-    pad.batch["attention_mask"][:, -responses.shape[-1]:] = 0
-    for key in ("rm_scores", "token_level_scores", "rollout_log_probs"):
+    pad.batch["attention_mask"][:, -pad.batch["responses"].shape[-1]:] = 0  # verl derives response_mask from it
+    for key in ("response_mask", "rm_scores", "token_level_scores", "rollout_log_probs"):
         if key in pad.batch.keys():  # noqa: SIM118 (TensorDict refuses `in` on itself)
             pad.batch[key] = torch.zeros_like(pad.batch[key])
     return pad

@@ -1,10 +1,16 @@
 """Fakes that let verl's legacy ``RayPPOTrainer.fit`` run on CPU without Ray, GPUs or a model.
 
-The contracts follow verl 0.9.1 (see the ``FIT_ON_CPU`` notes): a rollout manager that generates and scores
-(scores come from verl's own ``math_dapo`` rule), an actor worker group that computes log-probs and
-records every update, and a checkpoint manager. Prompt ``i`` is answered correctly by all, none, or half
-of its responses according to ``i % 3``, so every generation round holds all-correct, all-wrong and
-mixed groups.
+Why fakes here, when ``tests/e2e/test_rehearse_verl.py`` runs verl's real trainer: these tests drive ``fit``
+through dozens of steps and corner cases (hopeless data, planted pickles, exact resume of carried groups) in
+seconds, and look at every update's uids and advantages, which a real run does not expose.
+
+The contracts follow verl 0.9.1 (see the ``FIT_ON_CPU`` notes), as strictly as verl enforces them: the
+rollout manager splits each request over its agent-loop workers with ``DataProto.chunk`` (which refuses an
+uneven split) and refuses to generate while the replicas are asleep (between ``sleep_replicas`` and the next
+``update_weights``); the actor worker group reports 2 data-parallel ranks, so ``fit`` balances every batch over
+them, and refuses an update that does not split into whole mini-batches on both ranks, as verl's worker does.
+Scores come from verl's own ``math_dapo`` rule. Prompt ``i`` is answered correctly by all, none, or half of its
+responses according to ``i % 3``, so every generation round holds all-correct, all-wrong and mixed groups.
 """
 
 from __future__ import annotations
@@ -60,7 +66,7 @@ def compose_config(tmp_path, *overrides: str):
         return compose("dapo_trainer", overrides=[
             "data.train_batch_size=4", "data.max_prompt_length=16", f"data.max_response_length={RESPONSE_LEN}",
             "data.dataloader_num_workers=0", "data.shuffle=False", "actor_rollout_ref.rollout.n=4",
-            "actor_rollout_ref.rollout.agent.num_workers=1", "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+            "actor_rollout_ref.rollout.agent.num_workers=2", "actor_rollout_ref.actor.ppo_mini_batch_size=2",
             "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
             "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=2", "critic.enable=False",
             "reward.reward_model.enable=False", "reward.reward_kwargs.overlong_tokens=2", "trainer.logger=['file']",
@@ -71,15 +77,27 @@ def compose_config(tmp_path, *overrides: str):
         ])
 
 
+class ReplicaState:
+    """Whether the rollout replicas hold their weights: put to sleep by ``fit``, woken by the weight update."""
+
+    def __init__(self) -> None:
+        self.awake = False  # verl's init_workers leaves the replicas asleep until the first update_weights
+
+
 class FakeRolloutManager:
     """Generates "Answer: k" responses; prompt i's responses are right for all, none or half (i % 3)."""
 
-    def __init__(self, tok, *, mixed_prompts: bool = True) -> None:
+    def __init__(self, tok, state: ReplicaState, *, workers: int = 2, mixed_prompts: bool = True) -> None:
         self.tok = tok
+        self.state = state
+        self.agent_loop_workers = [object()] * workers
         self.mixed_prompts = mixed_prompts
         self.calls: list[int] = []
 
     def generate_sequences(self, gen_batch: DataProto) -> DataProto:
+        if not self.state.awake:
+            raise RuntimeError("generate_sequences while the rollout replicas are asleep")
+        gen_batch.chunk(len(self.agent_loop_workers))  # verl's agent-loop manager: refuses an uneven split
         rows = len(gen_batch)
         self.calls.append(rows)
         prompts = torch.full((rows, PROMPT_LEN), self.tok.pad_token_id)
@@ -112,6 +130,8 @@ class FakeRolloutManager:
 class FakeActorWorkerGroup:
     """Log-probs of zero, and a record of every update's uids, accuracies and advantages."""
 
+    DP_RANKS = 2
+
     def __init__(self) -> None:
         self._dispatch_info: dict = {}
         self.updates: list[dict] = []
@@ -119,7 +139,7 @@ class FakeActorWorkerGroup:
         self.loaded: list[str] = []
 
     def _query_dispatch_info(self, role):
-        return [0]
+        return list(range(self.DP_RANKS))  # the data-parallel rank of each worker
 
     def compute_log_prob(self, td):
         ids = td["input_ids"]
@@ -129,6 +149,10 @@ class FakeActorWorkerGroup:
                                  non_tensor_dict={"metrics": {"mfu": 0.0}})
 
     def update_actor(self, td):
+        rows, mini = td.batch_size[0], tu.get_non_tensor_data(td, "mini_batch_size", None)
+        if rows % self.DP_RANKS or mini % self.DP_RANKS or (rows // self.DP_RANKS) % (mini // self.DP_RANKS):
+            raise AssertionError(f"{rows} rows do not split into mini-batches of {mini} on {self.DP_RANKS} ranks "
+                                 f"(verl's make_iterator asserts the same)")
         self.updates.append({
             "uid": list(td["uid"]), "acc": [bool(a) for a in td["acc"]],
             "advantages": td["advantages"].to_padded_tensor(0.0) if td["advantages"].is_nested else td["advantages"],
@@ -145,14 +169,16 @@ class FakeActorWorkerGroup:
 
 
 class FakeCheckpointManager:
-    def __init__(self) -> None:
+    def __init__(self, state: ReplicaState) -> None:
+        self.state = state
         self.updates: list = []
 
     def update_weights(self, global_steps=None):
         self.updates.append(global_steps)
+        self.state.awake = True
 
     def sleep_replicas(self):
-        pass
+        self.state.awake = False
 
 
 def build_trainer(config, dataset_size=24, *, mixed_prompts=True):
@@ -166,9 +192,11 @@ def build_trainer(config, dataset_size=24, *, mixed_prompts=True):
                                                   mapping={Role.ActorRollout: "global_pool"}),
         train_dataset=dataset, val_dataset=dataset, collate_fn=None,
     )
+    state = ReplicaState()
     trainer.actor_rollout_wg = FakeActorWorkerGroup()
-    trainer.async_rollout_manager = FakeRolloutManager(tok, mixed_prompts=mixed_prompts)
-    trainer.checkpoint_manager = FakeCheckpointManager()
+    trainer.async_rollout_manager = FakeRolloutManager(
+        tok, state, workers=config.actor_rollout_ref.rollout.agent.num_workers, mixed_prompts=mixed_prompts)
+    trainer.checkpoint_manager = FakeCheckpointManager(state)
     for name in ("reward_loop_manager", "llm_server_manager", "teacher_model_manager", "distillation_config"):
         setattr(trainer, name, None)
     trainer.async_rollout_mode = True

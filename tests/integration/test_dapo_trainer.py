@@ -67,6 +67,33 @@ def test_training_epoch_follows_the_sampler_passes_over_the_data(tmp_path, monke
     assert labels == [0, *passes[:-1]]
 
 
+def test_odd_group_sizes_split_evenly_over_the_agent_loop_workers(tmp_path, monkeypatch):
+    # n=3 over 2 workers: an odd prompt count gives an odd row count, which DataProto.chunk refuses.
+    trainer, metrics = _fit(tmp_path, monkeypatch, 3, "actor_rollout_ref.rollout.n=3")
+    assert len(trainer.actor_rollout_wg.updates) == 3
+    assert all(rows % 2 == 0 for rows in trainer.async_rollout_manager.real.calls)
+    assert sum(step["dapo/rollout/padding_responses"] for step in metrics.values() if step) > 0
+
+
+def test_partial_batches_are_topped_up_to_whole_mini_batches_on_both_ranks(tmp_path, monkeypatch):
+    # One round of 4 prompts finds about one mixed group in three: short batches, trained anyway.
+    trainer, metrics = _fit(tmp_path, monkeypatch, 3, "algorithm.filter_groups.on_shortfall=partial",
+                            "algorithm.filter_groups.max_num_gen_batches=1", "algorithm.filter_groups.refill=barrier",
+                            "data.gen_batch_size=4")
+    updates = trainer.actor_rollout_wg.updates
+    assert all(metrics[step]["dapo/sampler/partial"] == 1 for step in (1, 2, 3))
+    for step, update in zip((1, 2, 3), updates):
+        assert len(update["uid"]) % (2 * 4) == 0  # whole mini-batches of 2 prompts x 4 responses, on 2 ranks
+        padding = int(metrics[step]["dapo/rollout/padding_groups"])
+        groups = len(update["uid"]) // 4
+        assert groups == metrics[step]["dapo/sampler/groups_trained"] + padding
+    padded = [(step, u) for step, u in zip((1, 2, 3), updates) if metrics[step]["dapo/rollout/padding_groups"]]
+    assert padded  # a batch of one group was topped up with a no-op group ...
+    for _, update in padded:
+        per_row = update["advantages"].abs().sum(-1)
+        assert int((per_row == 0).sum()) >= 4  # ... whose responses carry no advantage
+
+
 def test_run_length_and_lr_schedule_count_training_steps(tmp_path, monkeypatch):
     trainer, _ = _fit(tmp_path, monkeypatch, 2, *CARRY)
     assert trainer.total_training_steps == 2
