@@ -106,7 +106,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
     for line in results:
         print(json.dumps(line, sort_keys=True))
     scale = args.row_factor * args.length_factor
-    print(f"\n| method | held after the round is dropped | kept rows' own bytes | held / kept | at full scale (x{scale}) |")
+    print(f"\n| method | held once the round is dropped | kept rows' bytes | held / kept | full scale (x{scale}) |")
     print("|---|---|---|---|---|")
     for r in results:
         print(f"| {r['method']} | {r['held_bytes'] / 2**20:.1f} MiB | {r['kept_bytes'] / 2**20:.1f} MiB | "

@@ -49,6 +49,7 @@ PLUGIN_MODULE = "dapo_verl.adapter.cpu_plugin"
 MAX_OWN_MODEL_PARAMETERS = 30_000_000
 """A recipe's ``model.path`` is rehearsed as is when it is a local model up to this size; else the stand-in."""
 
+RAY_START_TIMEOUT = "The current node timed out during startup"
 _STEP_LINE = re.compile(r"\bstep:(\d+) - ")
 _ERROR_LINE = re.compile(r"^(?:\S+\s)?([A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt)\b.*)$")
 
@@ -275,6 +276,19 @@ def _launch(name: str, command: list[str], run_dir: Path, timeout_s: float, ray_
     return record
 
 
+def _launch_once_more_if_ray_did_not_start(*args: Any, echo: Callable[[str], None]) -> RunRecord:
+    """:func:`_launch`, repeated once when Ray's local node missed its fixed 30 s start-up window.
+
+    Ray gives the raylet 30 s to register (``ray/_private/node.py``); a machine busy with other work can miss it.
+    Nothing of the recipe has run by then, so a second start is the same run.
+    """
+    record = _launch(*args, echo=echo)
+    if record.returncode != 0 and RAY_START_TIMEOUT in record.error:
+        echo(f"[{args[0]}] Ray's local node did not start within its 30 s window (a busy machine); starting again")
+        record = _launch(*args, echo=echo)
+    return record
+
+
 def _plan(options: RehearsalOptions, config: DictConfig, out: Path, run: str, ray_dir: str,
           data: RehearsalData, model_path: str, replaced: bool) -> list[Change]:
     prompt_key = select(config, "data.prompt_key", "prompt")
@@ -326,16 +340,18 @@ def rehearse(options: RehearsalOptions, echo: Callable[[str], None] = print) -> 
         (out / "changes.json").write_text(json.dumps([asdict(c) for c in changes], indent=1, default=str))
         echo(_changes_text(options, entry, changes))
         user = list(options.overrides)
-        first = _launch("run1", [*entry, *user, *(c.override() for c in changes)], out / "run1", options.timeout_s,
-                        ray_dir, options.steps, echo)
+        first = _launch_once_more_if_ray_did_not_start(
+            "run1", [*entry, *user, *(c.override() for c in changes)], out / "run1", options.timeout_s, ray_dir,
+            options.steps, echo=echo)
         result.runs.append(first)
         if first.returncode == 0 and options.resume:
             resume = [*(c.override() for c in changes if c.key not in ("trainer.default_local_dir",
                                                                         "trainer.resume_mode")),
                       f"trainer.default_local_dir={out / 'run2' / 'checkpoints'}", "trainer.resume_mode=resume_path",
                       f"trainer.resume_from_path={out / 'run1' / 'checkpoints' / f'global_step_{options.steps - 1}'}"]
-            result.runs.append(_launch("run2 (resume)", [*entry, *user, *resume], out / "run2", options.timeout_s,
-                                       ray_dir, options.steps, echo))
+            result.runs.append(_launch_once_more_if_ray_did_not_start(
+                "run2 (resume)", [*entry, *user, *resume], out / "run2", options.timeout_s, ray_dir, options.steps,
+                echo=echo))
     finally:
         _kill_leftovers(ray_dir)
         shutil.rmtree(ray_dir, ignore_errors=True)

@@ -18,9 +18,9 @@ from dapo_verl.rehearsal.run import RehearsalOptions, rehearse
 pytestmark = [pytest.mark.slow, pytest.mark.verl, pytest.mark.e2e]
 
 # The dapo_trainer config takes verl's defaults for sizes verl cannot guess; a user sets these too.
-SIZES = ["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",
-         "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8",
-         "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=8", "actor_rollout_ref.actor.ppo_mini_batch_size=2"]
+SIZES = ["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
+         "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=2",
+         "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=2", "actor_rollout_ref.actor.ppo_mini_batch_size=2"]
 # Surplus carried and prompts skipped by history: the sampler state a resume has to restore.
 CARRY = ["algorithm.filter_groups.refill=barrier", "data.gen_batch_size=8", "algorithm.filter_groups.surplus=carry",
          "algorithm.filter_groups.skip_uninformative=true"]
