@@ -151,6 +151,16 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
     from dapo_verl.adapter.doctor import run_checks
 
     checks = run_checks()
+    if args.config_name:
+        from dapo_verl.adapter.doctor import describe_run
+        from dapo_verl.rehearsal.run import RehearsalError, compose_recipe
+
+        try:
+            config, entry = compose_recipe(args.config_name, args.overrides)
+        except RehearsalError as err:
+            print(f"dapo-verl doctor: {err}", file=sys.stderr)
+            return 2
+        checks += describe_run(config, entry[2])
     for check in checks:
         print(f"[{'ok' if check.ok else 'FAIL'}] {check.name}: {check.message}")
         if check.fix:
@@ -295,6 +305,9 @@ def _parser() -> argparse.ArgumentParser:
     rehearse.set_defaults(func=_cmd_rehearse)
 
     doctor = commands.add_parser("doctor", help="check that verl sees the dapo loss, estimator and reward manager")
+    doctor.add_argument("config_name", nargs="?", metavar="CONFIG_NAME", help="also say which trainer, sampler, "
+                        "loss, estimator and reward manager this config runs (a config under configs/, or ppo_trainer)")
+    doctor.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="the config's Hydra overrides")
     doctor.set_defaults(func=_cmd_doctor)
 
     compare = commands.add_parser("compare", help="compare runs (arms x seeds) from their metrics logs; writes "

@@ -16,10 +16,11 @@ import sys
 import traceback
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, entry_points, version
+from typing import Any
 
 from packaging.version import Version
 
-__all__ = ["Check", "run_checks"]
+__all__ = ["Check", "describe_run", "run_checks"]
 
 ENTRY_POINT_GROUP = "verl.plugins"
 ENTRY_POINT_NAME = "dapo"
@@ -123,4 +124,54 @@ def run_checks() -> list[Check]:
     checks.append(fresh)
     if not fresh.ok:
         checks.append(_direct_import())
+    return checks
+
+
+def describe_run(config: Any, entry_module: str) -> list[Check]:
+    """Which trainer, sampler, loss, estimator and reward manager ``config`` runs through ``entry_module``.
+
+    Args:
+        config: A composed verl config (``dapo-verl doctor CONFIG_NAME [KEY=VALUE ...]`` composes it).
+        entry_module: ``dapo_verl.main`` or ``verl.trainer.main_ppo``.
+    """
+    v1 = bool(config.trainer.get("use_v1", True))
+    mode = config.trainer.get("v1", {}).get("trainer_mode", "sync") if v1 else None
+    sampler = (config.trainer.get("v1", {}).get("sampler", {}) or {}).get("custom_sampler") or {}
+    ours = (sampler.get("path"), sampler.get("name")) == ("pkg://dapo_verl.adapter.v1_sampler", "DapoReplayBuffer")
+    filter_groups = bool(config.algorithm.get("filter_groups", {}).get("enable", False))
+    checks = []
+    if entry_module == "dapo_verl.main":
+        if v1:
+            from dapo_verl.main import _check_v1_sampler
+
+            try:
+                _check_v1_sampler(config)
+            except ValueError as err:
+                checks.append(Check("trainer", False, f"verl's v1 trainer ({mode}).", str(err)))
+            else:
+                checks.append(Check("trainer", True, f"verl's v1 trainer ({mode}), verl's default."))
+                checks.append(Check("sampler", True, "dapo_verl's batch replenisher as v1's custom sampler "
+                                    "(DapoReplayBuffer); its state is saved by DapoCheckpointCallback."))
+        else:
+            checks.append(Check("trainer", True, "verl's legacy RayPPOTrainer (trainer.use_v1=false; verl deprecates "
+                                "it and plans to remove it)."))
+            checks.append(Check("sampler", True, "dapo_verl's batch replenisher, driving the legacy trainer's batches "
+                                "(DapoRayTrainer)."))
+    else:
+        checks.append(Check("trainer", True, f"verl's {'v1 trainer (' + str(mode) + ')' if v1 else 'legacy trainer'}."))
+        if v1 and ours:
+            message = "dapo_verl's DapoReplayBuffer (set by hand; python -m dapo_verl.main also checks the config)."
+        elif v1 and filter_groups:
+            message = ("verl's built-in filter_groups (ReplayBuffer): surplus groups discarded, max_num_gen_batches "
+                       "ignored. python -m dapo_verl.main runs dapo_verl's replenisher instead.")
+        elif v1:
+            message = "no dynamic sampling (algorithm.filter_groups.enable=false)."
+        else:
+            message = "no dynamic sampling: verl's legacy trainer has no filter_groups; use python -m dapo_verl.main."
+        checks.append(Check("sampler", True, message))
+    actor, algorithm = config.actor_rollout_ref.actor, config.algorithm
+    checks.append(Check("algorithm", True, f"loss_mode={actor.policy_loss.loss_mode}, "
+                        f"clip {actor.clip_ratio_low}/{actor.clip_ratio_high}, {actor.loss_agg_mode}, "
+                        f"adv_estimator={algorithm.adv_estimator}, reward manager "
+                        f"{config.reward.reward_manager.name}."))
     return checks
