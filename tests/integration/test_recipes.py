@@ -105,7 +105,11 @@ PAPER_VALUES: dict[str, Any] = {
     "trainer.save_freq": 5,
     "trainer.total_epochs": 1,
     "trainer.total_training_steps": 1166,
-    "trainer.use_v1": False,
+    # verl's v1 trainer (its default), with dapo_verl's batch replenisher as its sampler
+    "trainer.use_v1": True,
+    "trainer.v1.sampler.custom_sampler.path": "pkg://dapo_verl.adapter.v1_sampler",
+    "trainer.v1.sampler.custom_sampler.name": "DapoReplayBuffer",
+    "trainer.checkpoint_callback_class": "dapo_verl.adapter.v1_sampler.DapoCheckpointCallback",
 }
 
 
