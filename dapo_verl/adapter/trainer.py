@@ -39,6 +39,7 @@ from verl.protocol import pad_dataproto_to_divisor, unpad_dataproto
 from verl.trainer.ppo.ray_trainer import RayPPOTrainer
 
 from dapo_verl.adapter.dataproto_codec import DataProtoCodec
+from dapo_verl.adapter.epochs import epoch_divisor
 from dapo_verl.adapter.reward import overlong_metrics
 from dapo_verl.adapter.transforms import apply_overlong_filtering, no_op_groups, response_truncation
 from dapo_verl.config import DapoConfig
@@ -75,7 +76,7 @@ class StepStream:
 
     def resume_at(self, global_steps: int, data_epoch: int) -> None:
         """Make ``global_steps // len(self)`` equal ``data_epoch`` (where an integer length allows it)."""
-        self._len = resume_length(global_steps, data_epoch)
+        self._len = epoch_divisor(global_steps, data_epoch)
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         stream = self._trainer.sampler.stream
@@ -91,21 +92,6 @@ class StepStream:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Nothing to restore here; see :meth:`DapoRayTrainer._load_checkpoint`."""
-
-
-def resume_length(global_steps: int, data_epoch: int) -> int:
-    """The smallest length L >= 1 with ``global_steps // L == data_epoch``, or the closest when none exists.
-
-    Example:
-        >>> resume_length(10, 3), 10 // resume_length(10, 3)
-        (3, 3)
-        >>> resume_length(5, 0)
-        6
-    """
-    if data_epoch <= 0:
-        return global_steps + 1
-    low = -(-(global_steps + 1) // (data_epoch + 1))  # ceil((g + 1) / (e + 1))
-    return max(1, min(low, global_steps // data_epoch))  # below `low` only when data epochs are shorter than a step
 
 
 class ReplayingRolloutManager:

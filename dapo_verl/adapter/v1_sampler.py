@@ -42,11 +42,13 @@ from typing import Any
 import numpy as np
 import torch
 import transfer_queue as tq
+from omegaconf import open_dict
 from transfer_queue import KVBatchMeta
 from verl.trainer.ppo.checkpoint_callback import CheckpointCallback
 from verl.trainer.ppo.v1.replay_buffer import ReplayBufferAsync
 from verl.utils import tensordict_utils as tu
 
+from dapo_verl.adapter.epochs import epoch_divisor
 from dapo_verl.adapter.reward import overlong_metrics
 from dapo_verl.config import DapoConfig
 from dapo_verl.sampler import BatchReplenisher, GroupResult
@@ -196,6 +198,23 @@ class DapoReplayBuffer(ReplayBufferAsync):
         self._step_groups = list(sampled.groups)
         self._step_metrics = metrics
         self._served_step = global_steps
+        self._follow_data_epochs(global_steps)
+
+    def _follow_data_epochs(self, global_steps: int) -> None:
+        """Make the v1 trainer's epoch label and loop follow the sampler's passes over the data.
+
+        The trainer labels the next step ``global_steps // trainer.steps_per_epoch`` and stops at
+        ``trainer.total_epochs`` of those, with ``steps_per_epoch = len(dataset) // train_batch_size``: a step
+        count that dynamic sampling does not keep (the paper recipe would stop after 33 of its 1166 steps). The
+        divisor is set so the label is the data epoch, and the run ends at ``trainer.total_training_steps``.
+        """
+        assert self._replenisher is not None
+        self.trainer.steps_per_epoch = epoch_divisor(global_steps, self._replenisher.stream.epoch)
+        trainer_config = self.trainer.config.trainer
+        limit = int(getattr(self.trainer, "total_training_steps", 0) or 0) + 1
+        if int(trainer_config.total_epochs) < limit:
+            with open_dict(self.trainer.config):
+                trainer_config.total_epochs = limit
 
     def _checkpoint_follows(self, global_steps: int) -> bool:
         trainer_config = self.trainer.config.trainer
