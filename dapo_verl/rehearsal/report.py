@@ -29,6 +29,9 @@ REQUIRED_METRICS = {
 # Not comparable between two processes: wall times, throughput and memory; and verl's bootstrap estimates of
 # validation best@N/worst@N/maj@N, which resample with a generator whose state depends on earlier calls.
 _VOLATILE_PREFIXES = ("timing_s/", "timing_per_token_ms/", "perf/", "actor/perf/")
+# Float round-off: with several agent-loop workers a group's responses arrive in any order (on vLLM too), which
+# reorders floating-point sums in the update; quantities near zero (ratio - 1, ppo_kl) move by ~1e-6.
+_REL_TOL, _ABS_TOL = 1e-6, 1e-5
 _BOOTSTRAPPED = re.compile(r"/(best|worst|maj)@\d+/")
 
 GPU_ONLY = (
@@ -66,8 +69,8 @@ def _resume_check(first: dict[int, dict[str, Any]], second: dict[int, dict[str, 
     differences = []
     for key in keys:
         x, y = a[key], b[key]
-        same = x == y or (isinstance(x, float) and isinstance(y, float) and math.isclose(x, y, rel_tol=1e-6,
-                                                                                          abs_tol=1e-6))
+        same = x == y or (isinstance(x, float) and isinstance(y, float)
+                          and math.isclose(x, y, rel_tol=_REL_TOL, abs_tol=_ABS_TOL))
         if not same:
             differences.append(f"{key}: {x} vs {y}")
     return {"step": step, "compared": len(keys), "identical": not differences, "differences": differences}
