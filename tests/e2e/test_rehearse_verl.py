@@ -76,6 +76,7 @@ def test_legacy_trainer_with_odd_n_and_partial_batches_resumes_exactly(tmp_path)
     report, logged, out = _rehearse(
         tmp_path, "dapo_trainer", "trainer.use_v1=false", "actor_rollout_ref.rollout.n=3",
         "actor_rollout_ref.rollout.agent.num_workers=2", "algorithm.filter_groups.max_num_gen_batches=1",
+        "algorithm.filter_groups.refill=barrier", "data.gen_batch_size=4",
         "algorithm.filter_groups.on_shortfall=partial", "algorithm.filter_groups.surplus=carry", *SIZES)
     trained = _assert_dapo_metrics_every_step(logged, 3)
     assert any(data["dapo/sampler/partial"] == 1 for data in trained.values())
