@@ -10,7 +10,7 @@ One training step, as in verl's actor:
 2. :func:`update_policy` recomputes the old log-probs with the current policy (a forward pass, as verl
    does), then takes one AdamW step per mini-batch of ``ppo_mini_batch_size`` groups, ``ppo_epochs``
    times, so clip-higher can act. Each mini-batch's loss is
-   :func:`~dapo_verl.core.clipped_surrogate_loss_matrix` reduced by :func:`~dapo_verl.core.aggregate_loss`
+   :func:`~dapo_verl.core.clipped_surrogate_with_diagnostics` reduced by :func:`~dapo_verl.core.aggregate_loss`
    with the mini-batch's global token and sequence counts, so splitting it into micro-batches of
    ``ppo_micro_batch_size_per_gpu`` responses (gradient accumulation) leaves the gradient unchanged.
 
@@ -32,8 +32,7 @@ from transformers import PreTrainedModel
 from dapo_verl.config import DapoConfig
 from dapo_verl.core import (
     aggregate_loss,
-    clip_diagnostics,
-    clipped_surrogate_loss_matrix,
+    clipped_surrogate_with_diagnostics,
     group_advantages_by_index,
     group_token_mean_weights,
     mask_truncated_responses,
@@ -215,14 +214,13 @@ def _mini_batch_step(model: PreTrainedModel, optimizer: torch.optim.Optimizer, b
     for part in _chunks(mini.start, mini.stop, actor.ppo_micro_batch_size_per_gpu):
         logp, entropy = sequence_log_probs(model, batch.input_ids[part], batch.prompt_length, temperature)
         mask, advantages = batch.mask[part], batch.advantages[part]
-        loss_mat = clipped_surrogate_loss_matrix(logp, old_logp[part], advantages, mask, **clip)  # (b, L)
+        loss_mat, diag = clipped_surrogate_with_diagnostics(logp, old_logp[part], advantages, mask, **clip)  # (b, L)
         pg = aggregate_loss(loss_mat, mask, mode, **counts)
         loss = pg
         if actor.entropy_coeff:
             loss = pg - actor.entropy_coeff * aggregate_loss(entropy, mask, mode, **counts)
         loss.backward()
         pg_loss += float(pg.detach())
-        diag = clip_diagnostics(logp.detach(), old_logp[part], advantages, mask, **clip)
         stats.add_micro(diag, float(torch.where(mask, entropy.detach(), 0.0).sum()), int(mask.sum()))
     params = [p for p in model.parameters() if p.grad is not None]
     grad_norm = float(torch.nn.utils.clip_grad_norm_(params, actor.grad_clip))
