@@ -172,6 +172,7 @@ class DapoRayTrainer(RayPPOTrainer):
                            "dapo/rollout/padding_responses": self._padding_responses,
                            "dapo/rollout/padding_groups": padding}
                 self._pending = (DataProto.concat(payloads), metrics)
+                self._stop_if_exhausted()
                 return self._collate([self.train_dataset[i] for i in prompt_ids])
             logger.warning("Dynamic sampling found no informative group for step %d; sampling again.", sampled.step)
         raise RuntimeError(
@@ -179,6 +180,16 @@ class DapoRayTrainer(RayPPOTrainer):
             f"{self.dapo_config.sampler.max_num_gen_batches} rounds each: every group was all-correct or all-wrong. "
             f"Check the reward function and data, or raise algorithm.filter_groups.max_num_gen_batches."
         )
+
+    def _stop_if_exhausted(self) -> None:
+        """``algorithm.filter_groups.stop_when_exhausted``: make this step the last (checkpoint and validation
+        included) once the sampler reports the prompt pool exhausted. ``fit`` reads ``total_training_steps`` right
+        after taking the batch."""
+        if self.dapo_config.sampler.stop_when_exhausted and self.sampler.pool_exhausted:
+            logger.info("dapo_verl: step %d is the last: %.0f%% of the prompt pool is exhausted "
+                        "(algorithm.filter_groups.stop_when_exhausted).", self.global_steps,
+                        100 * self.sampler.stream.history.exhausted_fraction)
+            self.total_training_steps = self.global_steps
 
     def _group_multiple(self) -> int:
         """Groups a batch must be a multiple of: whole mini-batches, and rows that split over the DP ranks."""

@@ -199,6 +199,13 @@ class DapoReplayBuffer(ReplayBufferAsync):
         self._step_metrics = metrics
         self._served_step = global_steps
         self._follow_data_epochs(global_steps)
+        if self.dapo.sampler.stop_when_exhausted and replenisher.pool_exhausted:
+            # The trainer has already decided whether this step is the last, so the next one is: it still gets
+            # the final checkpoint and validation.
+            self.trainer.total_training_steps = min(self.trainer.total_training_steps, global_steps + 1)
+            logger.info("dapo_verl: step %d will be the last: %.0f%% of the prompt pool is exhausted "
+                        "(algorithm.filter_groups.stop_when_exhausted).", global_steps + 1,
+                        100 * replenisher.stream.history.exhausted_fraction)
 
     def _follow_data_epochs(self, global_steps: int) -> None:
         """Make the v1 trainer's epoch label and loop follow the sampler's passes over the data.

@@ -94,6 +94,18 @@ def test_partial_batches_are_topped_up_to_whole_mini_batches_on_both_ranks(tmp_p
         assert int((per_row == 0).sum()) >= 4  # ... whose responses carry no advantage
 
 
+def test_stop_when_exhausted_ends_the_run_with_a_checkpoint(tmp_path, monkeypatch):
+    # Two prompts in three are always all-correct or all-wrong: after 2 visits each, 2/3 of the pool is exhausted.
+    trainer, metrics = _fit(tmp_path, monkeypatch, 30, *CARRY, "algorithm.filter_groups.stop_when_exhausted=true",
+                            "algorithm.filter_groups.exhausted_streak=2",
+                            "algorithm.filter_groups.exhausted_pool_fraction=0.5")
+    steps = sorted(s for s in metrics if s > 0)
+    assert len(steps) < 30 and trainer.total_training_steps == steps[-1]
+    assert metrics[steps[-1]]["dapo/sampler/pool_exhausted_fraction"] >= 0.5
+    assert all(metrics[s]["dapo/sampler/pool_exhausted_fraction"] < 0.5 for s in steps[:-1])
+    assert (tmp_path / "ckpt" / f"global_step_{steps[-1]}" / SAMPLER_STATE_FILE).exists()
+
+
 def test_run_length_and_lr_schedule_count_training_steps(tmp_path, monkeypatch):
     trainer, _ = _fit(tmp_path, monkeypatch, 2, *CARRY)
     assert trainer.total_training_steps == 2

@@ -105,6 +105,9 @@ PAPER_VALUES: dict[str, Any] = {
     "trainer.save_freq": 5,
     "trainer.total_epochs": 1,
     "trainer.total_training_steps": 1166,
+    # the paper's sampler: no history-based skipping, no revisits (dapo_verl's defaults turn both on)
+    "algorithm.filter_groups.skip_uninformative": False,
+    "algorithm.filter_groups.revisit_informative": False,
     # verl's v1 trainer (its default), with dapo_verl's batch replenisher as its sampler
     "trainer.use_v1": True,
     "trainer.v1.sampler.custom_sampler.path": "pkg://dapo_verl.adapter.v1_sampler",
