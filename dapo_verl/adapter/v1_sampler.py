@@ -137,8 +137,11 @@ class DapoReplayBuffer(ReplayBufferAsync):
         if partition_id != "train":
             return super().sample(global_steps, partition_id, batch_size)
         self._prepare(global_steps)
-        if batch_size > len(self._step_groups) and self._step_groups:
-            batch_size = len(self._step_groups)  # a partial step (on_shortfall=partial): serve what was found
+        if not self._step_groups:
+            raise RuntimeError(
+                f"Step {global_steps}: nothing left to serve for another of its {getattr(self.trainer, 'parameter_sync_step', 1)} "
+                f"updates; on_shortfall=partial found fewer groups than updates. Lower "
+                f"trainer.v1.separate_async.parameter_sync_step or use on_shortfall=error.")
         served, self._step_groups = self._step_groups[:batch_size], self._step_groups[batch_size:]
         payloads: list[GroupKeys] = [g.payload for g in served]
         tq.kv_clear(partition_id="train", keys=[p.uid for p in payloads])  # the trainer clears the trajectories
