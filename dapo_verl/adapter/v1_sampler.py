@@ -138,9 +138,10 @@ class DapoReplayBuffer(ReplayBufferAsync):
             return super().sample(global_steps, partition_id, batch_size)
         self._prepare(global_steps)
         if not self._step_groups:
+            updates = getattr(self.trainer, "parameter_sync_step", 1)
             raise RuntimeError(
-                f"Step {global_steps}: nothing left to serve for another of its {getattr(self.trainer, 'parameter_sync_step', 1)} "
-                f"updates; on_shortfall=partial found fewer groups than updates. Lower "
+                f"Step {global_steps}: nothing left to serve for another of its {updates} updates; "
+                f"on_shortfall=partial found fewer groups than updates. Lower "
                 f"trainer.v1.separate_async.parameter_sync_step or use on_shortfall=error.")
         served, self._step_groups = self._step_groups[:batch_size], self._step_groups[batch_size:]
         payloads: list[GroupKeys] = [g.payload for g in served]
