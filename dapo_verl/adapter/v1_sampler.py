@@ -127,6 +127,7 @@ class DapoReplayBuffer(ReplayBufferAsync):
         self._served_step: int | None = None
         self._step_groups: list[GroupResult] = []
         self._step_metrics: dict[str, float] = {}
+        self._served_in_step = 0  # slices of the current step served so far
         self._live: dict[str, GroupKeys] = {}  # groups of ours still in TransferQueue (carried or being served)
         self._step_uids: list[str] = []
 
@@ -138,11 +139,19 @@ class DapoReplayBuffer(ReplayBufferAsync):
             return super().sample(global_steps, partition_id, batch_size)
         self._prepare(global_steps)
         if not self._step_groups:
+            rounds = self.dapo.sampler.max_num_gen_batches
+            if not self._served_in_step:
+                raise RuntimeError(
+                    f"Step {global_steps}: on_shortfall=partial found no informative group in "
+                    f"algorithm.filter_groups.max_num_gen_batches={rounds} rounds, so there is nothing to train "
+                    f"(every group was all-correct or all-wrong). Raise max_num_gen_batches, check the reward, or "
+                    f"use on_shortfall=error to stop with the sampler's figures.")
             updates = getattr(self.trainer, "parameter_sync_step", 1)
             raise RuntimeError(
                 f"Step {global_steps}: nothing left to serve for another of its {updates} updates; "
                 f"on_shortfall=partial found fewer groups than updates. Lower "
                 f"trainer.v1.separate_async.parameter_sync_step or use on_shortfall=error.")
+        self._served_in_step += 1
         served, self._step_groups = self._step_groups[:batch_size], self._step_groups[batch_size:]
         payloads: list[GroupKeys] = [g.payload for g in served]
         tq.kv_clear(partition_id="train", keys=[p.uid for p in payloads])  # the trainer clears the trajectories
@@ -200,6 +209,7 @@ class DapoReplayBuffer(ReplayBufferAsync):
         self._live = {g.payload.uid: g.payload for _, g in replenisher.carried}
         self._live.update({g.payload.uid: g.payload for g in sampled.groups})
         self._step_groups = list(sampled.groups)
+        self._served_in_step = 0
         self._step_metrics = metrics
         self._served_step = global_steps
         self._follow_data_epochs(global_steps)
@@ -254,13 +264,36 @@ class DapoReplayBuffer(ReplayBufferAsync):
         return self._replenisher
 
     def _generate_groups(self, prompt_ids: Sequence[int]) -> list[GroupResult]:
-        """Submit ``prompt_ids`` to verl's agent loop and wait for their groups (the replenisher's callback)."""
+        """Submit ``prompt_ids`` to verl's agent loop and wait for their groups (the replenisher's callback).
+
+        The round is read with one TransferQueue listing, indexed by prompt key once, and one ``kv_batch_get``
+        of every session's last output: the driver's cost grows with the round, not with its square.
+        """
         uids = [uuid.uuid4().hex for _ in prompt_ids]  # no "_": verl splits keys on it
         batch = self._prompt_batch(prompt_ids, uids)
         self.trainer._submit_batch_to_rollout(batch)
         self._step_uids.extend(uids)
         listing = self._wait_terminal(uids)
-        return [self._group(prompt_id, uid, listing) for prompt_id, uid in zip(prompt_ids, uids)]
+        trajectories: dict[str, list[str]] = {uid: [] for uid in uids}
+        for key in listing:
+            head = key.split("_", 1)[0]
+            if head != key and head in trajectories:
+                trajectories[head].append(key)
+        sessions = []
+        for prompt_id, uid in zip(prompt_ids, uids):
+            keys = sorted(trajectories[uid], key=_session_of)
+            if listing[uid].get("status") == "failure" or not keys:
+                raise RuntimeError(f"verl's agent loop failed for prompt {prompt_id} (uid {uid}); see the "
+                                   f"agent-loop worker's log. dapo_verl does not train on failed groups.")
+            final: dict[int, str] = {}
+            for key in keys:  # the last output of each session carries the session's reward (multi-turn loops)
+                final[_session_of(key)[0]] = key
+            sessions.append((keys, [final[s] for s in sorted(final)]))
+        finals = [key for _, last in sessions for key in last]
+        values = tq.kv_batch_get(keys=finals, partition_id="train", select_fields=["extra_fields", "rm_scores"])
+        read = dict(zip(finals, zip(values["extra_fields"], values["rm_scores"], strict=True), strict=True))
+        return [self._group(prompt_id, uid, keys, last, read, listing)
+                for prompt_id, uid, (keys, last) in zip(prompt_ids, uids, sessions)]
 
     def _prompt_batch(self, prompt_ids: Sequence[int], uids: list[str]) -> Any:
         from verl.utils.dataset.rl_dataset import collate_fn
@@ -282,20 +315,15 @@ class DapoReplayBuffer(ReplayBufferAsync):
                 return listing
             time.sleep(self.poll_interval)
 
-    def _group(self, prompt_id: int, uid: str, listing: dict[str, dict]) -> GroupResult:
-        keys = sorted((k for k in listing if k.split("_")[0] == uid and k != uid), key=_session_of)
-        if listing[uid].get("status") == "failure" or not keys:
-            raise RuntimeError(f"verl's agent loop failed for prompt {prompt_id} (uid {uid}); see the agent-loop "
-                               f"worker's log. dapo_verl does not train on failed groups.")
-        final: dict[int, str] = {}
-        for key in keys:  # the last output of each session carries the session's reward (multi-turn loops)
-            final[_session_of(key)[0]] = key
-        finals = [final[s] for s in sorted(final)]
-        values = tq.kv_batch_get(keys=finals, partition_id="train", select_fields=["extra_fields", "rm_scores"])
+    def _group(self, prompt_id: int, uid: str, keys: list[str], finals: list[str],
+               read: dict[str, tuple[Any, torch.Tensor]], listing: dict[str, dict]) -> GroupResult:
+        """One prompt's group from its trajectory ``keys``, the last output of each session (``finals``)
+        and what was read of them."""
         metric_key = self._replenisher_metric()
         metric, scores, truncated = [], [], []
         response_length = int(self.trainer.config.actor_rollout_ref.rollout.response_length)
-        for key, extra, rm in zip(finals, values["extra_fields"], values["rm_scores"], strict=True):
+        for key in finals:
+            extra, rm = read[key]
             info = (getattr(extra, "data", extra) or {}).get("reward_extra_info", {})
             if metric_key not in info:
                 raise ValueError(

@@ -1,0 +1,570 @@
+"""verl v1's trainer and agent loop over a real TransferQueue, with only the model simulated.
+
+Used by ``tests/integration/test_v1_sampler_tq.py`` and :mod:`benchmarks.bench_v1_sampler` to drive replay
+buffers -- verl's own ``ReplayBuffer`` / ``ReplayBufferAsync`` and dapo_verl's ``DapoReplayBuffer`` -- the way
+verl 0.9.1 drives them, on CPU. What touches TransferQueue (TQ) is verl's own code, apart from the opt-in batched
+writer and the validation emulation named below:
+
+* :class:`SimulatedTrainer` is a verl v1 ``PPOTrainer`` built without workers. Its constructor runs verl's
+  ``_build_replay_buffer`` (so a buffer gets exactly verl's keyword arguments, ``refill_fn`` included) and
+  then verl's ``_init_dataloader`` over an in-memory dataset, in verl's order. Prompt submission
+  (``_add_batch_to_generate``, ``_add_prompts_to_generate``, ``_submit_batch_to_rollout``), the async warm-up,
+  checkpointing (``_save_checkpoint``, which calls the checkpoint callback, and ``_load_checkpoint``,
+  ``_reissue_inflight_prompts``) and ``step()`` are verl's; ``_step_once`` only samples (no model update).
+  :meth:`SimulatedTrainer.train_step` runs one iteration of ``fit()``'s loop in verl's order (step, save,
+  clear the trained keys); :meth:`SimulatedTrainer.validate` registers and samples one validation batch the
+  way ``_validate`` does.
+* :class:`SimulatedRollout` stands in for ``AgentLoopManagerTQ``. It runs verl's ``AgentLoopWorkerTQ`` code
+  (``generate_sequences``, ``_run_prompt``, ``_agent_loop_postprocess``) on an event loop, so prompt status
+  (``running``, then ``finished`` once every session is written), trajectory keys ``{uid}_{session}_{i}``,
+  their values and tags reach TQ exactly as verl writes them. Only ``_run_agent_loop`` (the model call and
+  the reward) is simulated: :class:`~dapo_verl.sampler.simulation.SimulatedPolicy` draws each group's
+  correctness from ``pass_rate(prompt index, step)`` and its response lengths, seeded per (prompt, step,
+  occurrence), so a group's outcome does not depend on thread timing and a resumed run draws what an
+  uninterrupted one draws. ``writer="batched"`` (the benchmark's) writes the same keys, tags and status order
+  with one TQ put per group instead of verl's one per session; a test checks that both write the same.
+
+Timing (``SimulatedRollout(timing=...)``):
+
+* ``"thread"``: the event loop runs in a background thread, as in the agent-loop worker's process; a group
+  finishes ``latency x latency_scale_s`` seconds after dispatch. Tests use it.
+* ``"virtual"``: generation advances only when a buffer sleeps between polls (verl's ``_wait_for_next_poll``,
+  dapo_verl's ``_wait_terminal``); each sleep advances a virtual clock by ``tick`` generation budgets and
+  completes every group that is due, so what a buffer sees is deterministic and independent of machine
+  load. The benchmark uses it. Latencies are bench_sampler's assumption: a group finishes ``U(0.5, 1)``
+  budgets after dispatch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import threading
+import time
+import types
+import uuid
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from unittest import mock
+
+import numpy as np
+import torch
+import transfer_queue as tq
+from hydra import compose, initialize_config_dir
+from omegaconf import DictConfig, open_dict
+from transfer_queue import KVBatchMeta
+from verl.experimental.agent_loop import AgentLoopOutput
+from verl.experimental.agent_loop.agent_loop import AgentLoopMetrics
+from verl.trainer.ppo.checkpoint_callback import build_checkpoint_callback
+from verl.trainer.ppo.v1 import replay_buffer as verl_replay_buffer
+from verl.trainer.ppo.v1 import trainer_base
+from verl.trainer.ppo.v1.agent_loop_tq import AgentLoopWorkerTQ
+from verl.utils import tensordict_utils as tu
+from verl.utils.tensordict_utils import list_of_dict_to_tensordict
+
+import dapo_verl
+from benchmarks.bench_sampler import _LATENCY_SEED_OFFSET, _latencies
+from dapo_verl.adapter import v1_sampler
+from dapo_verl.sampler.simulation import SimulatedPolicy
+
+__all__ = ["CONFIG_DIR", "PromptDataset", "SimulatedRollout", "SimulatedTrainer", "StepRecord", "clear_all",
+           "compose_v1_config", "train_keys"]
+
+CONFIG_DIR = str(Path(dapo_verl.__file__).parent / "configs")
+_VerlWorker = AgentLoopWorkerTQ.__ray_actor_class__  # the class under @ray.remote: its methods run in-process
+_SEED_MIX = 1_000_003
+
+
+def compose_v1_config(tmp_dir: str | Path, *overrides: str, mode: str = "sync") -> DictConfig:
+    """dapo_verl's composed ``dapo_trainer`` config (verl's ``ppo_trainer`` underneath) for a small v1 run.
+
+    Args:
+        tmp_dir: Checkpoint folder (``trainer.default_local_dir``).
+        overrides: Hydra overrides applied last (``data.train_batch_size=4``, ...).
+        mode: ``trainer.v1.trainer_mode``.
+
+    Returns:
+        The config, with dapo_verl's custom sampler and checkpoint callback set (as ``python -m
+        dapo_verl.main`` runs); set ``trainer.v1.sampler.custom_sampler.path=null`` for verl's own buffers.
+    """
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base=None):
+        return compose("dapo_trainer", overrides=[
+            "data.train_batch_size=4", "data.dataloader_num_workers=0", "data.max_response_length=64",
+            "actor_rollout_ref.rollout.response_length=64", "actor_rollout_ref.rollout.n=4",
+            "actor_rollout_ref.actor.ppo_mini_batch_size=4", "reward.reward_model.enable=False",
+            "reward.reward_kwargs.overlong_tokens=16",
+            "trainer.total_training_steps=100", "trainer.save_freq=-1", "trainer.resume_mode=disable",
+            f"trainer.default_local_dir={tmp_dir}", f"trainer.v1.trainer_mode={mode}", *overrides,
+        ])
+
+
+class PromptDataset(torch.utils.data.Dataset):
+    """Rows shaped like verl's ``RLHFDataset`` items (what ``collate_fn`` and the agent loop read).
+
+    Row ``i`` has ``index == extra_info["index"] == i``, so the prompt identity the simulated policy keys on is
+    the dataset position, as for a dataset prepared with ``dapo-verl prepare-data``.
+    """
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, i: int) -> dict:
+        return {"raw_prompt": [{"role": "user", "content": f"question {i}"}], "data_source": "simulated",
+                "reward_model": {"ground_truth": "1", "style": "rule"}, "extra_info": {"index": i}, "index": i,
+                "tools_kwargs": {}, "interaction_kwargs": {}, "dummy_tensor": torch.tensor([0], dtype=torch.uint8)}
+
+
+def train_keys(partition_id: str = "train") -> dict[str, dict]:
+    """Every key of a TQ partition with its tag (``{}`` when empty)."""
+    return (tq.kv_list(partition_id=partition_id) or {}).get(partition_id, {})
+
+
+@dataclass
+class _Group:
+    """One dispatched prompt: its simulated outcome and where it is in time."""
+
+    index: int
+    step: int
+    correct: list[bool]
+    lengths: list[int]
+    latency: float
+    dispatch_seq: int
+    dispatch_time: float
+    completion_seq: int | None = None
+    completion_time: float | None = None
+    gate: Any = None
+    started: Any = None
+    done: Any = None
+
+
+class _SimulatedWorker(_VerlWorker):
+    """verl's ``AgentLoopWorkerTQ`` with the model call replaced by the simulated policy.
+
+    No ``super().__init__``: it would start rollout servers. The attributes set here are the ones verl's
+    ``_agent_loop_postprocess`` reads; with no processor, no reward-loop workers and no distillation its own
+    code computes position ids, keeps the given reward and writes to TQ.
+    """
+
+    def __init__(self, rollout: SimulatedRollout, config: DictConfig) -> None:
+        self.rollout = rollout
+        self.config = config
+        self.processor = None
+        self.tokenizer = None
+        self.reward_loop_worker_handles = None
+        self.distillation_enabled = False
+        self.background_tasks = set()
+
+    async def _run_prompt(self, prompt: dict, sampling_params: dict, trajectory: dict, trace: bool = False) -> None:
+        try:
+            if self.rollout.writer == "verl":
+                await super()._run_prompt(prompt, sampling_params, trajectory=trajectory, trace=trace)
+            else:
+                await self._run_prompt_batched(prompt, trajectory)
+        finally:
+            self.rollout._completed(prompt["uid"])
+
+    async def _run_agent_loop(self, sampling_params: dict, trajectory: dict, *, agent_name: str, trace: bool = True,
+                              **kwargs: Any) -> Any:
+        group = await self.rollout._generation(kwargs["uid"])
+        output = self.rollout._output(group, int(kwargs["session_id"]))
+        return await self._agent_loop_postprocess(output, trajectory["validate"], **kwargs)
+
+    async def _run_prompt_batched(self, prompt: dict, trajectory: dict) -> None:
+        """``writer="batched"``: what verl's ``_run_prompt`` writes, with one TQ put for all of a group's sessions.
+
+        Same keys, tags and order (``running``; every trajectory; ``finished``); the values hold the output's
+        fields and the prompt's ``uid``, ``index``, ``session_id`` and ``global_steps``.
+        """
+        uid, partition = prompt["uid"], "val" if trajectory["validate"] else "train"
+        await tq.async_kv_put(key=uid, partition_id=partition, tag={"status": "running"})
+        group = await self.rollout._generation(uid)
+        keys, fields, tags = [], [], []
+        for session in range(len(group.correct)):
+            output = self.rollout._output(group, session)
+            value = output.as_dict()
+            value.update(uid=uid, index=prompt["index"], session_id=session, global_steps=prompt["global_steps"])
+            prompt_len, response_len = value["prompts"].size(0), value["responses"].size(0)
+            keys.append(f"{uid}_{session}_0")
+            fields.append(value)
+            tags.append({"status": "success", "prompt_len": prompt_len, "response_len": response_len,
+                         "seq_len": prompt_len + response_len, "global_steps": prompt["global_steps"],
+                         "min_global_steps": value["extra_fields"].get("min_global_steps"),
+                         "max_global_steps": value["extra_fields"].get("max_global_steps")})
+        await tq.async_kv_batch_put(keys=keys, fields=list_of_dict_to_tensordict(fields), tags=tags,
+                                    partition_id=partition)
+        await tq.async_kv_put(key=uid, partition_id=partition, tag={"status": "finished"})
+
+
+class SimulatedRollout:
+    """Stands in for ``AgentLoopManagerTQ`` (see the module docstring).
+
+    Args:
+        config: The trainer config (``actor_rollout_ref.rollout.{n, val_kwargs.n, response_length}``, ...).
+        pass_rate: ``pass_rate(prompt_index, step) -> probability`` that a response is correct.
+        seed: Seed of every group's draws.
+        timing: ``"thread"`` or ``"virtual"`` (module docstring).
+        latency_scale_s: Thread timing: seconds per generation budget.
+        tick: Virtual timing: budgets the clock advances per buffer poll.
+        writer: ``"verl"`` runs verl's ``_run_prompt`` (one TQ put per session); ``"batched"`` writes the same keys,
+            tags and status order with one put per group (faster; for the benchmark).
+
+    Attributes:
+        step: The policy version (0-based training step) generating now; the trainer sets it each step.
+        groups: Every dispatched prompt by uid, in dispatch order.
+        dispatches: The size of every ``generate_sequences`` call, in order.
+        now: Virtual time in generation budgets (virtual timing).
+        rollout_s: Wall seconds spent in the simulated rollout (dispatch and, with virtual timing, completion).
+    """
+
+    def __init__(self, config: DictConfig, pass_rate: Callable[[int, int], float], *, seed: int = 0,
+                 timing: str = "thread", latency_scale_s: float = 0.02, tick: float = 0.05,
+                 writer: str = "verl") -> None:
+        if timing not in ("thread", "virtual"):
+            raise ValueError(f"timing={timing!r}; expected 'thread' or 'virtual'.")
+        if writer not in ("verl", "batched"):
+            raise ValueError(f"writer={writer!r}; expected 'verl' or 'batched'.")
+        self.writer = writer
+        self.config = config
+        self.pass_rate = pass_rate
+        self.seed = seed
+        self.timing = timing
+        self.latency_scale_s = latency_scale_s
+        self.tick = tick
+        self.response_length = int(config.actor_rollout_ref.rollout.response_length)
+        self.step = 0
+        self.now = 0.0
+        self.rollout_s = 0.0
+        self.groups: dict[str, _Group] = {}
+        self.dispatches: list[int] = []
+        self._occurrences: Counter = Counter()
+        self._seq = itertools.count()
+        self._lock = threading.Lock()
+        self._worker = _SimulatedWorker(self, config)
+        self._loop = asyncio.new_event_loop()
+        self._thread: threading.Thread | None = None
+        if timing == "thread":
+            self._thread = threading.Thread(target=self._loop.run_forever, daemon=True, name="simulated-agent-loop")
+            self._thread.start()
+
+    # -- AgentLoopManagerTQ's interface --------------------------------------------------------------------
+
+    def generate_sequences(self, batch: Any) -> None:
+        """Dispatch ``batch`` to verl's worker code; return once the prompts' tasks are spawned (as verl does)."""
+        started = time.perf_counter()
+        validate = bool(batch["validate"]) if "validate" in batch else False
+        n = self.config.actor_rollout_ref.rollout.val_kwargs.n if validate else self.config.actor_rollout_ref.rollout.n
+        self.dispatches.append(len(batch))
+        for uid, index in zip(list(batch["uid"]), list(batch["index"]), strict=True):
+            self.groups[uid] = self._draw(int(index), int(n))
+        coroutine = self._worker.generate_sequences(batch)
+        if self._thread is not None:
+            asyncio.run_coroutine_threadsafe(coroutine, self._loop).result()
+        else:
+            self._loop.run_until_complete(coroutine)
+            self._settle([])  # the new prompts start (status running) and wait for their completion time
+        self.rollout_s += time.perf_counter() - started
+
+    # -- simulated generation ------------------------------------------------------------------------------
+
+    def _draw(self, index: int, n: int) -> _Group:
+        occurrence = self._occurrences[(index, self.step)]
+        self._occurrences[(index, self.step)] += 1
+        key = ((self.seed * _SEED_MIX + index) * _SEED_MIX + self.step) * _SEED_MIX + occurrence
+        policy = SimulatedPolicy(self.pass_rate, group_size=n, max_response_length=self.response_length,
+                                 seed=key % (2**62))
+        policy.step = self.step
+        (drawn,) = policy([index])
+        latency = _latencies(torch.Generator().manual_seed(key % (2**62) + _LATENCY_SEED_OFFSET), 1)[0]
+        group = _Group(index=index, step=self.step, correct=[bool(c) for c in drawn.metric.tolist()],
+                       lengths=[int(x) for x in drawn.response_lengths.tolist()], latency=latency,
+                       dispatch_seq=next(self._seq), dispatch_time=self.now)
+        if self.timing == "virtual":
+            group.gate, group.started, group.done = (self._loop.create_future() for _ in range(3))
+        return group
+
+    def _output(self, group: _Group, session: int) -> AgentLoopOutput:
+        """The agent loop's output for one session: the drawn length, reward and ``reward_extra_info``."""
+        correct, length = group.correct[session], group.lengths[session]
+        info = {"acc": float(correct), "score": 1.0 if correct else -1.0, "overlong_penalty": 0.0,
+                "truncated": float(length >= self.response_length)}
+        return AgentLoopOutput(
+            prompt_ids=[3, 4, 5], response_ids=[7] * length, response_mask=[1] * length, reward_score=info["score"],
+            num_turns=2, metrics=AgentLoopMetrics(),
+            extra_fields={"reward_extra_info": info, "min_global_steps": group.step + 1,
+                          "max_global_steps": group.step + 1},
+        )
+
+    async def _generation(self, uid: str) -> _Group:
+        group = self.groups[uid]
+        if self.timing == "thread":
+            await asyncio.sleep(group.latency * self.latency_scale_s)
+            return group
+        if not group.started.done():
+            group.started.set_result(None)
+        await group.gate
+        return group
+
+    def _completed(self, uid: str) -> None:
+        group = self.groups[uid]
+        with self._lock:
+            group.completion_seq = next(self._seq)
+            group.completion_time = self.now
+        if group.done is not None and not group.done.done():
+            group.done.set_result(None)
+
+    def sleep(self, _seconds: float = 0.0) -> None:
+        """Virtual timing: a buffer's poll sleep -- advance the clock one tick and finish the groups now due."""
+        started = time.perf_counter()
+        self.now += self.tick
+        due = [g for g in self.groups.values() if g.completion_seq is None and g.gate is not None
+               and g.dispatch_time + g.latency <= self.now + 1e-9]
+        for group in due:
+            if not group.gate.done():
+                group.gate.set_result(None)
+        self._settle([g.done for g in due])
+        self.rollout_s += time.perf_counter() - started
+
+    def _settle(self, futures: list) -> None:
+        """Virtual timing: run the event loop until ``futures`` are done and every unfinished prompt waits.
+
+        An unfinished prompt waits for its completion time with its status ``running`` written, so what TQ holds
+        between two polls does not depend on scheduling.
+        """
+        waiting = [g.started for g in self.groups.values() if g.started is not None and not g.started.done()]
+        if futures or waiting:
+            self._loop.run_until_complete(asyncio.gather(*futures, *waiting))
+
+    @contextlib.contextmanager
+    def virtual_time(self) -> Iterator[None]:
+        """Virtual timing: make the replay buffers' poll sleeps advance this rollout's clock instead of waiting."""
+        shim = types.SimpleNamespace(sleep=self.sleep, time=time.time, perf_counter=time.perf_counter,
+                                     monotonic=time.monotonic)
+        with mock.patch.object(verl_replay_buffer, "time", shim), mock.patch.object(v1_sampler, "time", shim):
+            yield
+
+    def wait_idle(self, timeout_s: float = 30.0) -> None:
+        """Let every dispatched group finish (before a simulated restart, or before closing)."""
+        deadline = time.monotonic() + timeout_s
+        while any(g.completion_seq is None for g in self.groups.values()):
+            if time.monotonic() > deadline:
+                raise TimeoutError("simulated rollout still generating after the timeout")
+            if self._thread is None:
+                self.sleep()
+            else:
+                time.sleep(0.01)
+
+    def close(self) -> None:
+        """Stop and close the event loop."""
+        if self._thread is not None:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(timeout=10)
+            self._thread = None
+        if not self._loop.is_running():
+            self._loop.close()
+
+    # -- accounting ------------------------------------------------------------------------------------------
+
+    def waves(self, since_seq: int, until_seq: int) -> int:
+        """Sequential generations a buffer waited for between two sequence numbers (one training step).
+
+        A group that finished in the window and was dispatched before it is in wave 1; a group dispatched in
+        the window is in wave ``1 + the highest wave among groups that finished before it was dispatched``.
+        The step's waves are the highest wave among groups that finished in the window (0 if none did).
+        """
+        finished = sorted((g for g in self.groups.values()
+                           if g.completion_seq is not None and since_seq <= g.completion_seq < until_seq),
+                          key=lambda g: g.completion_seq)
+        wave: dict[int, int] = {}
+        for group in sorted(finished, key=lambda g: g.dispatch_seq):
+            if group.dispatch_seq < since_seq:
+                wave[group.dispatch_seq] = 1
+                continue
+            before = [wave.get(g.dispatch_seq, 1) for g in finished if g.completion_seq < group.dispatch_seq]
+            wave[group.dispatch_seq] = 1 + max(before, default=0)
+        return max(wave.values(), default=0)
+
+    def sequence(self) -> int:
+        """The next event sequence number (marks a step's start or end for :meth:`waves`)."""
+        with self._lock:
+            return next(self._seq)
+
+
+@dataclass
+class StepRecord:
+    """What one training step sampled.
+
+    Attributes:
+        step: ``global_steps``.
+        slices: The ``(KVBatchMeta, metrics)`` of each ``sample()`` call, in order.
+        metrics: The step's metrics as verl aggregates them (``MetricsAggregator`` over the slices).
+        sample_s: Wall seconds of each ``sample()`` call minus the simulated rollout's own time in it.
+        driver_s: The same for the whole ``step()`` (``prepare_step``'s submission and every ``sample()``).
+        waves: Sequential generations the step waited for (:meth:`SimulatedRollout.waves`).
+        gen_time: Virtual generation budgets the step took (virtual timing).
+        groups: Every trained group: prompt uid -> (prompt index, each trajectory's acc in key order).
+    """
+
+    step: int
+    slices: list[tuple[KVBatchMeta, dict]] = field(default_factory=list)
+    metrics: dict[str, Any] = field(default_factory=dict)
+    sample_s: list[float] = field(default_factory=list)
+    driver_s: float = 0.0
+    waves: int = 0
+    gen_time: float = 0.0
+    groups: dict[str, tuple[int, list[float]]] = field(default_factory=dict)
+
+    @property
+    def keys(self) -> list[str]:
+        """Every trajectory key trained this step."""
+        return [k for batch, _ in self.slices for k in batch.keys]
+
+    @property
+    def prompts(self) -> list[int]:
+        """Prompt index of every trained group, in batch order."""
+        return [index for index, _ in self.groups.values()]
+
+
+def _trained_groups(batch: KVBatchMeta) -> dict[str, tuple[int, list[float]]]:
+    """uid -> (prompt index, acc of each trajectory) of a sampled batch, read from TQ before the trainer clears it."""
+    if not batch.keys:
+        return {}
+    values = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=["index", "extra_fields"])
+    groups: dict[str, tuple[int, list[float]]] = {}
+    for key, index, extra in zip(batch.keys, list(values["index"]), list(values["extra_fields"]), strict=True):
+        info = getattr(extra, "data", extra)["reward_extra_info"]
+        groups.setdefault(key.split("_")[0], (int(index), []))[1].append(float(info["acc"]))
+    return groups
+
+
+class SimulatedTrainer(trainer_base.PPOTrainer):
+    """A verl v1 ``PPOTrainer`` without workers (see the module docstring).
+
+    Args:
+        config: Composed trainer config (:func:`compose_v1_config`); edited in place by verl's
+            ``_init_dataloader`` (``data.gen_batch_size``).
+        rollout: The simulated agent loop.
+        dataset_size: Prompts in the in-memory training dataset.
+        resume: Run verl's ``_load_checkpoint`` (``trainer.resume_mode`` decides from where).
+    """
+
+    def __init__(self, config: DictConfig, rollout: SimulatedRollout, *, dataset_size: int = 64,
+                 resume: bool = False) -> None:
+        # Not verl's __init__ (it needs workers): only the parts the replay buffer touches, in verl's order.
+        self.config = config
+        self.checkpoint_callback = build_checkpoint_callback(config)
+        self.use_critic = False
+        self.trainer_mode = config.trainer.v1.trainer_mode
+        self.parameter_sync_step = config.trainer.v1.get(self.trainer_mode, {}).get("parameter_sync_step", 1)
+        self.local_trigger_step = 0
+        self._restored_tq_prompt_count = 0
+        self.agent_loop_manager = rollout
+        self.rollout = rollout
+        self.actor_rollout_wg = types.SimpleNamespace(save_checkpoint=lambda *a, **k: None,
+                                                      load_checkpoint=lambda *a, **k: None)
+        self.tokenizer = self.processor = None
+        self.records: list[StepRecord] = []
+        self._current: StepRecord | None = None
+        self.replay_buffer = self._build_replay_buffer()  # TB:131, before the dataloader, as verl orders it
+        datasets = iter([PromptDataset(dataset_size), PromptDataset(8)])
+        with mock.patch.object(trainer_base, "create_rl_dataset", lambda *a, **k: next(datasets)):
+            self._init_dataloader()
+        self.global_steps = 0
+        if resume:
+            self._load_checkpoint()
+
+    def begin(self) -> None:
+        """What ``fit()`` does before its loop: first step, re-issue restored in-flight prompts, warm-up."""
+        self.global_steps += 1
+        self._reissue_inflight_prompts()
+        self.on_train_begin()
+
+    def on_train_begin(self) -> None:
+        """Async modes add their warm-up batches (``trainer_colocate_async`` / ``trainer_separate_async``)."""
+        if self.trainer_mode != "sync":
+            self._add_async_warmup_batches(self.config.trainer.v1[self.trainer_mode].num_warmup_batches)
+
+    def on_sample_end(self) -> None:
+        """Replicas sleep / abort: nothing to do without a model."""
+
+    def on_step_end(self) -> None:
+        """Weight sync: nothing to do without a model."""
+
+    def train_step(self) -> StepRecord:
+        """One iteration of ``fit()``'s loop (TB:466-531) without the model: step, save, clear the trained keys."""
+        record = StepRecord(step=self.global_steps)
+        self._current = record
+        self.rollout.step = self.global_steps - 1
+        start_seq, start_time = self.rollout.sequence(), self.rollout.now
+        is_last_step = self.global_steps >= self.total_training_steps
+        self.on_step_begin()
+        before, started = self.rollout.rollout_s, time.perf_counter()
+        batch = self.step(record.metrics, {})
+        record.driver_s = time.perf_counter() - started - (self.rollout.rollout_s - before)
+        save_freq = self.config.trainer.save_freq
+        if save_freq > 0 and (is_last_step or self.global_steps % save_freq == 0):
+            self._save_checkpoint()
+        self.on_step_end()
+        record.waves = self.rollout.waves(start_seq, self.rollout.sequence())
+        record.gen_time = self.rollout.now - start_time
+        record.groups = _trained_groups(batch)
+        tq.kv_clear(keys=batch.keys, partition_id=batch.partition_id)
+        self.records.append(record)
+        self.global_steps += 1
+        return record
+
+    def _step_once(self, metrics: dict, timing_raw: dict, sample_batch_size: int) -> KVBatchMeta:
+        """verl's ``_step_once`` up to sampling (TB:562-573); the model part is left out."""
+        self.on_sample_begin()
+        before = self.rollout.rollout_s
+        started = time.perf_counter()
+        batch, sample_metrics = self.replay_buffer.sample(global_steps=self.global_steps, partition_id="train",
+                                                          batch_size=sample_batch_size)
+        elapsed = time.perf_counter() - started - (self.rollout.rollout_s - before)
+        metrics.update(sample_metrics)
+        self.on_sample_end()
+        assert self._current is not None
+        self._current.slices.append((batch, dict(sample_metrics)))
+        self._current.sample_s.append(elapsed)
+        return batch
+
+    def validate(self) -> KVBatchMeta:
+        """Register, generate and sample one validation batch as ``_validate`` does (TB:1062-1076, emulated).
+
+        The caller clears the returned keys, as ``_validate`` does after scoring.
+        """
+        batch_dict = next(iter(self.val_dataloader))
+        rows = len(batch_dict["raw_prompt"])
+        batch_dict["uid"] = np.array([uuid.uuid4().hex for _ in range(rows)], dtype=object)
+        batch = tu.get_tensordict(batch_dict)
+        tu.assign_non_tensor_data(batch, "global_steps", self.global_steps)
+        tu.assign_non_tensor_data(batch, "validate", True)
+        tags = [{"is_prompt": True, "status": "pending", "global_steps": self.global_steps} for _ in range(len(batch))]
+        tq.kv_batch_put(keys=list(batch["uid"]), partition_id="val", tags=tags)
+        self.agent_loop_manager.generate_sequences(batch)
+        sampled, _ = self.replay_buffer.sample(global_steps=self.global_steps, partition_id="val",
+                                               batch_size=len(batch))
+        return sampled
+
+    def set_config(self, key: str, value: Any) -> None:
+        """Edit one dotted config key in place (verl's ``_init_dataloader`` leaves the config in struct mode)."""
+        *parents, leaf = key.split(".")
+        node = self.config
+        for part in parents:
+            node = node[part]
+        with open_dict(self.config):
+            node[leaf] = value
+
+
+def clear_all(partitions: Sequence[str] = ("train", "val")) -> None:
+    """Remove every key of ``partitions`` from TQ (a fresh process's empty TQ, or a test's cleanup)."""
+    for partition in partitions:
+        keys = list(train_keys(partition))
+        if keys:
+            tq.kv_clear(keys=keys, partition_id=partition)
