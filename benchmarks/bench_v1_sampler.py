@@ -106,8 +106,11 @@ COLUMNS = (
 """(metric, column title, decimals) of the table."""
 
 
-def run_strategy(name: str, scenario: Scenario, seed: int, workdir: Path, *, tick: float = 0.05) -> dict[str, Any]:
+def run_strategy(name: str, scenario: Scenario, seed: int, workdir: Path, *, tick: float = 0.05,
+                 dapo_overrides: Sequence[str] = ()) -> dict[str, Any]:
     """Run one strategy through the scenario; TransferQueue must be up (``tq.init()``) and is left empty.
+
+    ``dapo_overrides`` (Hydra ``KEY=VALUE``) apply to the DapoReplayBuffer strategies only.
 
     Returns:
         The metrics of the module docstring plus raw counts.
@@ -124,7 +127,7 @@ def run_strategy(name: str, scenario: Scenario, seed: int, workdir: Path, *, tic
         "algorithm.filter_groups.enable=true", "algorithm.filter_groups.metric=acc",
         f"algorithm.filter_groups.max_num_gen_batches={scenario.max_num_gen_batches}",
         "algorithm.filter_groups.on_shortfall=partial", f"trainer.total_training_steps={scenario.steps}",
-        *overrides, mode=mode,
+        *overrides, *(dapo_overrides if name.startswith("dapo") else ()), mode=mode,
     )
     clear_all()
     rollout = SimulatedRollout(config, scenario.pass_rates(seed), seed=seed, timing="virtual", writer="batched",
@@ -192,7 +195,7 @@ def _check_accounting(name: str, trainer: Any, metrics: dict[str, Any]) -> None:
 
 
 def run_benchmark(scenario: Scenario, seeds: Sequence[int], strategies: Sequence[str] = tuple(STRATEGIES), *,
-                  tick: float = 0.05) -> dict[str, Any]:
+                  tick: float = 0.05, dapo_overrides: Sequence[str] = ()) -> dict[str, Any]:
     """Run every strategy on every seed (TransferQueue must be up); per-seed metrics and their spread.
 
     Returns:
@@ -201,12 +204,13 @@ def run_benchmark(scenario: Scenario, seeds: Sequence[int], strategies: Sequence
     unknown = sorted(set(strategies) - set(STRATEGIES))
     if unknown:
         raise ValueError(f"Unknown strategies {unknown}. Known: {list(STRATEGIES)}.")
-    result: dict[str, Any] = {"scenario": asdict(scenario), "tick": tick, "strategies": {}}
+    result: dict[str, Any] = {"scenario": asdict(scenario), "tick": tick, "dapo_overrides": list(dapo_overrides),
+                              "strategies": {}}
     with tempfile.TemporaryDirectory(prefix="bench_v1_sampler_") as workdir:
         for name in strategies:
             label, mode, _ = STRATEGIES[name]
-            per_seed = [{"seed": seed, **run_strategy(name, scenario, seed, Path(workdir), tick=tick)}
-                        for seed in seeds]
+            per_seed = [{"seed": seed, **run_strategy(name, scenario, seed, Path(workdir), tick=tick,
+                                                      dapo_overrides=dapo_overrides)} for seed in seeds]
             result["strategies"][name] = {"label": label, "mode": mode, "per_seed": per_seed}
     baseline = result["strategies"].get(BASELINE)
     for entry in result["strategies"].values():
@@ -270,6 +274,8 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--max-num-gen-batches", type=int, default=d.max_num_gen_batches)
     parser.add_argument("--tick", type=float, default=0.05, help="generation budgets per buffer poll")
     parser.add_argument("--strategies", nargs="+", default=list(DEFAULT_STRATEGIES), choices=list(STRATEGIES))
+    parser.add_argument("--dapo-overrides", nargs="*", default=[], metavar="KEY=VALUE",
+                        help="Hydra overrides for the DapoReplayBuffer strategies only (e.g. sampler settings)")
     parser.add_argument("--out", type=Path, default=Path("runs/bench/bench_v1_sampler.json"), help="JSON result path")
     return parser.parse_args(argv)
 
@@ -281,7 +287,8 @@ def _print_report(result: dict[str, Any]) -> None:
                 "scenario": result["scenario"],
                 **{key: round(entry["summary"][key]["mean"], 4) for key, _, _ in COLUMNS if key in entry["summary"]}}
         print(json.dumps(line, sort_keys=True))
-    print(f"\nscenario: {json.dumps(result['scenario'])}, tick {result['tick']}")
+    print(f"\nscenario: {json.dumps(result['scenario'])}, tick {result['tick']}, "
+          f"dapo overrides {result['dapo_overrides']}")
     print(format_table(result))
     for name, checks in result["targets"].items():
         for metric, check in checks.items():
@@ -308,7 +315,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     tq.init()
     started = time.perf_counter()
     try:
-        result = run_benchmark(scenario, args.seeds, args.strategies, tick=args.tick)
+        result = run_benchmark(scenario, args.seeds, args.strategies, tick=args.tick,
+                               dapo_overrides=args.dapo_overrides)
     finally:
         tq.close()
         if started_ray:
