@@ -23,6 +23,7 @@ interleaved responses per prompt), so its fresh ``uid`` per prompt groups them c
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import math
 import os
@@ -35,7 +36,7 @@ import numpy as np
 import torch
 from omegaconf import open_dict
 from verl import DataProto
-from verl.protocol import pad_dataproto_to_divisor, unpad_dataproto
+from verl.protocol import pad_dataproto_to_divisor
 from verl.trainer.ppo.ray_trainer import RayPPOTrainer
 
 from dapo_verl.adapter.dataproto_codec import DataProtoCodec
@@ -226,10 +227,17 @@ class DapoRayTrainer(RayPPOTrainer):
         n = self.config.actor_rollout_ref.rollout.n
         manager = getattr(self.async_rollout_manager, "real", self.async_rollout_manager)
         # verl's agent-loop manager splits the rows evenly over its workers and refuses a remainder
-        # (DataProto.chunk); pad with copies of the first rows and drop their responses, as verl's _validate does.
+        # (DataProto.chunk); pad with copies of the first rows, as verl's _validate does, and keep n responses
+        # per prompt (see padded_rows_to_keep).
         request, pad = pad_dataproto_to_divisor(gen_batch.repeat(repeat_times=n, interleave=True),
                                                 _agent_loop_workers(manager, self.config))
-        output = unpad_dataproto(manager.generate_sequences(request), pad)
+        generated = manager.generate_sequences(request)
+        if pad:
+            real = len(request) - pad
+            keep = padded_rows_to_keep(generated.batch["responses"], _response_lengths(generated), real=real, n=n)
+            output = generated.select_idxs(keep)
+        else:
+            output = generated
         self._padding_responses += pad
         output.meta_info.pop("timing", None)
         drop = [key for key in output.non_tensor_batch if key in rows or key == "uid"]
@@ -238,7 +246,7 @@ class DapoRayTrainer(RayPPOTrainer):
         metric = self._metric_values(output)  # (P * n,)
         scores = output.batch["rm_scores"].sum(dim=-1)
         responses = output.batch["responses"]
-        lengths = output.batch["attention_mask"][:, -responses.shape[-1]:].sum(dim=-1)
+        lengths = _response_lengths(output)
         truncated = response_truncation(output, self.tokenizer.eos_token_id)
         groups = []
         for j, prompt_id in enumerate(prompt_ids):
@@ -327,6 +335,42 @@ def _agent_loop_workers(manager: Any, config: Any) -> int:
     """How many agent-loop workers verl's rollout manager splits a request over."""
     workers = getattr(manager, "agent_loop_workers", None)
     return len(workers) if workers else max(1, int(config.actor_rollout_ref.rollout.agent.num_workers))
+
+
+def _response_lengths(output: DataProto) -> torch.Tensor:
+    responses = output.batch["responses"]
+    return output.batch["attention_mask"][:, -responses.shape[-1]:].sum(dim=-1)
+
+
+def padded_rows_to_keep(responses: torch.Tensor, lengths: torch.Tensor, *, real: int, n: int) -> torch.Tensor:
+    """Rows to keep from a rollout padded with copies of its first rows: n per prompt, chosen by content.
+
+    Pad row ``real + k`` repeats the request of row ``k % real``, so its response is one more sample for that
+    row's prompt. A rollout engine sees identical requests and answers them in whatever order they finish;
+    dropping "the pad rows" would drop an arbitrary one of the prompt's samples. Keeping, for each prompt, the
+    n samples whose token bytes hash lowest makes the kept responses a function of the responses generated
+    (so a resumed run repeats the uninterrupted one), and a hash favours neither short nor long responses.
+
+    Args:
+        responses: (real + pad, L) response token ids, pad rows last.
+        lengths: (real + pad,) valid response tokens per row.
+        real: Rows before padding (prompts x n, interleaved: prompt j owns rows j*n .. j*n + n - 1).
+        n: Responses per prompt.
+
+    Returns:
+        (real,) int64 row indices, n per prompt, prompts in order.
+    """
+    def digest(row: int) -> bytes:
+        return hashlib.blake2b(responses[row, : int(lengths[row])].numpy().tobytes(), digest_size=8).digest()
+
+    extra: dict[int, list[int]] = {}
+    for row in range(real, len(responses)):
+        extra.setdefault(((row - real) % real) // n, []).append(row)
+    keep: list[int] = []
+    for prompt in range(real // n):
+        candidates = [*range(prompt * n, prompt * n + n), *extra.get(prompt, [])]
+        keep.extend(sorted(candidates, key=lambda row: (digest(row), row))[:n])
+    return torch.tensor(keep, dtype=torch.int64)
 
 
 def canonical_group_rows(responses: torch.Tensor, lengths: torch.Tensor, *, start: int, size: int) -> torch.Tensor:
