@@ -169,13 +169,17 @@ def build_report(result: RehearsalResult) -> dict[str, Any]:
     return report
 
 
+def _per_step(run: dict[str, Any]) -> str:
+    return "-" if run["time_per_step_s"] is None else f"{run['time_per_step_s']} s"
+
+
 def _markdown(report: dict[str, Any]) -> str:
     lines = [f"# Rehearsal of `{report['config']}`", "",
              f"Entry point: `python {report['entry']}`. Result: **{'passed' if report['ok'] else 'FAILED'}**.", ""]
     lines += ["| run | exit | wall time | steps logged | time per step |", "|---|---|---|---|---|"]
     for run in report["runs"]:
         lines.append(f"| {run['name']} | {run['returncode']} | {run['wall_s']} s | {run['steps_logged']} | "
-                     f"{run['time_per_step_s']} s |")
+                     f"{_per_step(run)} |")
         if run["error"]:
             lines += ["", f"**{run['name']} failed:** `{run['error']}` (full log: `{run['log']}`)", ""]
     lines += ["", "## DAPO components", "", "| component | recipe setting | active | evidence |", "|---|---|---|---|"]
@@ -224,7 +228,7 @@ def summary_lines(report: dict[str, Any]) -> list[str]:
     for run in report["runs"]:
         status = "ok" if run["returncode"] == 0 else f"FAILED: {run['error']}"
         lines.append(f"{run['name']}: steps {run['steps_logged']}, {run['wall_s']} s, "
-                     f"{run['time_per_step_s']} s/step -- {status}")
+                     f"{_per_step(run)} per step -- {status}")
     active = [c["component"] for c in report["components"] if c["active"]]
     lines.append(f"DAPO components active: {', '.join(active) or 'none'}")
     if "resume" in report:
