@@ -73,6 +73,7 @@ from typing import Any
 
 import torch
 
+from benchmarks import sampler_report
 from benchmarks.bench_sampler import Scenario
 from benchmarks.sampler_report import commit_id, spread
 
@@ -243,21 +244,7 @@ def check_targets(result: dict[str, Any]) -> dict[str, Any]:
 
 def format_table(result: dict[str, Any]) -> str:
     """Markdown table: mean (± sd with several seeds; max waves: the largest over all seeds)."""
-    lines = ["| strategy | " + " | ".join(title for _, title, _ in COLUMNS) + " |", "|---" * (len(COLUMNS) + 1) + "|"]
-    for entry in result["strategies"].values():
-        cells = []
-        for key, _, digits in COLUMNS:
-            stats = entry["summary"].get(key)
-            if stats is None:
-                cells.append("-")
-            elif key == "waves_max":
-                cells.append(f"{stats['max']:.0f}")
-            elif stats["sd"]:
-                cells.append(f"{stats['mean']:.{digits}f} ± {stats['sd']:.{digits}f}")
-            else:
-                cells.append(f"{stats['mean']:.{digits}f}")
-        lines.append(f"| {entry['label']} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+    return sampler_report.format_table(result, COLUMNS, max_key="waves_max", plain_without_spread=True)
 
 
 def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:

@@ -50,17 +50,24 @@ def check_targets(result: dict) -> dict[str, Any]:
     return checks
 
 
-def format_table(result: dict) -> str:
-    """Markdown table: mean ± sd over seeds (for max rounds: the largest over all seeds)."""
-    lines = ["| strategy | " + " | ".join(title for _, title, _ in COLUMNS) + " |", "|---" * (len(COLUMNS) + 1) + "|"]
+def format_table(result: dict, columns: Sequence[tuple[str, str, int]] = COLUMNS, *, max_key: str = "rounds_max",
+                 plain_without_spread: bool = False) -> str:
+    """Markdown table: mean ± sd over seeds (for ``max_key``: the largest over all seeds).
+
+    ``columns`` are (metric, title, decimals); ``plain_without_spread`` writes the mean alone where sd is 0
+    (one seed).
+    """
+    lines = ["| strategy | " + " | ".join(title for _, title, _ in columns) + " |", "|---" * (len(columns) + 1) + "|"]
     for entry in result["strategies"].values():
         cells = []
-        for key, _, digits in COLUMNS:
+        for key, _, digits in columns:
             stats = entry["summary"].get(key)
             if stats is None:
                 cells.append("-")
-            elif key == "rounds_max":
+            elif key == max_key:
                 cells.append(f"{stats['max']:.0f}")
+            elif plain_without_spread and not stats["sd"]:
+                cells.append(f"{stats['mean']:.{digits}f}")
             else:
                 cells.append(f"{stats['mean']:.{digits}f} ± {stats['sd']:.{digits}f}")
         lines.append(f"| {entry['label']} | " + " | ".join(cells) + " |")
