@@ -193,11 +193,19 @@ class DapoRayTrainer(RayPPOTrainer):
             self.total_training_steps = self.global_steps
 
     def _group_multiple(self) -> int:
-        """Groups a batch must be a multiple of: whole mini-batches, and rows that split over the DP ranks."""
-        mini = int(self.config.actor_rollout_ref.actor.ppo_mini_batch_size)
-        n = int(self.config.actor_rollout_ref.rollout.n)
+        """Groups a batch must be a multiple of: whole mini-batches, rows that split over the DP ranks, and
+        per-rank rows that split into the log-prob micro-batches (verl's ``prepare_micro_batches`` asserts it
+        when ``log_prob_use_dynamic_bsz`` is off; a full batch satisfies it by verl's config checks)."""
+        config = self.config.actor_rollout_ref
+        n = int(config.rollout.n)
         dp = self._get_dp_size(self.actor_rollout_wg, "actor")
-        return math.lcm(mini, dp // math.gcd(dp, n))
+        multiple = math.lcm(int(config.actor.ppo_mini_batch_size), dp // math.gcd(dp, n))
+        for part in (config.rollout, config.ref):
+            micro = part.get("log_prob_micro_batch_size_per_gpu")
+            if micro and not part.get("log_prob_use_dynamic_bsz", False):
+                rows = dp * int(micro)  # rows of one micro-batch on every rank
+                multiple = math.lcm(multiple, rows // math.gcd(rows, n))
+        return multiple
 
     def _replay_rollout(self, rows: int) -> DataProto:
         if self._pending is None:

@@ -132,7 +132,8 @@ class FakeActorWorkerGroup:
 
     DP_RANKS = 2
 
-    def __init__(self) -> None:
+    def __init__(self, log_prob_micro_batch_size_per_gpu: int | None = None) -> None:
+        self.log_prob_micro = log_prob_micro_batch_size_per_gpu  # None: verl's dynamic batch size
         self._dispatch_info: dict = {}
         self.updates: list[dict] = []
         self.saved: list[str] = []
@@ -142,6 +143,10 @@ class FakeActorWorkerGroup:
         return list(range(self.DP_RANKS))  # the data-parallel rank of each worker
 
     def compute_log_prob(self, td):
+        rows = td.batch_size[0]
+        if rows % self.DP_RANKS or (self.log_prob_micro and (rows // self.DP_RANKS) % self.log_prob_micro):
+            raise AssertionError(f"{rows} rows do not split into micro-batches of {self.log_prob_micro} on "
+                                 f"{self.DP_RANKS} ranks (verl's prepare_micro_batches asserts the same)")
         ids = td["input_ids"]
         values = torch.zeros(ids.values().shape[0])
         nested = torch.nested.nested_tensor_from_jagged(values, offsets=ids.offsets())
@@ -193,7 +198,9 @@ def build_trainer(config, dataset_size=24, *, mixed_prompts=True):
         train_dataset=dataset, val_dataset=dataset, collate_fn=None,
     )
     state = ReplicaState()
-    trainer.actor_rollout_wg = FakeActorWorkerGroup()
+    rollout = config.actor_rollout_ref.rollout
+    trainer.actor_rollout_wg = FakeActorWorkerGroup(
+        None if rollout.log_prob_use_dynamic_bsz else rollout.log_prob_micro_batch_size_per_gpu)
     trainer.async_rollout_manager = FakeRolloutManager(
         tok, state, workers=config.actor_rollout_ref.rollout.agent.num_workers, mixed_prompts=mixed_prompts)
     trainer.checkpoint_manager = FakeCheckpointManager(state)

@@ -94,6 +94,19 @@ def test_partial_batches_are_topped_up_to_whole_mini_batches_on_both_ranks(tmp_p
         assert int((per_row == 0).sum()) >= 4  # ... whose responses carry no advantage
 
 
+def test_partial_batches_of_odd_groups_split_into_log_prob_micro_batches_on_both_ranks(tmp_path, monkeypatch):
+    # n=3 on 2 ranks with log-prob micro-batches of 2: a batch needs a multiple of 4 groups (12 rows, 6 per rank),
+    # more than whole mini-batches (2 groups) and an even row count (2 groups) ask for.
+    trainer, metrics = _fit(tmp_path, monkeypatch, 3, "actor_rollout_ref.rollout.n=3",
+                            "algorithm.filter_groups.on_shortfall=partial",
+                            "algorithm.filter_groups.max_num_gen_batches=1", "algorithm.filter_groups.refill=barrier",
+                            "data.gen_batch_size=4")
+    for step, update in zip((1, 2, 3), trainer.actor_rollout_wg.updates):
+        assert len(update["uid"]) % (2 * 2 * 3) == 0
+        groups = len(update["uid"]) // 3
+        assert groups == metrics[step]["dapo/sampler/groups_trained"] + metrics[step]["dapo/rollout/padding_groups"]
+
+
 def test_stop_when_exhausted_ends_the_run_with_a_checkpoint(tmp_path, monkeypatch):
     # Two prompts in three are always all-correct or all-wrong: after 2 visits each, 2/3 of the pool is exhausted.
     trainer, metrics = _fit(tmp_path, monkeypatch, 30, *CARRY, "algorithm.filter_groups.stop_when_exhausted=true",
