@@ -121,14 +121,17 @@ def quiet_run_logs(records: list[logging.LogRecord]) -> Iterator[None]:
     # drop the records the checks read: they inherit from the package here and get their levels back after.
     children = {name: logger.level for name, logger in logging.Logger.manager.loggerDict.items()
                 if name.startswith("dapo_verl.") and isinstance(logger, logging.Logger)}
+    disabled = logging.root.manager.disable  # a process-wide logging.disable() would drop them too
     package.addHandler(handler)
     package.setLevel(logging.INFO)
     package.propagate = False
     for name in children:
         logging.getLogger(name).setLevel(logging.NOTSET)
+    logging.disable(logging.NOTSET)
     try:
         yield
     finally:
+        logging.disable(disabled)
         package.removeHandler(handler)
         package.setLevel(saved[0])
         package.propagate = saved[1]

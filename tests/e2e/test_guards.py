@@ -4,14 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from dapo_verl.reliability.guards import (
-    GUARD_CHECKS,
-    changed_reruns,
-    concurrent_writers,
-    damaged_model_cache,
-    failed_prepare_data,
-    interrupted_by_sigint,
-)
+from dapo_verl.reliability.guards import GUARD_CHECKS, damaged_model_cache, failed_prepare_data
 
 pytestmark = pytest.mark.e2e
 
@@ -46,20 +39,5 @@ def test_the_cache_check_notices_when_verification_is_missing(tmp_path, monkeypa
     assert any("loaded, not rebuilt" in p or "loading crashed" in p for p in result.problems)
 
 
-@pytest.mark.slow
-def test_changed_reruns_are_refused_and_relabel_nothing(tmp_path):
-    result = changed_reruns(tmp_path)
-    _held(result)
-    assert result.tried == 5
-
-
-@pytest.mark.slow
-def test_a_second_writer_is_refused_and_a_killed_writers_lock_taken_over(tmp_path):
-    _held(concurrent_writers(tmp_path))
-
-
-@pytest.mark.slow
-def test_ctrl_c_stops_with_a_checkpoint_and_the_run_ends_as_if_uninterrupted(tmp_path):
-    result = interrupted_by_sigint(tmp_path)
-    _held(result)
-    assert result.tried == 3
+# The slow guard checks (changed re-runs, concurrent writers, Ctrl-C) run once, inside `dapo-verl reliability`:
+# tests/e2e/test_reliability_report.py asserts on each of them.

@@ -1,4 +1,5 @@
-"""verl's real trainer on this machine, through ``dapo-verl rehearse``: Ray workers, FSDP2 on gloo, the CPU replica.
+"""verl's legacy trainer and its own main_ppo on this machine, through ``dapo-verl rehearse`` (Ray, FSDP2 on gloo,
+the CPU replica); a bad recipe fails as on a cluster.
 
 Every assertion reads what verl itself wrote -- its file logger's JSONL and its checkpoint folders -- never
 dapo_verl's objects. The runs are small (tiny stand-in model, 4 prompts a step) but go through the same code a
@@ -7,81 +8,25 @@ cluster run does: verl's trainer, workers, agent loop, reward loop, checkpoint m
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import pytest
 
-from dapo_verl.rehearsal.report import REQUIRED_METRICS, read_jsonl, write_report
+from dapo_verl.rehearsal.report import write_report
 from dapo_verl.rehearsal.run import RehearsalOptions, rehearse
+from tests.e2e.rehearsal_helpers import SIZES, assert_dapo_metrics_every_step, run_rehearsal, training_steps
 
 pytestmark = [pytest.mark.slow, pytest.mark.verl, pytest.mark.e2e]
-
-# The dapo_trainer config takes verl's defaults for sizes verl cannot guess; a user sets these too.
-SIZES = ["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
-         "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=2",
-         "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=2", "actor_rollout_ref.actor.ppo_mini_batch_size=2"]
-# Surplus carried and prompts skipped by history: the sampler state a resume has to restore.
-CARRY = ["algorithm.filter_groups.refill=barrier", "data.gen_batch_size=8", "algorithm.filter_groups.surplus=carry",
-         "algorithm.filter_groups.skip_uninformative=true"]
-
-
-def _rehearse(tmp_path: Path, config: str, *overrides: str, steps: int = 3, resume: bool = True, gpus: int = 1):
-    options = RehearsalOptions(config_name=config, overrides=tuple(overrides), out_dir=tmp_path / "rehearsal",
-                               steps=steps, resume=resume, gpus=gpus, timeout_s=600)
-    report = write_report(rehearse(options, echo=lambda line: None))
-    out = options.out_dir
-    failures = [f"{r['name']}: {r['error']}" for r in report["runs"] if r["returncode"] != 0]
-    assert not failures, f"{failures}; logs under {out}"
-    return report, read_jsonl(out / "run1" / "metrics.jsonl"), out
-
-
-def _training_steps(logged):
-    return {step: data for step, data in logged.items() if "training/global_step" in data}
-
-
-def _assert_dapo_metrics_every_step(logged, steps):
-    trained = _training_steps(logged)
-    assert sorted(trained) == list(range(1, steps + 1))
-    for step, data in trained.items():
-        missing = [key for key in REQUIRED_METRICS if key not in data]
-        assert not missing, f"step {step} lacks {missing}"
-        assert data["dapo/sampler/gen_rounds"] >= 1 or data["dapo/sampler/groups_from_carry"] > 0
-        assert 0 <= data["dapo/sampler/keep_rate"] <= 1
-        assert data["timing_s/gen"] <= data["timing_s/step"]
-    return trained
-
-
-def test_v1_sync_trains_with_the_replenisher_and_resumes_exactly(tmp_path):
-    report, logged, out = _rehearse(tmp_path, "dapo_trainer", "actor_rollout_ref.rollout.n=4", *SIZES, *CARRY)
-    trained = _assert_dapo_metrics_every_step(logged, 3)
-    assert report["ok"], report
-    # verl's checkpoint folder holds the sampler's state, written by dapo_verl's checkpoint callback.
-    assert (out / "run1" / "checkpoints" / "global_step_2" / "dapo_sampler.safetensors").is_file()
-    assert (out / "run2" / "checkpoints" / "global_step_3" / "dapo_sampler.safetensors").is_file()
-    # Surplus was carried within the run; a checkpointed step carries none (sync mode does not save the queue).
-    assert sum(data["dapo/sampler/groups_from_carry"] for data in trained.values()) > 0
-    assert trained[2]["dapo/sampler/carried_groups"] == 0 and trained[3]["dapo/sampler/carried_groups"] == 0
-    assert trained[3]["dapo/sampler/history_size"] > 0
-    # The resumed run's step 3 equals the uninterrupted run's step 3: the sampler's decisions, the data, rewards and
-    # advantages exactly; the update's statistics up to the order in which a group's responses arrived.
-    assert report["resume"]["data_identical"], report["resume"]["differences"]
-    assert report["resume"]["update_max_rel_diff"] < 1e-3, report["resume"]["differences"]
-    assert report["resume"]["compared"] > 50
-    resumed = _training_steps(read_jsonl(out / "run2" / "metrics.jsonl"))
-    assert sorted(resumed) == [3] and resumed[3]["dapo/sampler/train_step"] == 3
 
 
 def test_legacy_trainer_on_two_ranks_with_odd_n_and_partial_batches_resumes_exactly(tmp_path):
     # Two data-parallel ranks, n=3 over two agent-loop workers: every request must be padded to split evenly
     # (verl's DataProto.chunk refuses a remainder). One round of 3 prompts (9 rows) per step with
     # on_shortfall=partial: always short, topped up to whole mini-batches that verl's rank balancing can split.
-    report, logged, out = _rehearse(
+    report, logged, out = run_rehearsal(
         tmp_path, "dapo_trainer", "trainer.use_v1=false", "actor_rollout_ref.rollout.n=3",
         "actor_rollout_ref.rollout.agent.num_workers=2", "algorithm.filter_groups.max_num_gen_batches=1",
         "algorithm.filter_groups.refill=barrier", "data.gen_batch_size=3",
         "algorithm.filter_groups.on_shortfall=partial", "algorithm.filter_groups.surplus=carry", *SIZES, gpus=2)
-    trained = _assert_dapo_metrics_every_step(logged, 3)
+    trained = assert_dapo_metrics_every_step(logged, 3)
     assert any(data["dapo/sampler/partial"] == 1 for data in trained.values())
     assert any(data["dapo/rollout/padding_responses"] > 0 for data in trained.values())
     assert any(data["dapo/rollout/padding_groups"] > 0 for data in trained.values())
@@ -101,9 +46,9 @@ def test_verl_main_ppo_with_the_readme_loss_mode_dapo_overrides(tmp_path):
               "actor_rollout_ref.actor.clip_ratio_high=0.28", "actor_rollout_ref.actor.loss_agg_mode=token-mean",
               "algorithm.adv_estimator=dapo", "reward.reward_manager.name=dapo_verl",
               "+reward.reward_kwargs.overlong_tokens=2", "+reward.reward_kwargs.overlong_penalty_factor=1.0"]
-    report, logged, _ = _rehearse(tmp_path, "ppo_trainer", *readme, *SIZES, steps=2, resume=False)
+    report, logged, _ = run_rehearsal(tmp_path, "ppo_trainer", *readme, *SIZES, steps=2, resume=False)
     assert report["entry"].endswith("verl.trainer.main_ppo")
-    trained = _training_steps(logged)
+    trained = training_steps(logged)
     assert sorted(trained) == [1, 2]
     for data in trained.values():
         assert "actor/dapo/clip_upper_fraction" in data and "actor/dapo/clip_higher_kept_fraction" in data
@@ -111,20 +56,6 @@ def test_verl_main_ppo_with_the_readme_loss_mode_dapo_overrides(tmp_path):
         assert data["actor/pg_clipfrac"] == pytest.approx(
             data["actor/dapo/clip_upper_fraction"] + data["actor/dapo/clip_lower_fraction"])
         assert "dapo/sampler/gen_rounds" not in data  # verl's own trainer: no replenisher
-
-
-def test_v1_colocate_async_trains_with_the_replenisher_and_resumes(tmp_path):
-    report, logged, out = _rehearse(tmp_path, "dapo_trainer", "trainer.v1.trainer_mode=colocate_async",
-                                    "actor_rollout_ref.rollout.n=4", *SIZES, *CARRY)
-    trained = _assert_dapo_metrics_every_step(logged, 3)
-    assert report["ok"]
-    resumed = _training_steps(read_jsonl(out / "run2" / "metrics.jsonl"))
-    assert sorted(resumed) == [3]
-    # The sampler state came back: the resumed step continues the counters and history of the first run.
-    for key in ("dapo/sampler/train_step", "dapo/sampler/history_size", "dapo/sampler/data_epoch"):
-        assert resumed[3][key] == trained[3][key], key
-    changes = json.loads((out / "changes.json").read_text())
-    assert not any(c["key"].startswith("trainer.v1") for c in changes)  # the mode is the recipe's own
 
 
 def test_a_recipe_whose_data_lacks_the_prompt_column_fails_with_verls_own_error(tmp_path):

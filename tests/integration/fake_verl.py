@@ -1,6 +1,6 @@
 """Fakes that let verl's legacy ``RayPPOTrainer.fit`` run on CPU without Ray, GPUs or a model.
 
-Why fakes here, when ``tests/e2e/test_rehearse_verl.py`` runs verl's real trainer: these tests drive ``fit``
+Why fakes here, when ``tests/e2e/test_rehearse_*.py`` run verl's real trainer: these tests drive ``fit``
 through dozens of steps and corner cases (hopeless data, planted pickles, exact resume of carried groups) in
 seconds, and look at every update's uids and advantages, which a real run does not expose.
 

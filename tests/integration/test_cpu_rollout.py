@@ -1,7 +1,7 @@
 """The rehearsal's stand-in model, data and CPU rollout server, driven directly (no Ray).
 
 The server is exercised in-process here because its contract is verl's server contract (token-in/token-out
-``generate``, ``update_weights``, ``wake_up``/``sleep``); ``tests/e2e/test_rehearse_verl.py`` runs it inside
+``generate``, ``update_weights``, ``wake_up``/``sleep``); ``tests/e2e/test_rehearse_*.py`` run it inside
 verl's real trainer.
 """
 

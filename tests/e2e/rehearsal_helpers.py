@@ -1,0 +1,43 @@
+"""Shared by the rehearsal tests: run ``dapo-verl rehearse`` and read what verl logged."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from dapo_verl.rehearsal.report import REQUIRED_METRICS, read_jsonl, write_report
+from dapo_verl.rehearsal.run import RehearsalOptions, rehearse
+
+# The dapo_trainer config takes verl's defaults for sizes verl cannot guess; a user sets these too.
+SIZES = ["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
+         "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=2",
+         "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=2", "actor_rollout_ref.actor.ppo_mini_batch_size=2"]
+# Surplus carried and prompts skipped by history: the sampler state a resume has to restore.
+CARRY = ["algorithm.filter_groups.refill=barrier", "data.gen_batch_size=8", "algorithm.filter_groups.surplus=carry",
+         "algorithm.filter_groups.skip_uninformative=true"]
+
+
+def run_rehearsal(tmp_path: Path, config: str, *overrides: str, steps: int = 3, resume: bool = True,
+                  gpus: int = 1):
+    options = RehearsalOptions(config_name=config, overrides=tuple(overrides), out_dir=tmp_path / "rehearsal",
+                               steps=steps, resume=resume, gpus=gpus, timeout_s=600)
+    report = write_report(rehearse(options, echo=lambda line: None))
+    out = options.out_dir
+    failures = [f"{r['name']}: {r['error']}" for r in report["runs"] if r["returncode"] != 0]
+    assert not failures, f"{failures}; logs under {out}"
+    return report, read_jsonl(out / "run1" / "metrics.jsonl"), out
+
+
+def training_steps(logged):
+    return {step: data for step, data in logged.items() if "training/global_step" in data}
+
+
+def assert_dapo_metrics_every_step(logged, steps):
+    trained = training_steps(logged)
+    assert sorted(trained) == list(range(1, steps + 1))
+    for step, data in trained.items():
+        missing = [key for key in REQUIRED_METRICS if key not in data]
+        assert not missing, f"step {step} lacks {missing}"
+        assert data["dapo/sampler/gen_rounds"] >= 1 or data["dapo/sampler/groups_from_carry"] > 0
+        assert 0 <= data["dapo/sampler/keep_rate"] <= 1
+        assert data["timing_s/gen"] <= data["timing_s/step"]
+    return trained

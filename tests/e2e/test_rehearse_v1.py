@@ -1,0 +1,51 @@
+"""verl's real v1 trainer (its default), through ``dapo-verl rehearse``: Ray workers, FSDP2 on gloo, the CPU replica.
+
+Every assertion reads what verl itself wrote -- its file logger's JSONL and its checkpoint folders -- never
+dapo_verl's objects. The runs are small (tiny stand-in model, 4 prompts a step) but go through the same code a
+cluster run does: verl's trainer, workers, agent loop, reward loop, checkpoint manager and weight sync.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from dapo_verl.rehearsal.report import read_jsonl
+from tests.e2e.rehearsal_helpers import CARRY, SIZES, assert_dapo_metrics_every_step, run_rehearsal, training_steps
+
+pytestmark = [pytest.mark.slow, pytest.mark.verl, pytest.mark.e2e]
+
+
+def test_v1_sync_trains_with_the_replenisher_and_resumes_exactly(tmp_path):
+    report, logged, out = run_rehearsal(tmp_path, "dapo_trainer", "actor_rollout_ref.rollout.n=4", *SIZES, *CARRY)
+    trained = assert_dapo_metrics_every_step(logged, 3)
+    assert report["ok"], report
+    # verl's checkpoint folder holds the sampler's state, written by dapo_verl's checkpoint callback.
+    assert (out / "run1" / "checkpoints" / "global_step_2" / "dapo_sampler.safetensors").is_file()
+    assert (out / "run2" / "checkpoints" / "global_step_3" / "dapo_sampler.safetensors").is_file()
+    # Surplus was carried within the run; a checkpointed step carries none (sync mode does not save the queue).
+    assert sum(data["dapo/sampler/groups_from_carry"] for data in trained.values()) > 0
+    assert trained[2]["dapo/sampler/carried_groups"] == 0 and trained[3]["dapo/sampler/carried_groups"] == 0
+    assert trained[3]["dapo/sampler/history_size"] > 0
+    # The resumed run's step 3 equals the uninterrupted run's step 3: the sampler's decisions, the data, rewards and
+    # advantages exactly; the update's statistics up to the order in which a group's responses arrived.
+    assert report["resume"]["data_identical"], report["resume"]["differences"]
+    assert report["resume"]["update_max_rel_diff"] < 1e-3, report["resume"]["differences"]
+    assert report["resume"]["compared"] > 50
+    resumed = training_steps(read_jsonl(out / "run2" / "metrics.jsonl"))
+    assert sorted(resumed) == [3] and resumed[3]["dapo/sampler/train_step"] == 3
+
+
+def test_v1_colocate_async_trains_with_the_replenisher_and_resumes(tmp_path):
+    report, logged, out = run_rehearsal(tmp_path, "dapo_trainer", "trainer.v1.trainer_mode=colocate_async",
+                                    "actor_rollout_ref.rollout.n=4", *SIZES, *CARRY)
+    trained = assert_dapo_metrics_every_step(logged, 3)
+    assert report["ok"]
+    resumed = training_steps(read_jsonl(out / "run2" / "metrics.jsonl"))
+    assert sorted(resumed) == [3]
+    # The sampler state came back: the resumed step continues the counters and history of the first run.
+    for key in ("dapo/sampler/train_step", "dapo/sampler/history_size", "dapo/sampler/data_epoch"):
+        assert resumed[3][key] == trained[3][key], key
+    changes = json.loads((out / "changes.json").read_text())
+    assert not any(c["key"].startswith("trainer.v1") for c in changes)  # the mode is the recipe's own
