@@ -90,6 +90,11 @@ class _GroupKeysCodec:
         return GroupKeys(data["uid"], tuple(data["keys"]), tuple(data["tags"]))
 
 
+def _train_listing() -> dict[str, dict]:
+    """TransferQueue's ``train`` partition: key -> tags."""
+    return (tq.kv_list(partition_id="train") or {}).get("train", {})
+
+
 def _session_of(key: str) -> tuple[int, int]:
     """(session, output) of a trajectory key ``{uid}_{session}_{output}``."""
     _, session, output = key.rsplit("_", 2)
@@ -246,7 +251,7 @@ class DapoReplayBuffer(ReplayBufferAsync):
     def _clear(self, uids: Sequence[str]) -> None:
         if not uids:
             return
-        listing = (tq.kv_list(partition_id="train") or {}).get("train", {})
+        listing = _train_listing()
         wanted = set(uids)
         keys = [key for key in listing if key.split("_")[0] in wanted]
         tq.kv_clear(partition_id="train", keys=keys)
@@ -309,7 +314,7 @@ class DapoReplayBuffer(ReplayBufferAsync):
         """Poll TransferQueue until every prompt in ``uids`` is finished or failed; return the partition."""
         pending = set(uids)
         while True:
-            listing = (tq.kv_list(partition_id="train") or {}).get("train", {})
+            listing = _train_listing()
             pending = {uid for uid in pending if listing.get(uid, {}).get("status") not in _TERMINAL}
             if not pending:
                 return listing
@@ -372,7 +377,7 @@ class DapoReplayBuffer(ReplayBufferAsync):
         verl saves TransferQueue before it clears the step's trained trajectories, so an async checkpoint holds
         them without their prompt keys.
         """
-        listing = (tq.kv_list(partition_id="train") or {}).get("train", {})
+        listing = _train_listing()
         orphans = [key for key in listing if key.split("_")[0] not in self._live]
         if orphans:
             tq.kv_clear(partition_id="train", keys=orphans)
