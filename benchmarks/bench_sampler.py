@@ -73,7 +73,7 @@ from typing import Any
 
 import torch
 
-from benchmarks.sampler_report import HEADLINE, check_targets, commit_id, format_table, spread
+from benchmarks.sampler_report import HEADLINE, check_targets, commit_id, format_table, spread, write_result
 from dapo_verl.config import SamplerConfig
 from dapo_verl.core import DropReason, group_drop_reasons
 from dapo_verl.sampler import BatchReplenisher, GroupResult, PromptStream
@@ -419,9 +419,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
             "wall_s": round(time.perf_counter() - started, 1)}
     result = {"meta": meta, **result, "targets": check_targets(result)}
     _print_report(result)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=1, sort_keys=True) + "\n")
-    print(f"wrote {args.out}")
+    write_result(result, args.out)
     return result
 
 

@@ -75,7 +75,7 @@ import torch
 
 from benchmarks import sampler_report
 from benchmarks.bench_sampler import Scenario
-from benchmarks.sampler_report import commit_id, spread
+from benchmarks.sampler_report import commit_id, spread, write_result
 
 VERL_BUFFER = ("trainer.v1.sampler.custom_sampler.path=null", "trainer.v1.sampler.custom_sampler.name=null")
 _PLAIN = ("algorithm.filter_groups.skip_uninformative=false", "algorithm.filter_groups.revisit_informative=false")
@@ -314,9 +314,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                       "wall_s": round(time.perf_counter() - started, 1)}
     result["targets"] = check_targets(result)
     _print_report(result)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=1, sort_keys=True) + "\n")
-    print(f"wrote {args.out}")
+    write_result(result, args.out)
     return result
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import statistics
 import subprocess
 from collections.abc import Sequence
@@ -72,6 +73,13 @@ def format_table(result: dict, columns: Sequence[tuple[str, str, int]] = COLUMNS
                 cells.append(f"{stats['mean']:.{digits}f} ± {stats['sd']:.{digits}f}")
         lines.append(f"| {entry['label']} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def write_result(result: dict, path: Path) -> None:
+    """Write a benchmark's JSON result to ``path`` (folders created) and say where."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=1, sort_keys=True) + "\n")
+    print(f"wrote {path}")
 
 
 def commit_id() -> str:
