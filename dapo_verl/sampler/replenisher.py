@@ -114,6 +114,7 @@ class BatchReplenisher:
         self.counters: dict[str, float] = dict.fromkeys(_COUNTERS, 0)
         self.dropped: dict[str, int] = dict.fromkeys(DROP_REASONS, 0)
         self.carried: list[tuple[int, GroupResult]] = []  # (step the group was generated for, group)
+        self._planned: tuple[list[int], int] | None = None  # next step's first round: (prompt ids, revisits among them)
 
     # -- public API ---------------------------------------------------------------------------------
 
@@ -142,12 +143,32 @@ class BatchReplenisher:
                 self._shortfall(batch, step, before, limit=limit)
                 break
             rounds += 1
-            requested += self._run_round(batch, step, target, budget - requested)
+            planned, self._planned = self._planned, None  # only a step's first round can have been planned
+            requested += self._run_round(batch, step, target, budget - requested, planned=planned)
         self.counters["train_steps"] = step
         self.counters["groups_trained"] += len(batch)
         self.counters["responses_trained"] += sum(g.group_size for g in batch)
         metrics = self._step_metrics(before, len(batch), from_carry, staleness, partial=len(batch) < target)
         return SampledBatch(groups=batch, metrics=metrics, step=step, is_partial=len(batch) < target)
+
+    def plan_next_round(self) -> list[int]:
+        """Choose now the prompts of the next step's first round, so a backend can generate them while this step
+        trains (verl v1's ``separate_async``); the next :meth:`next_batch` generates exactly these.
+
+        The choice is the one :meth:`next_batch` would make when it starts -- from the same carried groups,
+        keep-rate estimate, prompt stream and random state, none of which changes in between -- so planning
+        changes when the first round is generated, never which prompts it holds. Calling it again returns the same
+        plan. Returns ``[]`` when the carried groups will fill the next batch (no round is needed).
+        """
+        if self._planned is not None:
+            return list(self._planned[0])
+        step = self.train_steps + 1
+        usable = sum(step - born <= self.config.max_staleness_steps for born, _ in self.carried)
+        missing = self.config.train_batch_size - usable
+        if missing <= 0:
+            return []
+        self._planned = self._choose_round(missing, step_prompt_budget(self.config))
+        return list(self._planned[0])
 
     @property
     def pool_exhausted(self) -> bool:
@@ -186,15 +207,21 @@ class BatchReplenisher:
 
     # -- one round ----------------------------------------------------------------------------------
 
-    def _run_round(self, batch: list[GroupResult], step: int, target: int, budget_left: int) -> int:
-        """Generate, filter and place one round's groups; return the number of prompts requested."""
-        missing = target - len(batch)
+    def _choose_round(self, missing: int, budget_left: int) -> tuple[list[int], int]:
+        """The prompts of a round that misses ``missing`` groups, and how many of them are revisits."""
         want = round_request(self.config, missing, self.keep_rate_estimate, budget_left)
         revisit = bool(self.stream.revisit_capacity) and self.stream.history.revisits_pay(
             1.0 / self.config.max_oversample_factor)
         revisited_before = self.stream.prompts_revisited
         prompt_ids, _ = self.stream.take(want, revisit=revisit)
-        self.counters["prompts_revisited"] += self.stream.prompts_revisited - revisited_before
+        return prompt_ids, self.stream.prompts_revisited - revisited_before
+
+    def _run_round(self, batch: list[GroupResult], step: int, target: int, budget_left: int, *,
+                   planned: tuple[list[int], int] | None = None) -> int:
+        """Generate, filter and place one round's groups (``planned``: by :meth:`plan_next_round`); return the
+        number of prompts requested."""
+        prompt_ids, revisited = planned or self._choose_round(target - len(batch), budget_left)
+        self.counters["prompts_revisited"] += revisited
         groups = self._validated(prompt_ids, self.generate(prompt_ids))
         self.counters["gen_rounds"] += 1
         self.counters["prompts_requested"] += len(prompt_ids)
@@ -408,6 +435,8 @@ class BatchReplenisher:
                 }
                 for born, g in self.carried
             ],
+            "planned": None if self._planned is None else {"prompt_ids": list(self._planned[0]),
+                                                           "revisited": self._planned[1]},
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -436,3 +465,6 @@ class BatchReplenisher:
             )
             for item in state["carried"]
         ]
+        planned = state.get("planned")  # absent in states written before plan_next_round existed
+        self._planned = None if planned is None else ([int(i) for i in planned["prompt_ids"]],
+                                                      int(planned["revisited"]))
