@@ -26,7 +26,15 @@ round limit and ``on_shortfall``, carried surplus and its staleness, history ski
   checkpointed and carried groups survive.
 
 The same class serves ``sync``, ``colocate_async`` and ``separate_async``; for separate_async's hybrid switching
-it answers ``get_sampleable_count`` and ``wait_for_sampleable``.
+it answers ``get_sampleable_count`` and ``wait_for_sampleable``. In ``separate_async`` the rollout replicas are a
+pool of their own that keeps generating while the trainer trains, so at the end of each step's sampling the
+buffer submits the *next* step's first round (:meth:`~dapo_verl.sampler.BatchReplenisher.plan_next_round`: the
+very prompts the next step would choose when it starts); it generates during this step's training, on weights
+one step old -- verl's one-step-off-policy overlap -- and the next ``sample()`` finds it finished or nearly so.
+The plan and its prompt keys are saved with the sampler state; TransferQueue is checkpointed in async modes and
+verl re-issues in-flight prompts on resume, so a resumed run waits for the same round. ``sampler_kwargs.prefetch:
+false`` turns it off. ``colocate_async`` does not prefetch: its replicas are aborted and put to sleep as soon as a
+step's sampling ends, so a round submitted then could not generate until the next weight update anyway.
 """
 
 from __future__ import annotations
@@ -35,7 +43,7 @@ import logging
 import os
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -106,7 +114,9 @@ class DapoReplayBuffer(ReplayBufferAsync):
 
     verl constructs it with its custom-sampler keyword arguments; ``refill_fn`` is the trainer's bound
     ``_add_prompts_to_generate``, through which the buffer reaches the trainer. ``sampler_kwargs`` may set
-    ``poll_interval`` (seconds between TransferQueue polls while a round generates; default 0.05).
+    ``poll_interval`` (seconds between TransferQueue polls while a round generates; default 0.05) and
+    ``prefetch`` (submit the next step's first round while this step trains, ``separate_async`` only; default
+    true).
     """
 
     def __init__(self, trainer_mode: str, trainer_config: Any, max_off_policy_threshold: int | None = None,
@@ -135,6 +145,34 @@ class DapoReplayBuffer(ReplayBufferAsync):
         self._served_in_step = 0  # slices of the current step served so far
         self._live: dict[str, GroupKeys] = {}  # groups of ours still in TransferQueue (carried or being served)
         self._step_uids: list[str] = []
+        self._prefetch = trainer_mode == "separate_async" and bool((sampler_kwargs or {}).get("prefetch", True))
+        self._inflight: tuple[tuple[int, ...], list[str]] | None = None  # next step's first round: (prompt ids, uids)
+        self._check_off_policy_span(max_off_policy_threshold)
+
+    def _check_off_policy_span(self, threshold: int | None) -> None:
+        """Refuse settings under which a served group could span more policy versions than verl allows.
+
+        verl counts a group's span as ``global_steps - (step it was submitted in) + 1`` and, in its async modes,
+        never serves one above ``trainer.v1.sampler.max_off_policy_threshold`` (sync mode is on-policy in verl, which
+        ignores the threshold there). Ours: 1, plus ``max_staleness_steps`` with ``surplus=carry``, plus 1 for the
+        prefetched round in ``separate_async``.
+        """
+        sampler = self.dapo.sampler
+        carry = sampler.surplus == "carry"
+        span = 1 + (sampler.max_staleness_steps if carry else 0) + int(self._prefetch)
+        if self.trainer_mode == "sync" or threshold is None or span <= threshold:
+            return
+        parts = ["1"]
+        fixes = [f"raise the threshold to {span}"]
+        if carry:
+            parts.append(f"algorithm.filter_groups.max_staleness_steps={sampler.max_staleness_steps} (surplus=carry)")
+            fixes.append("lower max_staleness_steps or set surplus=discard")
+        if self._prefetch:
+            parts.append("1 (the round generated while the previous step trained)")
+            fixes.append("set trainer.v1.sampler.sampler_kwargs.prefetch=false")
+        raise ValueError(f"trainer.v1.sampler.max_off_policy_threshold={threshold}, but dapo_verl's sampler can serve "
+                         f"groups spanning {span} policy versions in {self.trainer_mode}: {' + '.join(parts)}. "
+                         f"{'; or '.join(fixes).capitalize()}.")
 
     # -- verl's sampler interface ------------------------------------------------------------------------
 
@@ -225,6 +263,10 @@ class DapoReplayBuffer(ReplayBufferAsync):
             logger.info("dapo_verl: step %d will be the last: %.0f%% of the prompt pool is exhausted "
                         "(algorithm.filter_groups.stop_when_exhausted).", global_steps + 1,
                         100 * replenisher.stream.history.exhausted_fraction)
+        if self._prefetch and global_steps < int(getattr(self.trainer, "total_training_steps", 0) or 0):
+            prompt_ids = replenisher.plan_next_round()
+            if prompt_ids:
+                self._inflight = (tuple(prompt_ids), self._submit(prompt_ids))
 
     def _follow_data_epochs(self, global_steps: int) -> None:
         """Make the v1 trainer's epoch label and loop follow the sampler's passes over the data.
@@ -274,9 +316,7 @@ class DapoReplayBuffer(ReplayBufferAsync):
         The round is read with one TransferQueue listing, indexed by prompt key once, and one ``kv_batch_get``
         of every session's last output: the driver's cost grows with the round, not with its square.
         """
-        uids = [uuid.uuid4().hex for _ in prompt_ids]  # no "_": verl splits keys on it
-        batch = self._prompt_batch(prompt_ids, uids)
-        self.trainer._submit_batch_to_rollout(batch)
+        uids = self._take_inflight(prompt_ids) or self._submit(prompt_ids)
         self._step_uids.extend(uids)
         listing = self._wait_terminal(uids)
         trajectories: dict[str, list[str]] = {uid: [] for uid in uids}
@@ -299,6 +339,24 @@ class DapoReplayBuffer(ReplayBufferAsync):
         read = dict(zip(finals, zip(values["extra_fields"], values["rm_scores"], strict=True), strict=True))
         return [self._group(prompt_id, uid, keys, last, read, listing)
                 for prompt_id, uid, (keys, last) in zip(prompt_ids, uids, sessions)]
+
+    def _submit(self, prompt_ids: Sequence[int]) -> list[str]:
+        """Hand ``prompt_ids`` to verl's agent loop under fresh prompt keys; return the keys."""
+        uids = [uuid.uuid4().hex for _ in prompt_ids]  # no "_": verl splits keys on it
+        self.trainer._submit_batch_to_rollout(self._prompt_batch(prompt_ids, uids))
+        return uids
+
+    def _take_inflight(self, prompt_ids: Sequence[int]) -> list[str] | None:
+        """The prompt keys of the prefetched round if ``prompt_ids`` is it (the replenisher generates its plan
+        first), else None."""
+        if self._inflight is None:
+            return None
+        planned, uids = self._inflight
+        if tuple(prompt_ids) != planned:
+            raise RuntimeError(f"The sampler generated prompts {list(prompt_ids)[:8]}... before its planned round "
+                               f"{list(planned)[:8]}..., which is already generating. This is a dapo_verl bug.")
+        self._inflight = None
+        return uids
 
     def _prompt_batch(self, prompt_ids: Sequence[int], uids: list[str]) -> Any:
         from verl.utils.dataset.rl_dataset import collate_fn
@@ -355,7 +413,9 @@ class DapoReplayBuffer(ReplayBufferAsync):
     def save_state(self, checkpoint_dir: str) -> None:
         """Write the replenisher's state into verl's checkpoint folder (called by the checkpoint callback)."""
         if self._replenisher is not None:
-            save_state(self._replenisher.state_dict(), os.path.join(checkpoint_dir, SAMPLER_STATE_FILE))
+            state = self._replenisher.state_dict()
+            state["v1_inflight_uids"] = list(self._inflight[1]) if self._inflight else []
+            save_state(state, os.path.join(checkpoint_dir, SAMPLER_STATE_FILE))
 
     def _restore(self, global_steps: int) -> None:
         folder = _resume_folder(self.trainer.config, global_steps - 1)
@@ -366,19 +426,41 @@ class DapoReplayBuffer(ReplayBufferAsync):
                 f"by dapo_verl's sampler, so carried groups and prompt history cannot be restored. Resume from a "
                 f"dapo_verl checkpoint or set trainer.resume_mode=disable.")
         assert self._replenisher is not None
-        self._replenisher.load_state_dict(load_state(path))
+        state = load_state(path)
+        self._replenisher.load_state_dict(state)
         self._live = {g.payload.uid: g.payload for _, g in self._replenisher.carried}
-        self._clear_orphans()
+        inflight = [str(uid) for uid in state.get("v1_inflight_uids", [])]
+        self._clear_orphans(keep=set(inflight))
+        self._resume_inflight(inflight)
         logger.info("dapo_verl: restored the sampler state from %s", path)
 
-    def _clear_orphans(self) -> None:
-        """Drop trajectories a restored TransferQueue holds for groups the sampler no longer tracks.
+    def _resume_inflight(self, uids: list[str]) -> None:
+        """Follow the prefetched round saved with the checkpoint (its prompt keys ``uids``).
+
+        verl checkpoints TransferQueue in async modes and re-issues the prompts still generating, so the round is
+        normally there to wait for; one that TransferQueue did not keep is submitted again.
+        """
+        assert self._replenisher is not None
+        if not uids:
+            return
+        planned = self._replenisher.plan_next_round()  # the restored plan, not a new one
+        listing = _train_listing()
+        if len(uids) == len(planned) and all(uid in listing for uid in uids):
+            self._inflight = (tuple(planned), uids)
+            return
+        self._clear([uid for uid in uids if uid in listing])
+        if planned:
+            self._inflight = (tuple(planned), self._submit(planned))
+
+    def _clear_orphans(self, keep: Collection[str] = ()) -> None:
+        """Drop trajectories a restored TransferQueue holds for groups the sampler no longer tracks (``keep``:
+        prompt keys of the prefetched round, which it does).
 
         verl saves TransferQueue before it clears the step's trained trajectories, so an async checkpoint holds
         them without their prompt keys.
         """
         listing = _train_listing()
-        orphans = [key for key in listing if key.split("_")[0] not in self._live]
+        orphans = [key for key in listing if key.split("_")[0] not in self._live and key.split("_")[0] not in keep]
         if orphans:
             tq.kv_clear(partition_id="train", keys=orphans)
 

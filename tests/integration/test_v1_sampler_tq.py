@@ -348,12 +348,15 @@ def test_validation_partition_passes_through_unfiltered_and_leaves_training_stat
     assert replenisher.conservation_gap() == 0
 
 
-@pytest.mark.parametrize("mode", ["colocate_async", "separate_async"])
-def test_async_modes_serve_what_sync_serves_without_verls_warmup_batches(make_trainer, mode):
+SEPARATE = ["trainer.v1.separate_async.parameter_sync_step=1", f"actor_rollout_ref.actor.ppo_mini_batch_size={TBS}"]
+NO_PREFETCH = ["+trainer.v1.sampler.sampler_kwargs.prefetch=false"]
+
+
+@pytest.mark.parametrize("mode, extra", [("colocate_async", []), ("separate_async", NO_PREFETCH)])
+def test_async_modes_serve_what_sync_serves_without_verls_warmup_batches(make_trainer, mode, extra):
     sync = _served(_steps(make_trainer(*SURPLUS, folder="sync"), 3))
     clear_all()
-    trainer = make_trainer(*SURPLUS, "trainer.v1.separate_async.parameter_sync_step=1",
-                           f"actor_rollout_ref.actor.ppo_mini_batch_size={TBS}", mode=mode, folder=mode)
+    trainer = make_trainer(*SURPLUS, *SEPARATE, *extra, mode=mode, folder=mode)
     assert not train_keys()  # verl's async warm-up batches are switched off: the replenisher submits every prompt
     assert trainer.replay_buffer.get_sampleable_count(1, "train") == 0
     assert _served(_steps(trainer, 3)) == sync
@@ -384,3 +387,61 @@ def test_bench_v1_sampler_accounts_for_every_group_on_a_tiny_scenario(transfer_q
     assert set(check_targets(result)) == {"dapo_carry"}
     assert format_table(result).count("\n") == 2 + 3 - 1
     assert not train_keys()
+
+
+def test_separate_async_generates_the_next_steps_first_round_while_this_step_trains(make_trainer):
+    trainer = make_trainer(*CARRY, *SEPARATE, "trainer.total_training_steps=5", mode="separate_async")
+    buffer, prefetched = trainer.replay_buffer, {}
+    records = []
+    for step in (1, 2, 3, 4):
+        records += _steps(trainer, 1)
+        if buffer._inflight is None:  # carried groups will fill the next batch: no round is needed
+            assert _replenisher(trainer).plan_next_round() == []
+            continue
+        planned, uids = buffer._inflight  # submitted at the end of this step's sampling, before its training
+        assert list(planned) == _replenisher(trainer).plan_next_round()
+        listing = train_keys()
+        assert all(listing[uid]["global_steps"] == step for uid in uids)  # verl's tag: the step it was submitted in
+        prefetched[step] = set(uids)
+    records += _steps(trainer, 1)
+    assert buffer._inflight is None  # nothing is prefetched after the last step
+    assert len(prefetched) >= 2
+    for record in records[1:]:
+        spans = {record.step - tag["global_steps"] + 1 for batch, _ in record.slices for tag in batch.tags}
+        assert max(spans) <= 3  # 1, +1 for the prefetched round, +1 carried once more (max_staleness_steps=1)
+        if record.step - 1 in prefetched:  # it trained groups of the round generated while the previous step trained
+            trained_uids = {_uid(key) for batch, _ in record.slices for key in batch.keys}
+            assert trained_uids & prefetched[record.step - 1] and 2 in spans
+    replenisher = _replenisher(trainer)
+    assert replenisher.counters["groups_generated"] == len(trainer.rollout.groups)
+    assert replenisher.conservation_gap() == 0
+    _assert_tq_holds_only_carried_groups(trainer)
+
+
+def test_separate_async_resumes_waiting_for_the_round_generating_at_the_checkpoint(make_trainer, tmp_path):
+    run = [*CARRY, *SEPARATE, "trainer.save_freq=2", "trainer.total_training_steps=4", "trainer.resume_mode=auto"]
+    first = make_trainer(*run, mode="separate_async", folder="resumed")
+    _steps(first, 2)
+    assert first.replay_buffer._inflight is not None  # a round was generating when the checkpoint was taken
+    planned, uids = first.replay_buffer._inflight
+    first.rollout.wait_idle()
+    generated_before = _replenisher(first).counters["groups_generated"]
+    clear_all()  # a new process: TransferQueue comes back from verl's checkpoint
+
+    resumed = make_trainer(*run, mode="separate_async", folder="resumed", resume=True)
+    assert resumed.global_steps == 3
+    _steps(resumed, 2)
+    replenisher = _replenisher(resumed)
+    # verl re-issued the checkpointed round under its prompt keys and the sampler waited for exactly those: every
+    # group generated in the new process is one the sampler counted (none submitted twice, none lost).
+    assert set(uids) <= set(resumed.rollout.groups)
+    assert [resumed.rollout.groups[uid].index for uid in uids] == list(planned)
+    assert replenisher.counters["groups_generated"] - generated_before == len(resumed.rollout.groups)
+    assert replenisher.counters["train_steps"] == 4
+    assert replenisher.conservation_gap() == 0
+    _assert_tq_holds_only_carried_groups(resumed)
+
+
+def test_a_span_above_verls_off_policy_threshold_is_refused_naming_the_knobs(make_trainer):
+    with pytest.raises(ValueError, match=r"max_off_policy_threshold=2.*spanning 3 policy versions.*prefetch=false"):
+        make_trainer(*SURPLUS, *SEPARATE, "trainer.v1.sampler.max_off_policy_threshold=2", mode="separate_async")
