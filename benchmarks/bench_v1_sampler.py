@@ -88,8 +88,19 @@ STRATEGIES: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "dapo_carry": ("DapoReplayBuffer, default + surplus=carry", "sync", _CARRY),
     "dapo_plain": ("DapoReplayBuffer, adaptive, discard (no skip/revisit)", "sync", _PLAIN),
     "dapo_plain_carry": ("DapoReplayBuffer, adaptive, carry (no skip/revisit)", "sync", (*_PLAIN, *_CARRY)),
+    "verl_separate": ("verl v1 ReplayBufferAsync, filter_groups (separate_async)", "separate_async", VERL_BUFFER),
+    "dapo_separate": ("DapoReplayBuffer, default, separate_async (next step's first round prefetched)",
+                      "separate_async", ()),
+    "dapo_separate_carry": ("DapoReplayBuffer, default + surplus=carry, separate_async (prefetched)",
+                            "separate_async", _CARRY),
 }
 """Strategy name -> (table label, trainer mode, config overrides)."""
+
+
+def _separate_overrides(scenario: Scenario) -> tuple[str, ...]:
+    """separate_async needs train_batch_size = parameter_sync_step x ppo_mini_batch_size (verl asserts it)."""
+    return ("trainer.v1.separate_async.parameter_sync_step=1",
+            f"actor_rollout_ref.actor.ppo_mini_batch_size={scenario.train_batch_size}")
 
 DEFAULT_SCENARIO = replace(Scenario(), num_prompts=512, train_batch_size=16, steps=30)
 BASELINE = "verl_sync"
@@ -108,10 +119,11 @@ COLUMNS = (
 
 
 def run_strategy(name: str, scenario: Scenario, seed: int, workdir: Path, *, tick: float = 0.05,
-                 dapo_overrides: Sequence[str] = ()) -> dict[str, Any]:
+                 dapo_overrides: Sequence[str] = (), train_budgets: float = 0.0) -> dict[str, Any]:
     """Run one strategy through the scenario; TransferQueue must be up (``tq.init()``) and is left empty.
 
-    ``dapo_overrides`` (Hydra ``KEY=VALUE``) apply to the DapoReplayBuffer strategies only.
+    ``dapo_overrides`` (Hydra ``KEY=VALUE``) apply to the DapoReplayBuffer strategies only; ``train_budgets`` is
+    each step's training time in generation budgets (generation in flight goes on meanwhile; 0: no overlap).
 
     Returns:
         The metrics of the module docstring plus raw counts.
@@ -128,17 +140,22 @@ def run_strategy(name: str, scenario: Scenario, seed: int, workdir: Path, *, tic
         "algorithm.filter_groups.enable=true", "algorithm.filter_groups.metric=acc",
         f"algorithm.filter_groups.max_num_gen_batches={scenario.max_num_gen_batches}",
         "algorithm.filter_groups.on_shortfall=partial", f"trainer.total_training_steps={scenario.steps}",
+        *(_separate_overrides(scenario) if mode == "separate_async" else ()),
         *overrides, *(dapo_overrides if name.startswith("dapo") else ()), mode=mode,
     )
     clear_all()
     rollout = SimulatedRollout(config, scenario.pass_rates(seed), seed=seed, timing="virtual", writer="batched",
                                tick=tick)
-    trainer = SimulatedTrainer(config, rollout, dataset_size=scenario.num_prompts)
+    trainer = SimulatedTrainer(config, rollout, dataset_size=scenario.num_prompts, train_budgets=train_budgets)
     started = time.perf_counter()
+    every = max(1, scenario.steps // 10)
     with rollout.virtual_time():
         trainer.begin()
-        for _ in range(scenario.steps):
+        for step in range(1, scenario.steps + 1):
             trainer.train_step()
+            if step % every == 0 or step == scenario.steps:
+                print(f"[{name} seed {seed}] step {step}/{scenario.steps} ({time.perf_counter() - started:.0f} s)",
+                      file=sys.stderr, flush=True)
     wall = time.perf_counter() - started
     metrics = _metrics(trainer, scenario)
     left = {key.split("_")[0] for key, tag in train_keys().items() if tag.get("status") == "finished"}
@@ -196,7 +213,7 @@ def _check_accounting(name: str, trainer: Any, metrics: dict[str, Any]) -> None:
 
 
 def run_benchmark(scenario: Scenario, seeds: Sequence[int], strategies: Sequence[str] = tuple(STRATEGIES), *,
-                  tick: float = 0.05, dapo_overrides: Sequence[str] = ()) -> dict[str, Any]:
+                  tick: float = 0.05, dapo_overrides: Sequence[str] = (), train_budgets: float = 0.0) -> dict[str, Any]:
     """Run every strategy on every seed (TransferQueue must be up); per-seed metrics and their spread.
 
     Returns:
@@ -205,13 +222,15 @@ def run_benchmark(scenario: Scenario, seeds: Sequence[int], strategies: Sequence
     unknown = sorted(set(strategies) - set(STRATEGIES))
     if unknown:
         raise ValueError(f"Unknown strategies {unknown}. Known: {list(STRATEGIES)}.")
-    result: dict[str, Any] = {"scenario": asdict(scenario), "tick": tick, "dapo_overrides": list(dapo_overrides),
+    result: dict[str, Any] = {"scenario": asdict(scenario), "tick": tick, "train_budgets": train_budgets,
+                              "dapo_overrides": list(dapo_overrides),
                               "strategies": {}}
     with tempfile.TemporaryDirectory(prefix="bench_v1_sampler_") as workdir:
         for name in strategies:
             label, mode, _ = STRATEGIES[name]
             per_seed = [{"seed": seed, **run_strategy(name, scenario, seed, Path(workdir), tick=tick,
-                                                      dapo_overrides=dapo_overrides)} for seed in seeds]
+                                                      dapo_overrides=dapo_overrides, train_budgets=train_budgets)}
+                        for seed in seeds]
             result["strategies"][name] = {"label": label, "mode": mode, "per_seed": per_seed}
     baseline = result["strategies"].get(BASELINE)
     for entry in result["strategies"].values():
@@ -260,6 +279,9 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--logit-gain", type=float, default=d.logit_gain, help="pass-rate logit gain over the run")
     parser.add_argument("--max-num-gen-batches", type=int, default=d.max_num_gen_batches)
     parser.add_argument("--tick", type=float, default=0.05, help="generation budgets per buffer poll")
+    parser.add_argument("--train-budgets", type=float, default=0.0,
+                        help="each step's training time in generation budgets, during which generation in flight "
+                             "goes on (default 0: no overlap)")
     parser.add_argument("--strategies", nargs="+", default=list(DEFAULT_STRATEGIES), choices=list(STRATEGIES))
     parser.add_argument("--dapo-overrides", nargs="*", default=[], metavar="KEY=VALUE",
                         help="Hydra overrides for the DapoReplayBuffer strategies only (e.g. sampler settings)")
@@ -303,7 +325,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     started = time.perf_counter()
     try:
         result = run_benchmark(scenario, args.seeds, args.strategies, tick=args.tick,
-                               dapo_overrides=args.dapo_overrides)
+                               dapo_overrides=args.dapo_overrides, train_budgets=args.train_budgets)
     finally:
         tq.close()
         if started_ray:

@@ -349,6 +349,11 @@ class SimulatedRollout:
         with mock.patch.object(verl_replay_buffer, "time", shim), mock.patch.object(v1_sampler, "time", shim):
             yield
 
+    def advance(self, budgets: float) -> None:
+        """Virtual timing: let ``budgets`` of generation time pass outside any buffer (a training step's compute)."""
+        for _ in range(round(budgets / self.tick)):
+            self.sleep()
+
     def wait_idle(self, timeout_s: float = 30.0) -> None:
         """Let every dispatched group finish (before a simulated restart, or before closing)."""
         deadline = time.monotonic() + timeout_s
@@ -452,10 +457,13 @@ class SimulatedTrainer(trainer_base.PPOTrainer):
         rollout: The simulated agent loop.
         dataset_size: Prompts in the in-memory training dataset.
         resume: Run verl's ``_load_checkpoint`` (``trainer.resume_mode`` decides from where).
+        train_budgets: Virtual generation budgets each step's training takes (virtual timing): groups still in
+            flight when sampling ends keep generating for that long before the next step begins, as a rollout
+            pool does while the trainer trains (``separate_async``). 0 models no overlap.
     """
 
     def __init__(self, config: DictConfig, rollout: SimulatedRollout, *, dataset_size: int = 64,
-                 resume: bool = False) -> None:
+                 resume: bool = False, train_budgets: float = 0.0) -> None:
         # Not verl's __init__ (it needs workers): only the parts the replay buffer touches, in verl's order.
         self.config = config
         self.checkpoint_callback = build_checkpoint_callback(config)
@@ -466,6 +474,7 @@ class SimulatedTrainer(trainer_base.PPOTrainer):
         self._restored_tq_prompt_count = 0
         self.agent_loop_manager = rollout
         self.rollout = rollout
+        self.train_budgets = train_budgets  # virtual generation time each step's training takes (0: none)
         self.actor_rollout_wg = types.SimpleNamespace(save_checkpoint=lambda *a, **k: None,
                                                       load_checkpoint=lambda *a, **k: None)
         self.tokenizer = self.processor = None
@@ -507,12 +516,13 @@ class SimulatedTrainer(trainer_base.PPOTrainer):
         before, started = self.rollout.rollout_s, time.perf_counter()
         batch = self.step(record.metrics, {})
         record.driver_s = time.perf_counter() - started - (self.rollout.rollout_s - before)
+        record.waves = self.rollout.waves(start_seq, self.rollout.sequence())
+        record.gen_time = self.rollout.now - start_time
+        self.rollout.advance(self.train_budgets)  # training: whatever is still generating goes on meanwhile
         save_freq = self.config.trainer.save_freq
         if save_freq > 0 and (is_last_step or self.global_steps % save_freq == 0):
             self._save_checkpoint()
         self.on_step_end()
-        record.waves = self.rollout.waves(start_seq, self.rollout.sequence())
-        record.gen_time = self.rollout.now - start_time
         record.groups = _trained_groups(batch)
         tq.kv_clear(keys=batch.keys, partition_id=batch.partition_id)
         self.records.append(record)
