@@ -1,24 +1,27 @@
 """Dynamic sampling in verl's v1 trainer: verl's own replay buffers against DapoReplayBuffer, over TransferQueue.
 
-Run: ``.venv/bin/python -m benchmarks.bench_v1_sampler`` (6-10 minutes on 2 CPU cores shared with other jobs,
-Ray and TQ start-up included, for the four default strategies; ``--help`` for sizes and the other strategies).
+Run: ``.venv/bin/python -m benchmarks.bench_v1_sampler`` (48 minutes on 2 CPU cores shared with other jobs for
+the four default strategies, Ray and TQ start-up included; ``--steps 30`` for a 5-minute look; ``--help`` for
+sizes and the other strategies). Each strategy prints a progress line every tenth of its steps.
 It starts Ray (8 logical CPUs) and a CPU TransferQueue (TQ), then runs each strategy through
 :class:`~benchmarks.v1_rollout.SimulatedTrainer`: verl 0.9.1's trainer code for submission, ``step()`` and
 sampling, with the replay buffer that verl's ``_build_replay_buffer`` builds from the config -- the real
 classes over the real TQ, not a model of them -- and :class:`~benchmarks.v1_rollout.SimulatedRollout` as the
 agent loop (verl's TQ protocol, simulated model).
 
-Scenario: :class:`benchmarks.bench_sampler.Scenario` and its pass rates, scaled down to fit a few minutes:
-512 prompts, 16 prompts x G = 16 responses per step, 30 steps (bench_sampler: 4096, 128, 16, 300; the
-prompts-per-batch ratio is the same, and the pass-rate drift is spread over the shorter run, so the share of
-informative groups still falls from 54% to 25%). One seed by default (bench_sampler runs three).
+Scenario: :class:`benchmarks.bench_sampler.Scenario` and its pass rates, with the batch scaled down by 8: 512
+prompts, 16 prompts x G = 16 responses per step, 300 steps (bench_sampler: 4096, 128, 16, 300; the same
+prompts-per-batch ratio and run length, so the data is revisited as often, and the share of informative groups
+falls from 54% to 25% over the run). ``--steps 30`` spreads the same drift over a tenth of the run, where the
+data is barely revisited. One seed by default (bench_sampler runs three).
 
 Every strategy gets the same groups for the same (prompt, step): a group's outcome is drawn from a generator
 seeded by (seed, prompt index, step, occurrence) with bench_sampler's :class:`SimulatedPolicy`, its latency
 ``U(0.5, 1)`` generation budgets from bench_sampler's latency draw. Generation runs on a virtual clock: it
 advances ``tick`` budgets (default 0.05) each time a buffer sleeps between two polls, so verl's 2 s poll and
-dapo_verl's 0.05 s poll cost the same, and the counts do not depend on machine load. Training takes no
-virtual time (in the async mode, prompts in flight at the end of ``sample()`` continue in the next step).
+dapo_verl's 0.05 s poll cost the same, and the counts do not depend on machine load. Training takes
+``--train-budgets`` of virtual time (default 0): prompts still in flight when sampling ends keep generating
+meanwhile, which is what separate_async's rollout pool does while the trainer trains.
 
 Strategies (``trainer.v1.trainer_mode``; everything else is verl's default or dapo_verl's shipped default):
 
@@ -32,8 +35,10 @@ Strategies (``trainer.v1.trainer_mode``; everything else is verl's default or da
   groups wait in TQ for later steps (``max_off_policy_threshold`` 8, ``drop``).
 * ``dapo_default`` / ``dapo_carry`` -- :class:`~dapo_verl.adapter.v1_sampler.DapoReplayBuffer` in ``sync``
   with the shipped sampler defaults (adaptive refill, surplus discarded, measured skipping and revisits), and
-  with ``surplus=carry`` (``max_staleness_steps=1``). DapoReplayBuffer waits for every round it submits, so
-  in the async modes it serves exactly what it serves in sync (``tests/integration/test_v1_sampler_tq.py``).
+  with ``surplus=carry`` (``max_staleness_steps=1``).
+* ``verl_separate`` / ``dapo_separate`` / ``dapo_separate_carry`` -- the same buffers in ``separate_async``
+  (``parameter_sync_step=1``), where DapoReplayBuffer submits the next step's first round at the end of each
+  step's sampling (not run by default; use with ``--train-budgets``).
 * ``dapo_plain`` / ``dapo_plain_carry`` -- the same without skipping and revisits: adaptive sizing alone
   (not run by default).
 
@@ -45,7 +50,7 @@ Metrics, per strategy over the run:
   the step began is in wave 1, a group dispatched during the step is in wave ``1 +`` the highest wave among
   the groups that had finished before it was dispatched; a step's waves are the highest wave among the groups
   that finished during it (0 when it waited for none).
-* ``gen_time_mean`` -- virtual generation budgets per step.
+* ``gen_time_mean`` -- virtual generation budgets a step waited for (training time excluded).
 * ``sample_ms_median`` / ``step_ms_median`` -- driver wall time of one ``sample()`` call / of ``step()``
   (``prepare_step``'s submission plus sampling), minus the simulated rollout's own time (dispatching and
   writing groups). Absolute times on a shared machine are noisy; compare within one run.
@@ -102,7 +107,7 @@ def _separate_overrides(scenario: Scenario) -> tuple[str, ...]:
     return ("trainer.v1.separate_async.parameter_sync_step=1",
             f"actor_rollout_ref.actor.ppo_mini_batch_size={scenario.train_batch_size}")
 
-DEFAULT_SCENARIO = replace(Scenario(), num_prompts=512, train_batch_size=16, steps=30)
+DEFAULT_SCENARIO = replace(Scenario(), num_prompts=512, train_batch_size=16)  # bench_sampler's 300 steps, batch / 8
 BASELINE = "verl_sync"
 TARGETS = {"fewer_than_verl_sync": 1.5}
 TARGET_STRATEGIES = ("dapo_default", "dapo_carry")
