@@ -225,7 +225,8 @@ def _cmd_rehearse(args: argparse.Namespace) -> int:
     from dapo_verl.rehearsal.run import RehearsalError, RehearsalOptions, rehearse
 
     options = RehearsalOptions(config_name=args.config_name, overrides=tuple(args.overrides), out_dir=Path(args.out),
-                               steps=args.steps, gpus=args.gpus, overwrite=args.overwrite)
+                               steps=args.steps, gpus=args.gpus, overwrite=args.overwrite,
+                               overlap=not args.sequential)
     try:
         result = rehearse(options)
     except RehearsalError as err:
@@ -302,6 +303,9 @@ def _parser() -> argparse.ArgumentParser:
     rehearse.add_argument("--gpus", type=int, default=1, metavar="N", help="data-parallel worker processes, each "
                           "a fake GPU on the CPU (default: 1)")
     rehearse.add_argument("--overwrite", action="store_true", help="replace an earlier rehearsal in --out")
+    rehearse.add_argument("--sequential", action="store_true",
+                          help="start the resume run after the first ends (default: together, waiting at the "
+                               "checkpoint load; faster on an idle machine)")
     rehearse.set_defaults(func=_cmd_rehearse)
 
     doctor = commands.add_parser("doctor", help="check that verl sees the dapo loss, estimator and reward manager")

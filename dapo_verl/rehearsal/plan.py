@@ -17,7 +17,8 @@ The changes fall in five groups:
 * **Hardware**: one node, ``gpus`` fake GPUs (CPU processes), no tensor/sequence/pipeline parallelism, float32.
   FSDP1 is replaced by FSDP2, because FSDP1 requires CUDA (``sync_module_states``).
 * **Engine**: ``rollout.name=dapo_cpu`` (:mod:`dapo_verl.adapter.cpu_rollout`) stands in for vLLM, with full-tensor
-  weight sync (``checkpoint_engine.backend=naive``); at most two agent-loop workers.
+  weight sync (``checkpoint_engine.backend=naive``); one agent-loop worker unless the command line asks for
+  more (each worker is a process of its own, and start-up is most of a rehearsal's time on 2 cores).
 * **Run**: the rehearsal's data files, step count, checkpoint cadence and directories; logging to JSONL (``file``)
   in addition to the recipe's offline loggers.
 """
@@ -132,9 +133,10 @@ class _Planner:
         self.user_keys = user_keys
         self.changes: dict[str, Change] = {}
 
-    def set(self, key: str, value: Any, reason: str, group: str, *, only_if_declared: bool = False) -> None:
+    def set(self, key: str, value: Any, reason: str, group: str, *, only_if_declared: bool = False,
+            user_wins: bool = False) -> None:
         declared = _declared(self.config, key)
-        if (only_if_declared and not declared) or (group == "scale" and key in self.user_keys):
+        if (only_if_declared and not declared) or ((group == "scale" or user_wins) and key in self.user_keys):
             return
         recipe = select(self.config, key)
         if declared and recipe == value:
@@ -150,7 +152,7 @@ def _largest_divisor_at_most(n: int, limit: int) -> int:
     return max(d for d in range(1, max(1, min(n, limit)) + 1) if n % d == 0)
 
 
-_SEQUENCES_PER_MICRO_BATCH = 4
+_SEQUENCES_PER_MICRO_BATCH = 16  # one rollout group (n=16) per micro-batch on the paper recipes
 _FLOAT32 = {"param_dtype": "fp32", "reduce_dtype": "fp32", "buffer_dtype": "fp32"}
 
 
@@ -267,8 +269,9 @@ def _engine(p: _Planner) -> None:
     p.set("actor_rollout_ref.rollout.checkpoint_engine.backend", "naive", "full-tensor weight sync in process",
           "engine")
     workers = p.get("actor_rollout_ref.rollout.agent.num_workers")
-    if isinstance(workers, int) and workers > 2:
-        p.set("actor_rollout_ref.rollout.agent.num_workers", 2, "two agent-loop workers on two cores", "engine")
+    if isinstance(workers, int) and workers > 1:
+        p.set("actor_rollout_ref.rollout.agent.num_workers", 1, "one agent-loop process (each takes ~10 s to start)",
+              "engine", user_wins=True)
     reward_workers = p.get("reward.num_workers")
     if isinstance(reward_workers, int) and reward_workers > 1:
         p.set("reward.num_workers", 1, "one reward worker", "engine")
@@ -315,7 +318,8 @@ def rehearsal_changes(config: DictConfig, shape: RehearsalShape,
     """Every key the rehearsal sets, in the order above (see the module docstring).
 
     Scale keys the user set on the command line (``user_keys``) are kept as given: a size chosen for the
-    rehearsal is the user's to choose. Model, hardware, engine and run keys change whatever was given.
+    rehearsal is the user's to choose, and so is the number of agent-loop workers. Model, hardware, other engine
+    and run keys change whatever was given.
     """
     planner = _Planner(config, user_keys)
     _model(planner, shape)

@@ -13,6 +13,11 @@ shrinks only scale, hardware and engine keys (:mod:`.plan`, printed before anyth
 
 The first run trains ``steps`` steps with a checkpoint before the last one; the second run resumes from that
 checkpoint and trains the last step again. :mod:`.report` compares the two and summarises what verl logged.
+Start-up (Ray, then verl's trainer, TransferQueue, workers, rollout replica and agent loop, each a process that
+imports verl, one after another) is most of a rehearsal's time and keeps one of 2 cores busy, so the second run
+starts together with the first, in a Ray cluster of its own, and waits at verl's checkpoint load
+(:mod:`dapo_verl.adapter.resume_barrier`) until the first run has logged the checkpointed step and verl's tracker
+file names it; it skips the validation before training that the first run already did.
 
 Output layout under ``out``: ``data/`` (train/val parquet), ``model/`` (the stand-in), ``run1/`` and
 ``run2/`` (``metrics.jsonl``, ``log.txt``, ``checkpoints/``), ``changes.json``, ``report.md``, ``report.json``.
@@ -20,6 +25,7 @@ Output layout under ``out``: ``data/`` (train/val parquet), ``model/`` (the stan
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
@@ -28,14 +34,16 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
+from dapo_verl.adapter import resume_barrier
 from dapo_verl.rehearsal.data import RehearsalData, prepare_files
 from dapo_verl.rehearsal.plan import Change, RehearsalShape, override_keys, rehearsal_changes, select
 
@@ -73,6 +81,9 @@ class RehearsalOptions:
         train_rows: Rows of the rehearsal's training file.
         val_rows: Rows of its validation file.
         resume: Run the second (resume) process.
+        overlap: Start the resume process together with the first (it waits at verl's checkpoint load), so its
+            start-up uses the core the first run's start-up leaves idle; False starts it once the first run has
+            ended, which a machine already busy with other work may prefer.
         seed: Seed of generated data and of the stand-in model.
         timeout_s: Limit per run, after which it is stopped and reported as failed.
         overwrite: Replace an existing rehearsal in ``out_dir``.
@@ -88,6 +99,7 @@ class RehearsalOptions:
     train_rows: int = 96
     val_rows: int = 4
     resume: bool = True
+    overlap: bool = True
     seed: int = 0
     timeout_s: float = 900.0
     overwrite: bool = False
@@ -121,10 +133,30 @@ class RehearsalResult:
     recipe: dict[str, Any] = field(default_factory=dict)
 
 
-def _verl_config_dir() -> str:
-    import verl.trainer.config as verl_config
+VERL_SEARCHPATH = "pkg://verl.trainer.config"
 
-    return str(Path(verl_config.__file__).parent)
+
+def _verl_config_dir() -> str:
+    """verl's trainer config folder, found without importing verl (the import alone takes seconds)."""
+    spec = importlib.util.find_spec("verl")
+    if spec is None or not spec.submodule_search_locations:
+        raise RehearsalError("verl is not installed in this environment; install dapo_verl with its verl extra.")
+    return str(Path(next(iter(spec.submodule_search_locations))) / "trainer" / "config")
+
+
+def _searchpath_override(config_name: str, overrides: Sequence[str]) -> list[str]:
+    """The recipe's Hydra search path with verl's package entry as a folder, so composing does not import verl.
+
+    Hydra resolves ``pkg://verl.trainer.config`` by importing verl; the same folder given as ``file://`` composes
+    the same config (a test compares them). Nothing is changed when the command line sets the search path.
+    """
+    if any(item.lstrip("+").startswith("hydra.searchpath") for item in overrides):
+        return []
+    entries = OmegaConf.load(CONFIG_DIR / f"{config_name}.yaml").get("hydra", {}).get("searchpath", [])
+    if VERL_SEARCHPATH not in entries:
+        return []
+    folder = f"file://{_verl_config_dir()}"
+    return [f"hydra.searchpath=[{','.join(folder if e == VERL_SEARCHPATH else e for e in entries)}]"]
 
 
 def compose_recipe(config_name: str, overrides: Sequence[str]) -> tuple[DictConfig, list[str]]:
@@ -136,17 +168,19 @@ def compose_recipe(config_name: str, overrides: Sequence[str]) -> tuple[DictConf
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
+    searchpath: list[str] = []
     if config_name == VERL_CONFIG:
         config_dir, entry = _verl_config_dir(), [sys.executable, "-m", "verl.trainer.main_ppo"]
     elif (CONFIG_DIR / f"{config_name}.yaml").is_file():
         config_dir, entry = str(CONFIG_DIR), [sys.executable, "-m", "dapo_verl.main", f"--config-name={config_name}"]
+        searchpath = _searchpath_override(config_name, overrides)
     else:
         names = sorted(p.stem for p in CONFIG_DIR.glob("*.yaml") if p.stem not in ("dapo_defaults", "local"))
         raise RehearsalError(f"No config named {config_name!r}. Rehearse one of {', '.join(names)}, or {VERL_CONFIG} "
                              f"(verl's own trainer, e.g. with the loss_mode=dapo overrides of an existing setup).")
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=config_dir, version_base=None):
-        config = compose(config_name=config_name, overrides=list(overrides))
+        config = compose(config_name=config_name, overrides=[*searchpath, *overrides])
     return config, entry
 
 
@@ -199,7 +233,7 @@ def _prepare_out(out: Path, overwrite: bool) -> None:
     out.mkdir(parents=True, exist_ok=True)
 
 
-def _environment(metrics: Path) -> dict[str, str]:
+def _environment(metrics: Path, extra: dict[str, str] | None = None) -> dict[str, str]:
     env = dict(os.environ)
     env.pop("CUDA_VISIBLE_DEVICES", None)  # Ray refuses num_gpus when it is set (even to "")
     modules = [m for m in env.get("VERL_USE_EXTERNAL_MODULES", "").split(",") if m and m != PLUGIN_MODULE]
@@ -215,6 +249,7 @@ def _environment(metrics: Path) -> dict[str, str]:
         "RAY_DEDUP_LOGS": "0",
         "HYDRA_FULL_ERROR": "1",
         "PYTHONUNBUFFERED": "1",
+        **(extra or {}),
     })
     return env
 
@@ -241,7 +276,10 @@ def _last_error(log: Path) -> str:
 
 
 def _launch(name: str, command: list[str], run_dir: Path, timeout_s: float, ray_dir: str, steps: int,
-            echo: Callable[[str], None]) -> RunRecord:
+            echo: Callable[[str], None], on_step: Callable[[int], None] | None = None,
+            on_start: Callable[[subprocess.Popen], None] | None = None,
+            env: dict[str, str] | None = None) -> RunRecord:
+    """Run one verl process to its end (or ``timeout_s``); ``on_step`` hears each step verl's console logged."""
     run_dir.mkdir(parents=True, exist_ok=True)
     log, metrics = run_dir / "log.txt", run_dir / "metrics.jsonl"
     echo(f"[{name}] {' '.join(command[:4])} ... ({len(command) - 4} overrides); log: {log}")
@@ -250,7 +288,9 @@ def _launch(name: str, command: list[str], run_dir: Path, timeout_s: float, ray_
         sink.write(" ".join(command) + "\n\n")
         sink.flush()
         process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                   env=_environment(metrics), start_new_session=True, bufsize=1)
+                                   env=_environment(metrics, env), start_new_session=True, bufsize=1)
+        if on_start is not None:
+            on_start(process)
         assert process.stdout is not None
         deadline = start + timeout_s
         try:
@@ -259,6 +299,8 @@ def _launch(name: str, command: list[str], run_dir: Path, timeout_s: float, ray_
                 step = _STEP_LINE.search(line)
                 if step:
                     echo(f"[{name}] step {step.group(1)}/{steps} logged ({time.perf_counter() - start:.0f} s)")
+                    if on_step is not None:
+                        on_step(int(step.group(1)))
                 if time.perf_counter() > deadline:
                     raise subprocess.TimeoutExpired(command, timeout_s)
             returncode = process.wait()
@@ -276,17 +318,102 @@ def _launch(name: str, command: list[str], run_dir: Path, timeout_s: float, ray_
     return record
 
 
-def _launch_once_more_if_ray_did_not_start(*args: Any, echo: Callable[[str], None]) -> RunRecord:
+def _launch_once_more_if_ray_did_not_start(*args: Any, echo: Callable[[str], None], **hooks: Any) -> RunRecord:
     """:func:`_launch`, repeated once when Ray's local node missed its fixed 30 s start-up window.
 
     Ray gives the raylet 30 s to register (``ray/_private/node.py``); a machine busy with other work can miss it.
     Nothing of the recipe has run by then, so a second start is the same run.
     """
-    record = _launch(*args, echo=echo)
+    record = _launch(*args, echo=echo, **hooks)
     if record.returncode != 0 and RAY_START_TIMEOUT in record.error:
         echo(f"[{args[0]}] Ray's local node did not start within its 30 s window (a busy machine); starting again")
-        record = _launch(*args, echo=echo)
+        record = _launch(*args, echo=echo, **hooks)
     return record
+
+
+def _checkpointed_step(checkpoints: Path) -> int:
+    """The step verl's tracker file says was last checkpointed under ``checkpoints`` (0 before any)."""
+    try:
+        return int((checkpoints / "latest_checkpointed_iteration.txt").read_text().strip() or 0)
+    except (OSError, ValueError):
+        return 0
+
+
+class _Resume:
+    """The resume run: started in a thread with the first run, released once the checkpoint is on disk.
+
+    Args:
+        launch: Runs the resume process to its end (given ``on_start``, which records the process).
+        checkpoints: The first run's checkpoint folder.
+        step: The checkpointed step the resume starts from.
+        barrier: The file whose existence lets the resume run load the checkpoint
+            (:mod:`dapo_verl.adapter.resume_barrier`).
+        timeout_s: How long to wait for verl's tracker file to name ``step`` once the step was logged.
+    """
+
+    def __init__(self, launch: Callable[..., RunRecord], checkpoints: Path, step: int, barrier: Path,
+                 timeout_s: float) -> None:
+        self._launch, self._checkpoints, self._step = launch, checkpoints, step
+        self.barrier, self._timeout_s = barrier, timeout_s
+        self._thread: threading.Thread | None = None
+        self._record: RunRecord | None = None
+        self._error: BaseException | None = None
+        self._process: subprocess.Popen | None = None
+        self._stopped = threading.Event()
+
+    def start(self) -> None:
+        """Start the resume run now; it starts up and then waits for :attr:`barrier`."""
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="rehearsal-resume", daemon=True)
+            self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            self._record = self._launch(on_start=self._started)
+        except BaseException as err:  # re-raised by result() in the main thread
+            self._error = err
+
+    def _started(self, process: subprocess.Popen) -> None:
+        self._process = process
+        if self._stopped.is_set():
+            os.killpg(process.pid, signal.SIGKILL)
+
+    def on_step(self, step: int) -> None:
+        """The first run logged ``step`` (verl saves before it logs): release the resume run once the tracker
+        file names the checkpointed step (an asynchronous save may still be writing when the step is logged)."""
+        if step == self._step:
+            threading.Thread(target=self._release_when_saved, name="rehearsal-release", daemon=True).start()
+
+    def _release_when_saved(self) -> None:
+        deadline = time.monotonic() + self._timeout_s
+        while _checkpointed_step(self._checkpoints) < self._step:
+            if self._stopped.wait(0.2) or time.monotonic() > deadline:
+                return
+        self.release()
+
+    def release(self) -> None:
+        """Let the resume run load the checkpoint (idempotent)."""
+        self.barrier.touch()
+
+    def result(self) -> RunRecord | None:
+        """Release the resume run (starting it if it was not started with the first), wait for it, and return its
+        record."""
+        self.release()
+        self.start()
+        assert self._thread is not None
+        while self._thread.is_alive():
+            self._thread.join(0.5)  # short joins keep Ctrl-C responsive
+        if self._error is not None:
+            raise self._error
+        return self._record
+
+    def stop(self) -> None:
+        """Stop the resume run, if it is running (the first run failed or the rehearsal was interrupted)."""
+        self._stopped.set()
+        if self._process is not None and self._process.poll() is None:
+            os.killpg(self._process.pid, signal.SIGKILL)
+        if self._thread is not None:
+            self._thread.join()
 
 
 def _plan(options: RehearsalOptions, config: DictConfig, out: Path, run: str, ray_dir: str,
@@ -332,30 +459,59 @@ def rehearse(options: RehearsalOptions, echo: Callable[[str], None] = print) -> 
     data = prepare_files(out / "data", train_files=_as_list(select(config, "data.train_files")),
                          val_files=_as_list(select(config, "data.val_files")), train_rows=options.train_rows,
                          val_rows=options.val_rows, seed=options.seed)
-    ray_dir = tempfile.mkdtemp(prefix="dvr-")  # short: Ray's socket paths must fit in 107 bytes
+    # One private Ray cluster per run (the two overlap); short paths: Ray's socket paths must fit in 107 bytes.
+    ray_dirs = [tempfile.mkdtemp(prefix="dvr-"), tempfile.mkdtemp(prefix="dvr-")]
+    resume: _Resume | None = None
     try:
-        changes = _plan(options, config, out, "run1", ray_dir, data, model_path, replaced)
+        changes = _plan(options, config, out, "run1", ray_dirs[0], data, model_path, replaced)
         result = RehearsalResult(options, " ".join(entry[1:]), entry[2], changes, data, model_path, replaced,
                                  recipe=_recipe_summary(config))
         (out / "changes.json").write_text(json.dumps([asdict(c) for c in changes], indent=1, default=str))
         echo(_changes_text(options, entry, changes))
         user = list(options.overrides)
+        if options.resume:
+            barrier = Path(ray_dirs[1]) / "checkpoint-ready"
+            resume = _Resume(_resume_launcher(options, entry, changes, out, ray_dirs[1], barrier, echo),
+                             out / "run1" / "checkpoints", options.steps - 1, barrier, options.timeout_s)
+            if options.overlap:
+                resume.start()
         first = _launch_once_more_if_ray_did_not_start(
-            "run1", [*entry, *user, *(c.override() for c in changes)], out / "run1", options.timeout_s, ray_dir,
-            options.steps, echo=echo)
+            "run1", [*entry, *user, *(c.override() for c in changes)], out / "run1", options.timeout_s, ray_dirs[0],
+            options.steps, echo=echo, on_step=resume.on_step if resume else None)
         result.runs.append(first)
-        if first.returncode == 0 and options.resume:
-            resume = [*(c.override() for c in changes if c.key not in ("trainer.default_local_dir",
-                                                                        "trainer.resume_mode")),
-                      f"trainer.default_local_dir={out / 'run2' / 'checkpoints'}", "trainer.resume_mode=resume_path",
-                      f"trainer.resume_from_path={out / 'run1' / 'checkpoints' / f'global_step_{options.steps - 1}'}"]
-            result.runs.append(_launch_once_more_if_ray_did_not_start(
-                "run2 (resume)", [*entry, *user, *resume], out / "run2", options.timeout_s, ray_dir, options.steps,
-                echo=echo))
+        if resume is not None and first.returncode == 0:
+            second = resume.result()
+            if second is not None:
+                result.runs.append(second)
     finally:
-        _kill_leftovers(ray_dir)
-        shutil.rmtree(ray_dir, ignore_errors=True)
+        if resume is not None:
+            resume.stop()
+        for ray_dir in ray_dirs:
+            _kill_leftovers(ray_dir)
+            shutil.rmtree(ray_dir, ignore_errors=True)
     return result
+
+
+def _resume_launcher(options: RehearsalOptions, entry: list[str], changes: list[Change], out: Path, ray_dir: str,
+                     barrier: Path, echo: Callable[[str], None]) -> Callable[..., RunRecord]:
+    """The resume run's launch: the first run's command, resuming from its checkpoint of step ``steps - 1`` once
+    ``barrier`` exists. Its time limit covers the first run's too, which it overlaps."""
+    def own_ray(change: Change) -> Change:
+        return replace(change, rehearsal=ray_dir) if change.key == "ray_kwargs.ray_init._temp_dir" else change
+
+    own = ("trainer.default_local_dir", "trainer.resume_mode")
+    command = [*entry, *options.overrides, *(own_ray(c).override() for c in changes if c.key not in own),
+               f"trainer.default_local_dir={out / 'run2' / 'checkpoints'}", "trainer.resume_mode=resume_path",
+               f"trainer.resume_from_path={out / 'run1' / 'checkpoints' / f'global_step_{options.steps - 1}'}",
+               "trainer.val_before_train=false"]
+
+    env = {resume_barrier.ENV: str(barrier), resume_barrier.TIMEOUT_ENV: str(options.timeout_s)}
+
+    def launch(**hooks: Any) -> RunRecord:
+        return _launch_once_more_if_ray_did_not_start("run2 (resume)", command, out / "run2", 2 * options.timeout_s,
+                                                      ray_dir, options.steps, echo=echo, env=env, **hooks)
+
+    return launch
 
 
 _RECIPE_KEYS = (

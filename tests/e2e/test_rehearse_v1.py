@@ -18,8 +18,12 @@ pytestmark = [pytest.mark.slow, pytest.mark.verl, pytest.mark.e2e]
 
 
 def test_v1_sync_trains_with_the_replenisher_and_resumes_exactly(tmp_path):
-    report, logged, out = run_rehearsal(tmp_path, "dapo_trainer", "actor_rollout_ref.rollout.n=4", *SIZES, *CARRY)
+    # The default path: the resume run starts with the first and waits at verl's checkpoint load for it.
+    report, logged, out = run_rehearsal(tmp_path, "dapo_trainer", "actor_rollout_ref.rollout.n=4", *SIZES, *CARRY,
+                                        overlap=True)
     trained = assert_dapo_metrics_every_step(logged, 3)
+    run2_log = (out / "run2" / "log.txt").read_text()
+    assert "waiting for the first run's checkpoint before loading it" in run2_log  # it did start early and wait
     assert report["ok"], report
     # verl's checkpoint folder holds the sampler's state, written by dapo_verl's checkpoint callback.
     assert (out / "run1" / "checkpoints" / "global_step_2" / "dapo_sampler.safetensors").is_file()

@@ -69,3 +69,25 @@ def test_patches_refuse_to_apply_outside_a_rehearsal(monkeypatch):
     monkeypatch.setenv("VERL_PLATFORM", "nvidia")
     with pytest.raises(RuntimeError, match="needs VERL_PLATFORM=cpu; VERL_PLATFORM is 'nvidia'"):
         apply_cpu_patches()
+
+
+_BARRIER_PROBE = textwrap.dedent("""
+    import json
+    import verl
+    from verl.trainer.ppo.v1.trainer_base import PPOTrainer
+    from verl.trainer.ppo.ray_trainer import RayPPOTrainer
+    from dapo_verl.adapter.trainer import DapoRayTrainer
+    mark = "__dapo_verl_resume_barrier__"
+    print(json.dumps({cls.__name__: getattr(cls.__dict__.get("_load_checkpoint"), mark, False)
+                      for cls in (PPOTrainer, RayPPOTrainer, DapoRayTrainer)}))
+""")
+
+
+@pytest.mark.parametrize("platform, expected", [("cpu", True), ("", False)])
+def test_the_resume_barrier_wraps_verls_checkpoint_loads_only_in_a_rehearsal(tmp_path, platform, expected):
+    env = {k: v for k, v in os.environ.items() if k not in ("VERL_PLATFORM", "VERL_USE_EXTERNAL_MODULES")}
+    env.update(VERL_USE_EXTERNAL_MODULES="dapo_verl.adapter.cpu_plugin", VERL_PLATFORM=platform,
+               DAPO_REHEARSAL_RESUME_AFTER=str(tmp_path / "ready"))
+    out = subprocess.run([sys.executable, "-c", _BARRIER_PROBE], capture_output=True, text=True, env=env, check=True)
+    seen = json.loads(out.stdout.strip().splitlines()[-1])
+    assert seen == {"PPOTrainer": expected, "RayPPOTrainer": expected, "DapoRayTrainer": expected}

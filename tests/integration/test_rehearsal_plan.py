@@ -74,6 +74,7 @@ def test_paper_recipe_is_shrunk_keeping_its_ratios(tmp_path):
     # The overlong buffer keeps its share of the response budget: 4096 / 20480 = 20% of 8 tokens -> 2.
     assert changes["reward.reward_kwargs.overlong_tokens"].rehearsal == 2
     assert changes["actor_rollout_ref.rollout.name"].rehearsal == "dapo_cpu"
+    assert changes["actor_rollout_ref.rollout.agent.num_workers"].rehearsal == 1  # one process to start, not 8
     assert changes["actor_rollout_ref.actor.strategy"].rehearsal == "fsdp2"
     assert changes["trainer.nnodes"].recipe == 16 and changes["trainer.nnodes"].rehearsal == 1
     assert changes["actor_rollout_ref.model.path"].recipe == "<unresolved: $DAPO_MODEL_PATH is not set>"
@@ -85,12 +86,14 @@ def test_paper_recipe_is_shrunk_keeping_its_ratios(tmp_path):
 def test_user_overrides_are_the_recipe_and_their_sizes_are_kept(tmp_path):
     overrides = ["actor_rollout_ref.rollout.n=6", "algorithm.filter_groups.surplus=carry",
                  "actor_rollout_ref.actor.ppo_mini_batch_size=2", "data.gen_batch_size=8",
-                 "actor_rollout_ref.rollout.name=vllm"]
+                 "actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.agent.num_workers=2"]
     config, _ = compose_recipe("dapo_trainer", overrides)
     changes = {c.key: c for c in rehearsal_changes(config, _shape(tmp_path, gpus=2), override_keys(overrides))}
     assert "actor_rollout_ref.rollout.n" not in changes and "algorithm.filter_groups.surplus" not in changes
-    # Sizes the user chose for the rehearsal stay; the engine is replaced whatever the user wrote.
+    # Sizes the user chose for the rehearsal stay, and so does the agent-loop worker count (a test of request
+    # padding needs 2); the engine is replaced whatever the user wrote.
     assert "actor_rollout_ref.actor.ppo_mini_batch_size" not in changes and "data.gen_batch_size" not in changes
+    assert "actor_rollout_ref.rollout.agent.num_workers" not in changes
     assert changes["actor_rollout_ref.rollout.name"].rehearsal == "dapo_cpu"
     assert changes["trainer.n_gpus_per_node"].rehearsal == 2
 
@@ -113,3 +116,28 @@ def test_verl_own_trainer_config_runs_verl_main_ppo(tmp_path):
 def test_unknown_config_names_the_choices():
     with pytest.raises(RehearsalError, match=r"No config named 'dapo_qwen3'.*dapo_qwen2\.5_32b.*ppo_trainer"):
         compose_recipe("dapo_qwen3", [])
+
+
+@pytest.mark.parametrize("name", RECIPES)
+def test_composing_without_importing_verl_gives_the_launchers_config(name):
+    # The launcher resolves pkg://verl.trainer.config by importing verl; the rehearsal names the same folder.
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    from dapo_verl.rehearsal.run import CONFIG_DIR
+
+    rehearsed, _ = compose_recipe(name, ["data.train_batch_size=8"])
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
+        launched = compose(config_name=name, overrides=["data.train_batch_size=8"])
+    assert OmegaConf.to_container(rehearsed) == OmegaConf.to_container(launched)
+
+
+def test_composing_a_recipe_does_not_import_verl():
+    import subprocess
+    import sys
+
+    probe = ("import sys; from dapo_verl.rehearsal.run import compose_recipe; "
+             "compose_recipe('dapo_qwen2.5_32b', []); print('verl' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
+    assert out.strip().splitlines()[-1] == "False"
