@@ -340,7 +340,8 @@ def _checkpointed_step(checkpoints: Path) -> int:
 
 
 class _Resume:
-    """The resume run: started in a thread with the first run, released once the checkpoint is on disk.
+    """The resume run, in a thread: started with the first run (or after it), released once its checkpoint is on
+    disk.
 
     Args:
         launch: Runs the resume process to its end (given ``on_start``, which records the process).
@@ -397,7 +398,7 @@ class _Resume:
 
     def result(self) -> RunRecord | None:
         """Release the resume run (starting it if it was not started with the first), wait for it, and return its
-        record."""
+        record (None only if its launch returned none)."""
         self.release()
         self.start()
         assert self._thread is not None
