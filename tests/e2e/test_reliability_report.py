@@ -32,7 +32,7 @@ def test_the_long_stress_run_holds_every_invariant(report):
     from dapo_verl.reliability.report import STRESS_STEPS
     from tests.unit.test_stress import _check
 
-    _check(report.stress, STRESS_STEPS)  # run_stress(steps=2000, steps_per_phase=100), as test_stress_long ran it
+    _check(report.stress, STRESS_STEPS)  # run_stress(steps=2000, steps_per_phase=100): the long stress run
 
 
 def test_default_fault_injection_survives_every_fault(report):
