@@ -58,7 +58,7 @@ from verl.utils import tensordict_utils as tu
 
 from dapo_verl.adapter.epochs import epoch_divisor
 from dapo_verl.adapter.reward import overlong_metrics
-from dapo_verl.config import DapoConfig
+from dapo_verl.config import DapoConfig, SurplusPolicy
 from dapo_verl.sampler import BatchReplenisher, GroupResult
 from dapo_verl.state_io import load_state, save_state
 
@@ -158,7 +158,7 @@ class DapoReplayBuffer(ReplayBufferAsync):
         prefetched round in ``separate_async``.
         """
         sampler = self.dapo.sampler
-        carry = sampler.surplus == "carry"
+        carry = sampler.surplus == SurplusPolicy.CARRY
         span = 1 + (sampler.max_staleness_steps if carry else 0) + int(self._prefetch)
         if self.trainer_mode == "sync" or threshold is None or span <= threshold:
             return

@@ -163,7 +163,7 @@ class BatchReplenisher:
         if self._planned is not None:
             return list(self._planned[0])
         step = self.train_steps + 1
-        usable = sum(step - born <= self.config.max_staleness_steps for born, _ in self.carried)
+        usable = sum(self._fresh(born, step) for born, _ in self.carried)
         missing = self.config.train_batch_size - usable
         if missing <= 0:
             return []
@@ -286,10 +286,14 @@ class BatchReplenisher:
 
     # -- carry, drop, shortfall ---------------------------------------------------------------------
 
+    def _fresh(self, born: int, step: int) -> bool:
+        """Whether a group generated for step ``born`` may still be trained at ``step`` (``max_staleness_steps``)."""
+        return step - born <= self.config.max_staleness_steps
+
     def _take_carried(self, step: int, target: int) -> tuple[list[GroupResult], list[int]]:
         fresh = []
         for born, group in self.carried:
-            if step - born > self.config.max_staleness_steps:
+            if not self._fresh(born, step):
                 self._drop(group, "stale")
             else:
                 fresh.append((born, group))
