@@ -226,7 +226,7 @@ def _cmd_rehearse(args: argparse.Namespace) -> int:
 
     options = RehearsalOptions(config_name=args.config_name, overrides=tuple(args.overrides), out_dir=Path(args.out),
                                steps=args.steps, gpus=args.gpus, overwrite=args.overwrite,
-                               overlap=not args.sequential)
+                               overlap=not args.sequential, engine=args.engine)
     try:
         result = rehearse(options)
     except RehearsalError as err:
@@ -291,7 +291,8 @@ def _parser() -> argparse.ArgumentParser:
         "rehearse", help="run a recipe through verl's real trainer on this CPU machine (scale shrunk), with a "
         "checkpoint and a resume; writes a report", description="Compose CONFIG_NAME (a config under configs/, or "
         "verl's ppo_trainer) with the overrides, shrink only scale, hardware and engine keys (printed), and run "
-        "verl's real trainer, workers and a CPU rollout replica in a private Ray cluster; then resume from the "
+        "verl's real trainer and workers in a private Ray cluster with verl's own vLLM rollout (when vLLM's CPU "
+        "build is installed: pip install -e \".[rehearse]\") or a CPU stand-in replica; then resume from the "
         "checkpoint before the last step. Give KEY=VALUE overrides before the options.")
     rehearse.add_argument("config_name", metavar="CONFIG_NAME", help="e.g. dapo_qwen2.5_32b, "
                           "dapo_clip_ablation_eps_high_0.2, dapo_trainer, ppo_trainer")
@@ -303,6 +304,9 @@ def _parser() -> argparse.ArgumentParser:
     rehearse.add_argument("--gpus", type=int, default=1, metavar="N", help="data-parallel worker processes, each "
                           "a fake GPU on the CPU (default: 1)")
     rehearse.add_argument("--overwrite", action="store_true", help="replace an earlier rehearsal in --out")
+    rehearse.add_argument("--engine", choices=["vllm", "stand-in"], default=None,
+                          help="rollout engine (default: vllm when vLLM's CPU build is installed, else stand-in, "
+                               "announced): verl's own vLLM rollout, or the CPU replica of dapo_verl")
     rehearse.add_argument("--sequential", action="store_true",
                           help="start the resume run after the first ends (default: together, waiting at the "
                                "checkpoint load; faster on an idle machine)")

@@ -8,7 +8,9 @@ for every process of the run (driver, TaskRunner, workers, rollout servers); ver
   (:mod:`.cpu_rollout`) -- registrations that are inert until a config names them;
 * applies the process-wide CPU patches (:func:`~.cpu_platform.apply_cpu_patches`) **only if**
   ``VERL_PLATFORM=cpu``; there, too, a rehearsal's resume run waits at verl's checkpoint load for the first
-  run's checkpoint (:mod:`.resume_barrier`, only with ``DAPO_REHEARSAL_RESUME_AFTER`` set).
+  run's checkpoint (:mod:`.resume_barrier`, only with ``DAPO_REHEARSAL_RESUME_AFTER`` set), and the bridges to
+  verl's own vLLM rollout are installed (:func:`.cpu_vllm.install_verl_side`, only with the run's record folder
+  set).
 
 Nothing imports it implicitly: neither ``import dapo_verl`` nor the ``verl.plugins`` entry point
 (:mod:`dapo_verl.adapter.register`) reach it, so a GPU run is never touched.
@@ -21,7 +23,7 @@ import os
 from verl.workers.rollout.base import _ROLLOUT_REGISTRY
 from verl.workers.rollout.replica import RolloutReplicaRegistry
 
-from dapo_verl.adapter import resume_barrier
+from dapo_verl.adapter import cpu_vllm, resume_barrier
 from dapo_verl.adapter.cpu_platform import CPU_PLATFORM_NAME, apply_cpu_patches
 
 __all__ = ["activate"]
@@ -43,6 +45,7 @@ def activate() -> None:
     if os.environ.get("VERL_PLATFORM", "").strip().lower() == CPU_PLATFORM_NAME:
         apply_cpu_patches()
         resume_barrier.install()
+        cpu_vllm.install_verl_side()
 
 
 activate()

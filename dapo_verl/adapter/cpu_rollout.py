@@ -20,7 +20,6 @@ cache released), refuses weights with unknown names or shapes, and reports the s
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import logging
 import os
 import threading
@@ -32,6 +31,8 @@ import torch
 from verl.workers.config import HFModelConfig, RolloutConfig
 from verl.workers.rollout.base import BaseRollout
 from verl.workers.rollout.replica import RolloutReplica, TokenOutput
+
+from dapo_verl.adapter.request_seeds import RequestSeeds
 
 __all__ = [
     "CPU_ROLLOUT_NAME",
@@ -115,8 +116,7 @@ class CpuRolloutServer:
         self.weight_updates = 0
         self.generated = 0
         self._lock = threading.Lock()
-        self._seed = int(getattr(self.config, "seed", 0) or 0)
-        self._occurrences: dict[bytes, int] = {}
+        self._seeds = RequestSeeds(int(getattr(self.config, "seed", 0) or 0))
 
     # -- generation -----------------------------------------------------------------------------------
 
@@ -155,7 +155,8 @@ class CpuRolloutServer:
         top_p = float(params.get("top_p", 1.0) or 1.0)
         ignore_eos = bool(params.get("ignore_eos", False))
         with self._lock:
-            generator = torch.Generator().manual_seed(self._request_seed(prompt_ids, params))
+            # Seeded by content, so a resumed run regenerates the same groups whatever order requests arrive in.
+            generator = torch.Generator().manual_seed(self._seeds.next(prompt_ids, params, self.global_steps))
             tokens, logps = [], []
             input_ids = torch.tensor([prompt_ids])
             past = None
@@ -172,19 +173,6 @@ class CpuRolloutServer:
             self.generated += 1
         return TokenOutput(token_ids=tokens, log_probs=logps if params.get("logprobs") else None,
                            stop_reason="completed", extra_fields={"global_steps": self.global_steps})
-
-    def _request_seed(self, prompt_ids: list[int], params: dict[str, Any]) -> int:
-        """A seed from the request's content, the weights' step and how often this request was seen.
-
-        Identical requests (the n samples of one prompt) get distinct seeds, while the *set* of responses to a
-        prompt does not depend on the order in which concurrent requests arrive: with the same weights the
-        replica regenerates the same groups, so a resumed run can be compared with an uninterrupted one.
-        """
-        key = hashlib.blake2b(repr((self._seed, self.global_steps, prompt_ids, sorted(params.items()))).encode(),
-                              digest_size=8).digest()
-        occurrence = self._occurrences.get(key, 0)
-        self._occurrences[key] = occurrence + 1
-        return int.from_bytes(hashlib.blake2b(key + occurrence.to_bytes(8, "little"), digest_size=8).digest(), "little")
 
     # -- weights and memory ---------------------------------------------------------------------------
 
@@ -207,7 +195,7 @@ class CpuRolloutServer:
             self.model.load_state_dict(weights, strict=False)
             if global_steps is not None:
                 self.global_steps = global_steps
-            self._occurrences.clear()  # new weights: a new sampling stream
+            self._seeds.restart()  # new weights: a new sampling stream
             self.weight_updates += 1
         return len(weights)
 

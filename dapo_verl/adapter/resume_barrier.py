@@ -12,20 +12,20 @@ the legacy trainer at the start of ``fit``. With ``DAPO_REHEARSAL_RESUME_AFTER=<
 first run's checkpoint is complete -- and then runs verl's own code unchanged. The wait gives up after
 ``DAPO_REHEARSAL_RESUME_TIMEOUT_S`` seconds (default 900) with an error naming the file.
 
-The classes are patched when their modules are imported (an import hook), so nothing is imported early.
+The classes are patched when their modules are imported (:mod:`.import_patches`), so nothing is imported early.
 """
 
 from __future__ import annotations
 
 import functools
-import importlib.abc
-import importlib.machinery
 import os
 import sys
 import time
 from pathlib import Path
 from types import ModuleType
 from typing import Any
+
+from dapo_verl.adapter.import_patches import patch_on_import
 
 __all__ = ["ENV", "TIMEOUT_ENV", "install", "wait_for"]
 
@@ -76,34 +76,6 @@ def _patch(module: ModuleType, barrier: Path, timeout_s: float) -> None:
     cls._load_checkpoint = _load_checkpoint
 
 
-class _PatchOnImport(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    """Import hook: loads a :data:`TARGETS` module with its own loader, then patches its class."""
-
-    def __init__(self, barrier: Path, timeout_s: float) -> None:
-        self.barrier, self.timeout_s = barrier, timeout_s
-        self._loaders: dict[str, importlib.abc.Loader] = {}
-
-    def find_spec(self, name: str, path: Any, target: Any = None) -> importlib.machinery.ModuleSpec | None:
-        if name not in TARGETS:
-            return None
-        for finder in sys.meta_path:
-            if finder is self or not hasattr(finder, "find_spec"):
-                continue
-            spec = finder.find_spec(name, path, target)
-            if spec is not None and spec.loader is not None:
-                self._loaders[name] = spec.loader
-                spec.loader = self
-                return spec
-        return None
-
-    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType | None:
-        return self._loaders[spec.name].create_module(spec)
-
-    def exec_module(self, module: ModuleType) -> None:
-        self._loaders[module.__name__].exec_module(module)
-        _patch(module, self.barrier, self.timeout_s)
-
-
 def install() -> bool:
     """Make ``_load_checkpoint`` wait for ``$DAPO_REHEARSAL_RESUME_AFTER`` if it is set; return whether it is."""
     value = os.environ.get(ENV, "").strip()
@@ -111,8 +83,5 @@ def install() -> bool:
         return False
     barrier, timeout_s = Path(value), float(os.environ.get(TIMEOUT_ENV, "900"))
     for name in TARGETS:
-        if name in sys.modules:
-            _patch(sys.modules[name], barrier, timeout_s)
-    if not any(isinstance(finder, _PatchOnImport) for finder in sys.meta_path):
-        sys.meta_path.insert(0, _PatchOnImport(barrier, timeout_s))
+        patch_on_import(name, functools.partial(_patch, barrier=barrier, timeout_s=timeout_s))
     return True

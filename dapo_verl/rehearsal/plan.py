@@ -16,9 +16,15 @@ The changes fall in five groups:
   every length-derived budget (token limits per GPU, overlong buffer) keeps its ratio to them.
 * **Hardware**: one node, ``gpus`` fake GPUs (CPU processes), no tensor/sequence/pipeline parallelism, float32.
   FSDP1 is replaced by FSDP2, because FSDP1 requires CUDA (``sync_module_states``).
-* **Engine**: ``rollout.name=dapo_cpu`` (:mod:`dapo_verl.adapter.cpu_rollout`) stands in for vLLM, with full-tensor
-  weight sync (``checkpoint_engine.backend=naive``); one agent-loop worker unless the command line asks for
-  more (each worker is a process of its own, and start-up is most of a rehearsal's time on 2 cores).
+* **Engine**: with vLLM's CPU build installed, ``rollout.name`` stays ``vllm`` and verl runs its own vLLM rollout;
+  only what a CPU cannot do changes -- float32, eager mode (no CUDA graphs), sleep mode and ``free_cache_engine``
+  off -- and the engine's token and sequence budgets (``max_model_len``, ``max_num_batched_tokens``,
+  ``max_num_seqs``) shrink by the factor the sequence lengths shrink by, so their relations to each other and to
+  the prompt and response lengths stay the recipe's. Otherwise ``rollout.name=dapo_cpu``
+  (:mod:`dapo_verl.adapter.cpu_rollout`) stands in for vLLM. Either way weights sync as full tensors
+  (``checkpoint_engine.backend=naive``), verl's rollout-versus-actor metrics are on
+  (``rollout.calculate_log_probs``), and one agent-loop worker runs unless the command line asks for more (each
+  worker is a process of its own, and start-up is most of a rehearsal's time on 2 cores).
 * **Run**: the rehearsal's data files, step count, checkpoint cadence and directories; logging to JSONL (``file``)
   in addition to the recipe's offline loggers.
 """
@@ -94,6 +100,7 @@ class RehearsalShape:
         steps: Training steps of the first run.
         checkpoint_dir: ``trainer.default_local_dir`` of the run.
         ray_temp_dir: The private Ray directory of the run (a short path: Ray's socket names must fit 107 bytes).
+        engine: ``vllm`` (verl's own vLLM rollout on vLLM's CPU build) or ``stand-in`` (the CPU replica).
     """
 
     model_path: str
@@ -107,6 +114,7 @@ class RehearsalShape:
     steps: int
     checkpoint_dir: str
     ray_temp_dir: str
+    engine: str = "stand-in"
 
 
 def select(config: DictConfig, key: str, default: Any = None) -> Any:
@@ -213,11 +221,18 @@ def _lengths(p: _Planner, shape: RehearsalShape) -> None:
     old_total, new_total = old_prompt + old_response, new_prompt + new_response
     for key in ("actor_rollout_ref.actor.ppo_max_token_len_per_gpu",
                 "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu",
-                "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu", "critic.ppo_max_token_len_per_gpu",
-                "actor_rollout_ref.rollout.max_num_batched_tokens", "actor_rollout_ref.rollout.max_model_len"):
+                "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu", "critic.ppo_max_token_len_per_gpu"):
         scaled = _scaled_tokens(p.get(key), old_total, new_total)
         if scaled is not None:
             p.set(key, scaled, f"follows the sequence length ({old_total} -> {new_total} tokens)", "scale")
+    # The engine's budgets: one factor for all three keeps max_model_len >= prompt + response and
+    # max_num_batched_tokens >= max_num_seqs as in the recipe (ceil preserves both).
+    for key in ("actor_rollout_ref.rollout.max_model_len", "actor_rollout_ref.rollout.max_num_batched_tokens",
+                "actor_rollout_ref.rollout.max_num_seqs"):
+        value = p.get(key)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            p.set(key, math.ceil(value * new_total / old_total),
+                  f"the engine's budget, scaled as the sequence length ({old_total} -> {new_total} tokens)", "scale")
     for key in ("reward.reward_kwargs.overlong_tokens", "reward.reward_kwargs.overlong_buffer_cfg.len"):
         value = p.get(key)
         if isinstance(value, int) and value > 0:
@@ -251,7 +266,8 @@ def _hardware(p: _Planner, shape: RehearsalShape) -> None:
                 "expert_parallel_size"):
         value = p.get(f"actor_rollout_ref.rollout.{key}")
         if isinstance(value, int) and value > 1:
-            p.set(f"actor_rollout_ref.rollout.{key}", 1, "no model parallelism in the stand-in engine", "hardware")
+            p.set(f"actor_rollout_ref.rollout.{key}", 1, "one CPU process per engine: no model parallelism on CPU",
+                  "hardware")
 
 
 def _ray(p: _Planner, shape: RehearsalShape) -> None:
@@ -263,8 +279,29 @@ def _ray(p: _Planner, shape: RehearsalShape) -> None:
     p.set("ray_kwargs.ray_init.include_dashboard", False, "no dashboard", "hardware")
 
 
-def _engine(p: _Planner) -> None:
-    p.set("actor_rollout_ref.rollout.name", "dapo_cpu", "CPU rollout replica in place of vLLM", "engine")
+_VLLM_ON_CPU = (
+    ("dtype", "float32", "bfloat16 is slow on CPUs without AVX-512-BF16; float32 on both sides lets vLLM's "
+                         "log-probs match the actor's"),
+    ("enforce_eager", True, "CUDA graphs need a GPU"),
+    ("free_cache_engine", False, "sleep mode releases GPU memory through CUDA's allocator, which a CPU lacks"),
+    ("enable_sleep_mode", False, "sleep mode needs CUDA (vLLM's CuMemAllocator)"),
+    # The rehearsal seeds each request (dapo_verl.adapter.request_seeds); after a partial prefill vLLM rewinds a
+    # seeded request's generator with Generator.set_offset (v1/worker/gpu_model_runner.py:3750 in vLLM 0.27).
+    ("enable_chunked_prefill", False, "vLLM rewinds a seeded request's random generator after a partial prefill, "
+                                      "which CPU generators cannot (no offset); the rehearsal seeds every request"),
+)
+
+
+def _engine(p: _Planner, shape: RehearsalShape) -> None:
+    if shape.engine == "vllm":
+        p.set("actor_rollout_ref.rollout.name", "vllm", "verl's own vLLM rollout, on vLLM's CPU build", "engine")
+        for key, value, reason in _VLLM_ON_CPU:
+            p.set(f"actor_rollout_ref.rollout.{key}", value, reason, "engine")
+        _whole_prefills_fit(p)
+    else:
+        p.set("actor_rollout_ref.rollout.name", "dapo_cpu", "CPU rollout replica in place of vLLM", "engine")
+    p.set("actor_rollout_ref.rollout.calculate_log_probs", True,
+          "verl's rollout-versus-actor metrics (training/rollout_probs_diff_*) for the report", "engine")
     p.set("actor_rollout_ref.rollout.mode", "async", "verl 0.9 serves rollouts asynchronously", "engine")
     p.set("actor_rollout_ref.rollout.checkpoint_engine.backend", "naive", "full-tensor weight sync in process",
           "engine")
@@ -280,6 +317,32 @@ def _engine(p: _Planner) -> None:
         p.set("transfer_queue.backend.SimpleStorage.num_data_storage_units", 1, "one storage unit", "engine")
     if (p.get("data.dataloader_num_workers") or 0) > 0:
         p.set("data.dataloader_num_workers", 0, "load data in the trainer process", "engine")
+
+
+def _whole_prefills_fit(p: _Planner) -> None:
+    """Without chunked prefill vLLM needs ``max_num_batched_tokens >= max_model_len``.
+
+    A recipe that leaves ``max_model_len`` unset gets the model's context length (verl reads
+    ``max_position_embeddings``: 131072 for Qwen2.5-32B, 4096 for the stand-in); the rehearsal's sequences need
+    prompt + response tokens, so that is what it sets. A budget below it (a recipe relying on chunking) is raised
+    to the smallest one that runs.
+    """
+    rollout = "actor_rollout_ref.rollout"
+    sequence = _value(p, "data.max_prompt_length") + _value(p, "data.max_response_length")
+    if p.get(f"{rollout}.max_model_len") is None:
+        p.set(f"{rollout}.max_model_len", sequence, "unset: the model's context length; the rehearsal's sequences "
+              "need prompt + response tokens (the budget below must hold it, chunked prefill being off)", "scale")
+    budget = p.changes.get(f"{rollout}.max_num_batched_tokens")
+    tokens = budget.rehearsal if budget else p.get(f"{rollout}.max_num_batched_tokens")
+    longest = _value(p, f"{rollout}.max_model_len")
+    if isinstance(tokens, int) and tokens < longest:
+        p.set(f"{rollout}.max_num_batched_tokens", longest, "without chunked prefill a whole prompt and response "
+              "must fit one scheduler step (max_model_len)", "engine")
+
+
+def _value(p: _Planner, key: str) -> int:
+    change = p.changes.get(key)
+    return int(change.rehearsal if change else p.get(key))
 
 
 def _run(p: _Planner, shape: RehearsalShape) -> None:
@@ -326,6 +389,6 @@ def rehearsal_changes(config: DictConfig, shape: RehearsalShape,
     _scale(planner, shape)
     _hardware(planner, shape)
     _ray(planner, shape)
-    _engine(planner)
+    _engine(planner, shape)
     _run(planner, shape)
     return list(planner.changes.values())

@@ -9,7 +9,13 @@ shrinks only scale, hardware and engine keys (:mod:`.plan`, printed before anyth
 * ``VERL_PLATFORM=cpu`` and ``VERL_USE_EXTERNAL_MODULES=dapo_verl.adapter.cpu_plugin`` (every process of the
   run loads the CPU platform and rollout replica; nothing outside the rehearsal does);
 * a private Ray cluster in a temporary directory, which the run starts and stops;
-* ``VERL_FILE_LOGGER_PATH`` pointing at the run's ``metrics.jsonl``.
+* ``VERL_FILE_LOGGER_PATH`` pointing at the run's ``metrics.jsonl``;
+* the run's record folder (``runN/engine``: which vLLM ran, the weight-sync probe, the shared memory its
+  processes created) and, with vLLM, the private folder of :mod:`.engine`'s bridges first on ``PYTHONPATH``.
+
+The rollout engine is verl's own vLLM rollout whenever vLLM's CPU build is installed, else the stand-in replica
+(:func:`.engine.choose_engine`; ``--engine`` chooses). After each run the rehearsal removes the shared-memory
+segments and semaphores that run's processes recorded and left behind, and only those.
 
 The first run trains ``steps`` steps with a checkpoint before the last one; the second run resumes from that
 checkpoint and trains the last step again. :mod:`.report` compares the two and summarises what verl logged.
@@ -20,7 +26,8 @@ starts together with the first, in a Ray cluster of its own, and waits at verl's
 file names it; it skips the validation before training that the first run already did.
 
 Output layout under ``out``: ``data/`` (train/val parquet), ``model/`` (the stand-in), ``run1/`` and
-``run2/`` (``metrics.jsonl``, ``log.txt``, ``checkpoints/``), ``changes.json``, ``report.md``, ``report.json``.
+``run2/`` (``metrics.jsonl``, ``log.txt``, ``checkpoints/``, ``engine/``), ``changes.json``, ``report.md``,
+``report.json``.
 """
 
 from __future__ import annotations
@@ -43,8 +50,17 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from dapo_verl.adapter import resume_barrier
+from dapo_verl.adapter import cpu_leftovers, cpu_vllm, resume_barrier
 from dapo_verl.rehearsal.data import RehearsalData, prepare_files
+from dapo_verl.rehearsal.engine import (
+    VLLM_ENVIRONMENT,
+    Engine,
+    EngineChoice,
+    EngineUnavailable,
+    choose_engine,
+    vllm_environment,
+    write_private_site,
+)
 from dapo_verl.rehearsal.plan import Change, RehearsalShape, override_keys, rehearsal_changes, select
 
 __all__ = ["RehearsalError", "RehearsalOptions", "RehearsalResult", "compose_recipe", "rehearse"]
@@ -87,6 +103,8 @@ class RehearsalOptions:
         seed: Seed of generated data and of the stand-in model.
         timeout_s: Limit per run, after which it is stopped and reported as failed.
         overwrite: Replace an existing rehearsal in ``out_dir``.
+        engine: ``vllm`` (verl's own vLLM rollout on vLLM's CPU build), ``stand-in`` (the CPU replica), or None:
+            vLLM whenever its CPU build is installed (:func:`.engine.choose_engine`).
     """
 
     config_name: str
@@ -103,11 +121,13 @@ class RehearsalOptions:
     seed: int = 0
     timeout_s: float = 900.0
     overwrite: bool = False
+    engine: str | None = None
 
 
 @dataclass
 class RunRecord:
-    """One verl process of the rehearsal."""
+    """One verl process of the rehearsal (``records``: its record folder; ``leftovers_removed``: the
+    ``/dev/shm`` entries its processes left, removed after it ended, with their sizes)."""
 
     name: str
     command: list[str]
@@ -116,6 +136,8 @@ class RunRecord:
     log: Path
     metrics: Path
     error: str = ""
+    records: Path | None = None
+    leftovers_removed: list[tuple[str, int]] = field(default_factory=list)
 
 
 @dataclass
@@ -129,6 +151,8 @@ class RehearsalResult:
     data: RehearsalData
     model_path: str
     model_replaced: bool
+    engine: EngineChoice
+    environment: dict[str, tuple[str, str]] = field(default_factory=dict)
     runs: list[RunRecord] = field(default_factory=list)
     recipe: dict[str, Any] = field(default_factory=dict)
 
@@ -255,10 +279,14 @@ def _environment(metrics: Path, extra: dict[str, str] | None = None) -> dict[str
 
 
 def _kill_leftovers(marker: str) -> None:
-    """Stop processes of the private Ray cluster (their command lines name its temporary directory)."""
+    """Stop the run's processes still alive: the private Ray cluster's (their command lines name its temporary
+    directory) and those the run's processes started (vLLM's engine processes; their environment names it)."""
+    own = str(os.getpid())
     for pid_dir in Path("/proc").glob("[0-9]*"):
+        if pid_dir.name == own:
+            continue
         try:
-            if marker in (pid_dir / "cmdline").read_bytes().decode(errors="replace"):
+            if any(marker in (pid_dir / part).read_bytes().decode(errors="replace") for part in ("cmdline", "environ")):
                 os.kill(int(pid_dir.name), signal.SIGKILL)
         except (OSError, ValueError):
             continue
@@ -279,9 +307,17 @@ def _launch(name: str, command: list[str], run_dir: Path, timeout_s: float, ray_
             echo: Callable[[str], None], on_step: Callable[[int], None] | None = None,
             on_start: Callable[[subprocess.Popen], None] | None = None,
             env: dict[str, str] | None = None) -> RunRecord:
-    """Run one verl process to its end (or ``timeout_s``); ``on_step`` hears each step verl's console logged."""
+    """Run one verl process to its end (or ``timeout_s``); ``on_step`` hears each step verl's console logged.
+
+    The run's processes record into ``run_dir/engine`` (:mod:`dapo_verl.adapter.cpu_vllm`) and keep their sockets
+    in ``ray_dir``; what they left in ``/dev/shm`` is removed once they have ended.
+    """
     run_dir.mkdir(parents=True, exist_ok=True)
-    log, metrics = run_dir / "log.txt", run_dir / "metrics.jsonl"
+    log, metrics, records = run_dir / "log.txt", run_dir / "metrics.jsonl", run_dir / "engine"
+    if records.exists():  # a second start of the same run (Ray missed its window) begins a fresh record
+        shutil.rmtree(records)
+    records.mkdir()
+    env = {**(env or {}), cpu_vllm.RECORD_ENV: str(records), cpu_vllm.SOCKET_ENV: ray_dir}
     echo(f"[{name}] {' '.join(command[:4])} ... ({len(command) - 4} overrides); log: {log}")
     start = time.perf_counter()
     with open(log, "w") as sink:
@@ -311,10 +347,15 @@ def _launch(name: str, command: list[str], run_dir: Path, timeout_s: float, ray_
             sink.write(f"\n[dapo-verl rehearse] stopped after {time.perf_counter() - start:.0f} s\n")
         finally:
             _kill_leftovers(ray_dir)
-    record = RunRecord(name, command, returncode, time.perf_counter() - start, log, metrics)
+    record = RunRecord(name, command, returncode, time.perf_counter() - start, log, metrics, records=records,
+                       leftovers_removed=cpu_leftovers.remove_recorded(records))
     if returncode != 0:
         record.error = _last_error(log)
     echo(f"[{name}] {'finished' if returncode == 0 else 'FAILED'} in {record.wall_s:.0f} s")
+    if record.leftovers_removed:
+        size = sum(n for _, n in record.leftovers_removed) / 2**20
+        echo(f"[{name}] removed {len(record.leftovers_removed)} shared-memory entries ({size:.0f} MiB) its "
+             f"processes left in {cpu_leftovers.SHM_ROOT}")
     return record
 
 
@@ -418,14 +459,14 @@ class _Resume:
 
 
 def _plan(options: RehearsalOptions, config: DictConfig, out: Path, run: str, ray_dir: str,
-          data: RehearsalData, model_path: str, replaced: bool) -> list[Change]:
+          data: RehearsalData, model_path: str, replaced: bool, engine: Engine) -> list[Change]:
     prompt_key = select(config, "data.prompt_key", "prompt")
     longest = _longest_prompt(model_path, [data.train_file, data.val_file], prompt_key) or 448
     shape = RehearsalShape(
         model_path=model_path, model_replaced=replaced, train_file=str(data.train_file), val_file=str(data.val_file),
         max_prompt_length=64 * -(-longest // 64), max_response_length=options.max_response_length,
         train_batch_size=options.train_batch_size, gpus=options.gpus, steps=options.steps,
-        checkpoint_dir=str(out / run / "checkpoints"), ray_temp_dir=ray_dir,
+        checkpoint_dir=str(out / run / "checkpoints"), ray_temp_dir=ray_dir, engine=engine.value,
     )
     return rehearsal_changes(config, shape, override_keys(options.overrides))
 
@@ -450,6 +491,10 @@ def rehearse(options: RehearsalOptions, echo: Callable[[str], None] = print) -> 
     from dapo_verl.rehearsal.stand_in import build_stand_in
 
     _check(options)
+    try:
+        engine = choose_engine(options.engine)
+    except (ValueError, EngineUnavailable) as err:
+        raise RehearsalError(str(err)) from None
     config, entry = compose_recipe(options.config_name, options.overrides)
     out = options.out_dir.resolve()
     _prepare_out(out, options.overwrite)
@@ -462,23 +507,32 @@ def rehearse(options: RehearsalOptions, echo: Callable[[str], None] = print) -> 
                          val_rows=options.val_rows, seed=options.seed)
     # One private Ray cluster per run (the two overlap); short paths: Ray's socket paths must fit in 107 bytes.
     ray_dirs = [tempfile.mkdtemp(prefix="dvr-"), tempfile.mkdtemp(prefix="dvr-")]
+    site = Path(tempfile.mkdtemp(prefix="dvr-site-"))
     resume: _Resume | None = None
     try:
-        changes = _plan(options, config, out, "run1", ray_dirs[0], data, model_path, replaced)
+        changes = _plan(options, config, out, "run1", ray_dirs[0], data, model_path, replaced, engine.engine)
+        environment = dict(VLLM_ENVIRONMENT) if engine.engine is Engine.VLLM else {}
         result = RehearsalResult(options, " ".join(entry[1:]), entry[2], changes, data, model_path, replaced,
-                                 recipe=_recipe_summary(config))
+                                 engine, environment, recipe=_recipe_summary(config))
         (out / "changes.json").write_text(json.dumps([asdict(c) for c in changes], indent=1, default=str))
-        echo(_changes_text(options, entry, changes))
+        echo(_changes_text(options, entry, changes, engine, environment))
+
+        def engine_env(ray_dir: str) -> dict[str, str]:
+            if engine.engine is not Engine.VLLM:
+                return {}
+            return vllm_environment(write_private_site(site, str(engine.version)), ray_dir)
+
         user = list(options.overrides)
         if options.resume:
             barrier = Path(ray_dirs[1]) / "checkpoint-ready"
-            resume = _Resume(_resume_launcher(options, entry, changes, out, ray_dirs[1], barrier, echo),
+            resume = _Resume(_resume_launcher(options, entry, changes, out, ray_dirs[1], barrier, echo,
+                                              engine_env(ray_dirs[1])),
                              out / "run1" / "checkpoints", options.steps - 1, barrier, options.timeout_s)
             if options.overlap:
                 resume.start()
         first = _launch_once_more_if_ray_did_not_start(
             "run1", [*entry, *user, *(c.override() for c in changes)], out / "run1", options.timeout_s, ray_dirs[0],
-            options.steps, echo=echo, on_step=resume.on_step if resume else None)
+            options.steps, echo=echo, on_step=resume.on_step if resume else None, env=engine_env(ray_dirs[0]))
         result.runs.append(first)
         if resume is not None and first.returncode == 0:
             second = resume.result()
@@ -490,11 +544,13 @@ def rehearse(options: RehearsalOptions, echo: Callable[[str], None] = print) -> 
         for ray_dir in ray_dirs:
             _kill_leftovers(ray_dir)
             shutil.rmtree(ray_dir, ignore_errors=True)
+        shutil.rmtree(site, ignore_errors=True)
     return result
 
 
 def _resume_launcher(options: RehearsalOptions, entry: list[str], changes: list[Change], out: Path, ray_dir: str,
-                     barrier: Path, echo: Callable[[str], None]) -> Callable[..., RunRecord]:
+                     barrier: Path, echo: Callable[[str], None],
+                     engine_env: dict[str, str]) -> Callable[..., RunRecord]:
     """The resume run's launch: the first run's command, resuming from its checkpoint of step ``steps - 1`` once
     ``barrier`` exists. Its time limit covers the first run's too, which it overlaps."""
     def own_ray(change: Change) -> Change:
@@ -506,7 +562,7 @@ def _resume_launcher(options: RehearsalOptions, entry: list[str], changes: list[
                f"trainer.resume_from_path={out / 'run1' / 'checkpoints' / f'global_step_{options.steps - 1}'}",
                "trainer.val_before_train=false"]
 
-    env = {resume_barrier.ENV: str(barrier), resume_barrier.TIMEOUT_ENV: str(options.timeout_s)}
+    env = {**engine_env, resume_barrier.ENV: str(barrier), resume_barrier.TIMEOUT_ENV: str(options.timeout_s)}
 
     def launch(**hooks: Any) -> RunRecord:
         return _launch_once_more_if_ray_did_not_start("run2 (resume)", command, out / "run2", 2 * options.timeout_s,
@@ -531,12 +587,17 @@ def _recipe_summary(config: DictConfig) -> dict[str, Any]:
     return {key: select(config, key) for key in _RECIPE_KEYS}
 
 
-def _changes_text(options: RehearsalOptions, entry: list[str], changes: list[Change]) -> str:
-    lines = [f"Rehearsing {options.config_name} through `{' '.join(entry[1:])}` on this machine. "
+def _changes_text(options: RehearsalOptions, entry: list[str], changes: list[Change], engine: EngineChoice,
+                  environment: dict[str, tuple[str, str]]) -> str:
+    lines = [f"Rehearsing {options.config_name} through `{' '.join(entry[1:])}` on this machine.",
+             f"Rollout engine: {engine.label} ({engine.reason}).",
              f"Keys changed for a CPU run ({len(changes)}; everything else is the recipe's own):"]
     width = max((len(c.key) for c in changes), default=0)
     for group in ("model", "scale", "hardware", "engine", "run"):
         for change in (c for c in changes if c.group == group):
             recipe = "(unset)" if change.recipe is None else change.recipe
             lines.append(f"  {change.key:<{width}}  {recipe} -> {change.rehearsal}   ({group}: {change.reason})")
+    if environment:
+        lines.append("Environment of the run's processes:")
+        lines += [f"  {name}={value}   ({reason})" for name, (value, reason) in environment.items()]
     return "\n".join(lines)

@@ -90,7 +90,7 @@ def test_stand_in_groups_are_mixed_or_all_wrong(server, stand_in):
 def test_same_weights_give_the_same_set_of_responses(server, stand_in):
     _, ids = _prompt_ids(stand_in)
     first = sorted(tuple(o.token_ids) for o in _generate(server, ids, 8))
-    server._occurrences.clear()  # as after a restart with the same weights
+    server._seeds.restart()  # as after a restart with the same weights
     second = sorted(tuple(o.token_ids) for o in _generate(server, ids, 8))
     assert first == second
     assert len(set(first)) > 1  # the n samples of a prompt differ

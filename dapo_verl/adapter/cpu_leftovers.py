@@ -1,0 +1,83 @@
+"""What a rehearsal's processes leave in ``/dev/shm``, recorded as they create it and removed after the run.
+
+vLLM's message queues and verl's shared-memory weight transfer create POSIX shared-memory segments
+(``multiprocessing.shared_memory``) and named semaphores; when ``ray.shutdown`` kills the engine they are never
+unlinked -- about 400 MiB per vLLM run. The names are random, so nothing after the fact tells this run's from
+another program's. Each process of a rehearsal therefore records the names it creates (:func:`track`, installed
+by the rehearsal's plugins only) into the run's record folder, and the rehearsal removes exactly those that
+still exist once the run has ended (:func:`remove_recorded`), and nothing else.
+"""
+
+from __future__ import annotations
+
+import functools
+import multiprocessing.shared_memory
+import multiprocessing.synchronize
+import os
+from pathlib import Path
+from typing import Any
+
+from dapo_verl.adapter.import_patches import is_patched, mark
+
+__all__ = ["SHM_ROOT", "recorded_names", "remove_recorded", "track"]
+
+SHM_ROOT = Path("/dev/shm")
+_PREFIX = "dev-shm-"
+
+
+def _record(folder: Path, name: str) -> None:
+    # One file per process, appended line by line: processes never write to each other's file.
+    with open(folder / f"{_PREFIX}{os.getpid()}.txt", "a") as sink:
+        sink.write(name + "\n")
+
+
+def track(folder: Path) -> None:
+    """Record into ``folder`` every shared-memory segment and named semaphore this process creates. Idempotent."""
+    folder.mkdir(parents=True, exist_ok=True)
+    memory = multiprocessing.shared_memory.SharedMemory
+    if not is_patched(memory.__init__):
+        original_memory = memory.__init__
+
+        @functools.wraps(original_memory)
+        def __init__(self: Any, name: str | None = None, create: bool = False, size: int = 0, **kwargs: Any) -> None:
+            original_memory(self, name, create, size, **kwargs)
+            if create:
+                _record(folder, self.name)
+
+        memory.__init__ = mark(__init__)
+    semaphore = multiprocessing.synchronize.SemLock
+    if not is_patched(semaphore.__init__):
+        original_semaphore = semaphore.__init__
+
+        @functools.wraps(original_semaphore)
+        def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+            original_semaphore(self, *args, **kwargs)
+            name = getattr(self._semlock, "name", None)  # None once unlinked at creation (fork contexts)
+            if name:
+                _record(folder, "sem." + name.lstrip("/"))
+
+        semaphore.__init__ = mark(__init__)
+
+
+def recorded_names(folder: Path) -> list[str]:
+    """The ``/dev/shm`` entries recorded in ``folder`` by :func:`track`, in recording order, without repeats."""
+    names: dict[str, None] = {}
+    for record in sorted(folder.glob(f"{_PREFIX}*.txt")):
+        names.update(dict.fromkeys(line.strip() for line in record.read_text().splitlines() if line.strip()))
+    return list(names)
+
+
+def remove_recorded(folder: Path, root: Path = SHM_ROOT) -> list[tuple[str, int]]:
+    """Unlink what :func:`track` recorded in ``folder`` and is still under ``root``; return (name, bytes) removed."""
+    removed = []
+    for name in recorded_names(folder):
+        path = root / name
+        if "/" in name or not path.is_file():
+            continue
+        size = path.stat().st_size
+        try:
+            path.unlink()
+        except FileNotFoundError:  # its own process unlinked it meanwhile
+            continue
+        removed.append((name, size))
+    return removed
