@@ -105,7 +105,8 @@ def weight_sync_check(folder: Path) -> dict[str, Any]:
         ``{"ok", "pushes", "initial", "rows", "reason"}``: ``rows`` has one entry per push -- its
         ``global_steps``, whether the engine's tokens equal the reference's, the largest log-prob difference
         from the reference, and how much the push changed the engine's output (tokens changed, largest
-        log-prob change); ``ok`` when every push was probed and matched.
+        log-prob change); ``ok`` when every push followed by a request was probed and matched, and at least one
+        of them changed the engine's greedy tokens (an update large enough to show that the weights arrive).
     """
     references, engine = _read(folder / REFERENCE_RECORDS), _read(folder / ENGINE_RECORDS)
     if not references:
@@ -128,10 +129,23 @@ def weight_sync_check(folder: Path) -> dict[str, Any]:
             row["logp_max_change"] = _max_diff(probe["log_probs"], previous["log_probs"])
         rows.append(row)
         previous = probe
-    matched = [r for r in rows if r["probed"] and r["tokens_equal"] and r["logp_max_diff"] <= LOGP_TOLERANCE]
-    ok = bool(rows) and len(matched) == len(rows)
-    reason = (f"after each of {len(rows)} weight pushes the engine's greedy output equalled the sent weights' "
-              f"(log-probs within {max(r['logp_max_diff'] for r in rows):.1e})" if ok else
-              f"{len(rows) - len(matched)} of {len(rows)} weight pushes were not followed by an engine output equal "
-              f"to the sent weights' (see {folder})")
+    # The run's last push (after its last step) is followed by no request: nothing can be probed after it.
+    last_unfollowed = bool(rows) and not rows[-1]["probed"]
+    probed = [r for r in rows if r["probed"]]
+    matched = [r for r in probed if r["tokens_equal"] and r["logp_max_diff"] <= LOGP_TOLERANCE]
+    unprobed = len(rows) - len(probed) - int(last_unfollowed)
+    changed = [r for r in matched if r.get("tokens_changed")]
+    ok = bool(changed) and len(matched) == len(probed) and unprobed == 0
+    if len(matched) < len(probed) or unprobed:
+        reason = (f"{len(probed) - len(matched)} of {len(probed)} probed weight pushes were not followed by an engine "
+                  f"output equal to the sent weights', {unprobed} not probed (records: {folder})")
+    elif not changed:
+        reason = ("no weight push changed the engine's greedy output, so the probe cannot tell whether the weights "
+                  "reached it (vLLM started with the actor's weights? verl's default load_format=dummy starts it "
+                  "from random ones)")
+    else:
+        reason = (f"after each of {len(probed)} weight pushes followed by generation the engine's greedy output "
+                  f"equalled the sent weights' (log-probs within {max(r['logp_max_diff'] for r in matched):.1e}); "
+                  f"{len(changed)} of them changed its output"
+                  + ("; the last push, after the last step, was followed by no request" if last_unfollowed else ""))
     return {"ok": ok, "pushes": len(rows), "initial": initial is not None, "rows": rows, "reason": reason}

@@ -12,9 +12,11 @@ import re
 from pathlib import Path
 from typing import Any
 
-from dapo_verl.rehearsal.run import RehearsalResult
+from dapo_verl.adapter.weight_probe import weight_sync_check
+from dapo_verl.rehearsal.engine import Engine
+from dapo_verl.rehearsal.run import RehearsalResult, RunRecord
 
-__all__ = ["REQUIRED_METRICS", "build_report", "read_jsonl", "write_report"]
+__all__ = ["REQUIRED_METRICS", "ROLLOUT_DIFF_LIMIT", "ROLLOUT_METRICS", "build_report", "read_jsonl", "write_report"]
 
 REQUIRED_METRICS = {
     "dapo/sampler/gen_rounds": "dynamic sampling: generation rounds",
@@ -26,6 +28,12 @@ REQUIRED_METRICS = {
 }
 """Metrics a DAPO recipe's rehearsal must find in every training step verl logged."""
 
+ROLLOUT_METRICS = ("training/rollout_probs_diff_max", "training/rollout_probs_diff_mean",
+                   "training/rollout_actor_probs_pearson_corr")
+"""verl's rollout-versus-actor metrics (``verl/utils/debug/metrics.py``): every rehearsal step must log them."""
+ROLLOUT_DIFF_LIMIT = 1e-3
+"""Largest |p_rollout - p_actor| a rehearsal accepts: float32 on both sides, the same weights (~1e-6 seen)."""
+
 # Not comparable between two processes: wall times, throughput and memory; and verl's bootstrap estimates of
 # validation best@N/worst@N/maj@N, which resample with a generator whose state depends on earlier calls.
 _VOLATILE_PREFIXES = ("timing_s/", "timing_per_token_ms/", "perf/", "actor/perf/")
@@ -36,8 +44,9 @@ _UPDATE_PREFIXES = ("actor/", "rollout_corr/", "training/rollout_")
 _BOOTSTRAPPED = re.compile(r"/(best|worst|maj)@\d+/")
 
 GPU_ONLY = (
-    "vLLM itself: its sampling kernels, tensor parallelism, memory settings (gpu_memory_utilization, "
-    "max_num_batched_tokens, chunked prefill, CUDA graphs) and weight-update transport",
+    "vLLM on a GPU: its CUDA kernels and bfloat16 sampling, CUDA graphs, sleep mode (free_cache_engine), chunked "
+    "prefill with seeded requests, tensor and pipeline parallelism, gpu_memory_utilization and the KV-cache size, "
+    "and the CUDA-IPC weight transport (the rehearsal's weights go through shared memory)",
     "FSDP1 (the recipe's strategy=fsdp) and NCCL collectives; the rehearsal runs FSDP2 over gloo",
     "bfloat16 numerics, flash-attention and Ulysses sequence parallelism",
     "the real model's memory and speed: whether it fits with the recipe's offload and micro-batch settings",
@@ -129,6 +138,43 @@ def _components(result: RehearsalResult, logged: dict[int, dict[str, Any]]) -> l
     ]
 
 
+def _engine_label(result: RehearsalResult, run: RunRecord | None) -> tuple[str, bool]:
+    """The engine as the run ran it -- the version vLLM's own processes recorded, or ``stand-in`` -- and whether
+    it started."""
+    if result.engine.engine is Engine.STAND_IN:
+        return Engine.STAND_IN.value, True
+    records = sorted(run.records.glob("engine-*.json")) if run is not None and run.records else []
+    versions = sorted({json.loads(path.read_text())["distribution"] for path in records})
+    return (f"vllm {', '.join(versions)}", True) if versions else ("vllm (no vLLM process started)", False)
+
+
+def _rollout_check(trained: dict[int, dict[str, Any]]) -> dict[str, Any]:
+    """verl's rollout-versus-actor metrics of every step, and whether each is logged and within the limit."""
+    steps = {step: {key: data.get(key) for key in ROLLOUT_METRICS} for step, data in sorted(trained.items())}
+    bad = [step for step, values in steps.items() if not isinstance(values[ROLLOUT_METRICS[0]], (int, float))
+           or not math.isfinite(values[ROLLOUT_METRICS[0]]) or values[ROLLOUT_METRICS[0]] > ROLLOUT_DIFF_LIMIT
+           or any(values[key] is None for key in ROLLOUT_METRICS)]
+    return {"ok": bool(steps) and not bad, "limit": ROLLOUT_DIFF_LIMIT, "steps": steps, "failed_steps": bad}
+
+
+def _engine_sections(result: RehearsalResult, trained: dict[int, dict[str, Any]]) -> dict[str, Any]:
+    first = result.runs[0] if result.runs else None
+    label, started = _engine_label(result, first)
+    sections: dict[str, Any] = {
+        "rollout_engine": label,
+        "engine_started": started,
+        "engine_reason": result.engine.reason,
+        "environment": {name: value for name, (value, _) in result.environment.items()},
+        "rollout_vs_actor": _rollout_check(trained),
+        "leftovers_removed": {run.name: {"entries": len(run.leftovers_removed),
+                                         "bytes": sum(size for _, size in run.leftovers_removed)}
+                              for run in result.runs},
+    }
+    if result.engine.engine is Engine.VLLM and first is not None and first.records is not None:
+        sections["weight_sync"] = weight_sync_check(first.records)
+    return sections
+
+
 def build_report(result: RehearsalResult) -> dict[str, Any]:
     """The report as plain data (``report.json``)."""
     runs = []
@@ -160,11 +206,17 @@ def build_report(result: RehearsalResult) -> dict[str, Any]:
         "metrics_logged": sorted(set().union(*first.values())) if first else [],
         "missing_required_metrics": {s: m for s, m in missing.items() if m} if dapo_recipe else {},
         "not_checked": list(GPU_ONLY),
+        **_engine_sections(result, first),
     }
     if len(result.runs) > 1 and result.runs[1].returncode == 0:
         second = _training_steps(logs[result.runs[1].name])
         report["resume"] = _resume_check(first, second, result.options.steps)
-    if dapo_recipe and report["missing_required_metrics"]:
+        # One replica regenerates the same groups; with several, verl routes each request to the less busy one.
+        report["resume"]["required"] = result.options.gpus == 1
+    engine_ok = (report["engine_started"] and report["rollout_vs_actor"]["ok"]
+                 and report.get("weight_sync", {"ok": True})["ok"])
+    resume_ok = "resume" not in report or not report["resume"]["required"] or report["resume"]["data_identical"]
+    if (dapo_recipe and report["missing_required_metrics"]) or (first and not (engine_ok and resume_ok)):
         report["ok"] = False
     return report
 
@@ -173,9 +225,51 @@ def _per_step(run: dict[str, Any]) -> str:
     return "-" if run["time_per_step_s"] is None else f"{run['time_per_step_s']} s"
 
 
+def _resume_verdict(resume: dict[str, Any]) -> str:
+    if resume["identical"]:
+        return "identical"
+    if resume["data_identical"]:
+        return (f"the sampler's decisions and the data identical, update statistics within "
+                f"{resume['update_max_rel_diff']:.1e} relative (a group's responses arrive in any order)")
+    required = "" if resume.get("required", True) else (
+        " (not required: with several rollout replicas verl routes each request to the less busy one)")
+    return f"{len(resume['differences'])} differ{required}"
+
+
+def _engine_lines(report: dict[str, Any]) -> list[str]:
+    """The engine section of report.md: which engine ran, verl's rollout-versus-actor metrics, the weight sync."""
+    check = report["rollout_vs_actor"]
+    lines = ["", "## Rollout engine", "", f"**{report['rollout_engine']}** ({report['engine_reason']}).", "",
+             f"verl's rollout-versus-actor metrics (limit: probs diff max <= {check['limit']:g}; "
+             f"{'every step within it' if check['ok'] else 'FAILED at steps ' + str(check['failed_steps'])}):", "",
+             "| step | " + " | ".join(f"`{k}`" for k in ROLLOUT_METRICS) + " |", "|---|---|---|---|"]
+    lines += [f"| {step} | " + " | ".join("-" if v is None else f"{v:.3g}" for v in values.values()) + " |"
+              for step, values in check["steps"].items()]
+    sync = report.get("weight_sync")
+    if sync is not None:
+        lines += ["", f"Weight sync: {'reached the engine' if sync['ok'] else 'NOT SHOWN'}: {sync['reason']}.", "",
+                  "| push (global step) | engine = sent weights | max log-prob diff | output changed by the push |",
+                  "|---|---|---|---|"]
+        for row in sync["rows"]:
+            if not row["probed"]:
+                lines.append(f"| {row['global_steps']} | not probed | - | - |")
+                continue
+            changed = ("-" if "tokens_changed" not in row else
+                       f"{'tokens changed' if row['tokens_changed'] else 'same tokens'}, "
+                       f"log-probs by up to {row['logp_max_change']:.2g}")
+            lines.append(f"| {row['global_steps']} | {'yes' if row['tokens_equal'] else 'NO'} | "
+                         f"{row['logp_max_diff']:.1e} | {changed} |")
+    left = {name: v for name, v in report["leftovers_removed"].items() if v["entries"]}
+    if left:
+        removed = "; ".join(f"{name}: {v['entries']} entries, {v['bytes'] / 2**20:.0f} MiB" for name, v in left.items())
+        lines += ["", f"Removed after the runs from /dev/shm, created by their processes and left behind: {removed}."]
+    return lines
+
+
 def _markdown(report: dict[str, Any]) -> str:
     lines = [f"# Rehearsal of `{report['config']}`", "",
-             f"Entry point: `python {report['entry']}`. Result: **{'passed' if report['ok'] else 'FAILED'}**.", ""]
+             f"Entry point: `python {report['entry']}`, rollout engine `{report['rollout_engine']}`. "
+             f"Result: **{'passed' if report['ok'] else 'FAILED'}**.", ""]
     lines += ["| run | exit | wall time | steps logged | time per step |", "|---|---|---|---|---|"]
     for run in report["runs"]:
         lines.append(f"| {run['name']} | {run['returncode']} | {run['wall_s']} s | {run['steps_logged']} | "
@@ -185,15 +279,12 @@ def _markdown(report: dict[str, Any]) -> str:
     lines += ["", "## DAPO components", "", "| component | recipe setting | active | evidence |", "|---|---|---|---|"]
     lines += [f"| {c['component']} | {c['setting']} | {'yes' if c['active'] else 'no'} | {c['evidence']} |"
               for c in report["components"]]
+    lines += _engine_lines(report)
     if "resume" in report:
         resume = report["resume"]
-        verdict = "identical" if resume["identical"] else (
-            f"the sampler's decisions and the data identical, update statistics within "
-            f"{resume['update_max_rel_diff']:.1e} relative (a group's responses arrive in any order)"
-            if resume["data_identical"] else f"{len(resume['differences'])} differ")
         lines += ["", "## Resume", "", f"Step {resume['step']} trained again after resuming from the checkpoint of "
                   f"step {resume['step'] - 1}: {resume['compared']} logged values compared with the uninterrupted run, "
-                  f"{verdict}."]
+                  f"{_resume_verdict(resume)}."]
         lines += [f"- {d}" for d in resume["differences"][:20]]
     if report["missing_required_metrics"]:
         lines += ["", "## Missing metrics", ""]
@@ -231,12 +322,17 @@ def summary_lines(report: dict[str, Any]) -> list[str]:
                      f"{_per_step(run)} per step -- {status}")
     active = [c["component"] for c in report["components"] if c["active"]]
     lines.append(f"DAPO components active: {', '.join(active) or 'none'}")
+    check = report["rollout_vs_actor"]
+    diffs = [v[ROLLOUT_METRICS[0]] for v in check["steps"].values() if isinstance(v[ROLLOUT_METRICS[0]], float)]
+    lines.append(f"rollout engine: {report['rollout_engine']}; rollout vs actor probs diff max per step "
+                 f"{', '.join(f'{d:.1e}' for d in diffs) or '-'} "
+                 f"({'within' if check['ok'] else 'NOT within'} {check['limit']:g})")
+    if "weight_sync" in report:
+        lines.append(f"weight sync: {report['weight_sync']['reason']}")
     if "resume" in report:
         r = report["resume"]
-        verdict = "identical" if r["identical"] else (
-            f"data identical, update statistics within {r['update_max_rel_diff']:.1e}" if r["data_identical"]
-            else f"{len(r['differences'])} differ")
-        lines.append(f"resume: step {r['step']} after the resume vs uninterrupted: {r['compared']} values, {verdict}")
+        lines.append(f"resume: step {r['step']} after the resume vs uninterrupted: {r['compared']} values, "
+                     f"{_resume_verdict(r)}")
     for step, metrics in report["missing_required_metrics"].items():
         lines.append(f"step {step} lacks {', '.join(metrics)}")
     lines.append(f"{'PASSED' if report['ok'] else 'FAILED'}; report: {report['runs'][0]['log'].rsplit('/run1', 1)[0]}"
