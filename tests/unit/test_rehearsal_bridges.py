@@ -1,0 +1,115 @@
+"""The rehearsal's bridges that need no verl run: recorded /dev/shm leftovers, request seeds, the weight-sync check."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from multiprocessing import shared_memory
+
+import pytest
+
+from dapo_verl.adapter import cpu_leftovers, weight_probe
+from dapo_verl.adapter.request_seeds import RequestSeeds
+
+_LEAKER = textwrap.dedent("""
+    import os, sys, time
+    from pathlib import Path
+    from multiprocessing import resource_tracker, shared_memory
+    from dapo_verl.adapter import cpu_leftovers
+    cpu_leftovers.track(Path(sys.argv[1]))
+    segment = shared_memory.SharedMemory(create=True, size=4096)
+    resource_tracker.unregister(segment._name, "shared_memory")  # as a process whose tracker dies with it
+    print(segment.name, flush=True)
+    time.sleep(60)  # killed: the segment is never unlinked, as when ray.shutdown kills vLLM's engine
+""")
+
+
+def test_what_a_killed_process_created_is_removed_and_nothing_else(tmp_path):
+    records = tmp_path / "engine"
+    process = subprocess.Popen([sys.executable, "-c", _LEAKER, str(records)], stdout=subprocess.PIPE, text=True,
+                               env={**os.environ, "PYTHONPATH": os.getcwd()})
+    name = process.stdout.readline().strip()
+    os.kill(process.pid, signal.SIGKILL)
+    process.wait()
+    other = shared_memory.SharedMemory(create=True, size=4096)  # someone else's: never recorded
+    try:
+        assert (cpu_leftovers.SHM_ROOT / name).exists()
+        assert cpu_leftovers.recorded_names(records) == [name]
+        assert cpu_leftovers.remove_recorded(records) == [(name, 4096)]
+        assert not (cpu_leftovers.SHM_ROOT / name).exists()
+        assert (cpu_leftovers.SHM_ROOT / other.name).exists()
+        assert cpu_leftovers.remove_recorded(records) == []  # already gone: nothing to do
+    finally:
+        other.close()
+        other.unlink()
+
+
+def test_recorded_names_never_reach_outside_the_shm_folder(tmp_path):
+    (tmp_path / "dev-shm-1.txt").write_text("../etc/passwd\npsm_absent\n")
+    assert cpu_leftovers.remove_recorded(tmp_path, root=tmp_path / "shm") == []
+
+
+def test_request_seeds_follow_content_and_occurrence_not_arrival_order():
+    params = {"temperature": 1.0, "top_p": 1.0, "logprobs": True}
+    a, b = RequestSeeds(3), RequestSeeds(3)
+    first = [a.next([5, 6], params, 1) for _ in range(4)]
+    a.next([9], params, 1)  # another prompt in between changes nothing for this one
+    assert len(set(first)) == 4 and [b.next([5, 6], params, 1) for _ in range(4)] == first
+    assert a.next([5, 6], params, 2) != first[0]  # new weights' version, another stream
+    assert RequestSeeds(4).next([5, 6], params, 1) != first[0]  # another rollout seed
+    a.restart()
+    assert a.next([5, 6], params, 1) == first[0]
+    assert a.next([5, 6], {**params, "seed": 123}, 1) == first[1]  # a seed given in the request is not hashed
+    assert all(0 <= s < 2**64 for s in first)
+
+
+def _records(folder, engine, references):
+    for file, rows in ((weight_probe.ENGINE_RECORDS, engine), (weight_probe.REFERENCE_RECORDS, references)):
+        (folder / file).write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def _probe(when, seq, step, tokens, logp):
+    return {"when": when, "seq": seq, "global_steps": step, "tokens": tokens, "log_probs": [logp] * len(tokens)}
+
+
+def _reference(step, tokens, logp):
+    return {"global_steps": step, "tokens": tokens, "log_probs": [logp] * len(tokens)}
+
+
+def test_weight_sync_is_shown_when_the_engine_follows_a_push_that_changed_its_output(tmp_path):
+    _records(tmp_path, [_probe("started", 1, None, [7, 7], -6.0), _probe("after_push", 2, 0, [3, 3], -1.0),
+                        _probe("after_push", 3, 1, [3, 3], -0.9999)],
+             [_reference(0, [3, 3], -1.0000004), _reference(1, [3, 3], -0.9999002), _reference(2, [3, 4], -0.9)])
+    check = weight_probe.weight_sync_check(tmp_path)
+    assert check["ok"] and check["pushes"] == 3 and check["initial"]
+    first, second, last = check["rows"]
+    assert first["tokens_changed"] and first["logp_max_change"] == pytest.approx(5.0)
+    assert not second["tokens_changed"] and second["logp_max_diff"] < 1e-6
+    assert not last["probed"]  # after the last step no request followed
+    assert "followed by no request" in check["reason"]
+
+
+def test_an_engine_that_kept_its_old_weights_fails_the_check(tmp_path):
+    # The push happened (reference recorded) but the engine still answers with its initial weights.
+    _records(tmp_path, [_probe("started", 1, None, [7, 7], -6.0), _probe("after_push", 2, 0, [7, 7], -6.0)],
+             [_reference(0, [3, 3], -1.0), _reference(1, [3, 3], -1.0)])
+    check = weight_probe.weight_sync_check(tmp_path)
+    assert not check["ok"] and not check["rows"][0]["tokens_equal"]
+    assert "1 of 1 probed weight pushes were not followed by an engine output equal" in check["reason"]
+
+
+def test_a_push_that_changes_nothing_cannot_show_the_sync(tmp_path):
+    # load_format=auto: vLLM loaded the actor's weights itself, so the push leaves its output as it was.
+    _records(tmp_path, [_probe("started", 1, None, [3, 3], -1.0), _probe("after_push", 2, 0, [3, 3], -1.0)],
+             [_reference(0, [3, 3], -1.0)])
+    check = weight_probe.weight_sync_check(tmp_path)
+    assert not check["ok"] and "cannot tell whether the weights reached it" in check["reason"]
+
+
+def test_no_recorded_push_is_reported_as_such(tmp_path):
+    check = weight_probe.weight_sync_check(tmp_path)
+    assert not check["ok"] and check["pushes"] == 0 and "no weight push was recorded" in check["reason"]
