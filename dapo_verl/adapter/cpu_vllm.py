@@ -18,8 +18,10 @@ bind the same path and could exchange weights. Both record the shared memory the
 (:mod:`.cpu_leftovers`), and the vLLM side records which vLLM ran (``engine-<pid>.json``) for the report.
 
 In verl's processes, besides: each request to vLLM gets a seed from its content (:mod:`.request_seeds`), so a
-resumed run regenerates the uninterrupted run's groups; and the weight-sync probe of :mod:`.weight_probe` runs
-around every weight push and on the engine's first request after it.
+resumed run regenerates the uninterrupted run's groups; every request is recorded (:data:`REQUESTS`: when it
+started and ended, with which weights, how many tokens), so generation can be counted at the engine whichever
+sampler asked for it; and the weight-sync probe of :mod:`.weight_probe` runs around every weight push and on the
+engine's first request after it.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import functools
 import json
 import os
 import sys
+import time
 import uuid
 from pathlib import Path
 from types import ModuleType
@@ -38,7 +41,7 @@ from dapo_verl.adapter import cpu_leftovers, weight_probe
 from dapo_verl.adapter.import_patches import is_patched, mark, patch_on_import
 from dapo_verl.adapter.request_seeds import RequestSeeds
 
-__all__ = ["RECORD_ENV", "SOCKET_ENV", "active", "install_verl_side", "register"]
+__all__ = ["RECORD_ENV", "REQUESTS", "SOCKET_ENV", "active", "install_verl_side", "register"]
 
 RECORD_ENV = "DAPO_REHEARSAL_RECORD_DIR"
 """The run's record folder (engine records, shared-memory names, weight-sync probes); set by the rehearsal."""
@@ -205,11 +208,24 @@ def _patch_http_server(module: ModuleType, record_dir: Path) -> None:
             # vLLM seeds its engine once; a seed per request from its content makes a group independent of the
             # order requests arrive in (dapo_verl.adapter.request_seeds). vLLM takes a signed 64-bit seed.
             params["seed"] = state["seeds"].next(list(prompt_ids), params, self.global_steps) >> 1
-        return await original_generate(self, prompt_ids, params, request_id, *args, **kwargs)
+        started, weights = time.time(), self.global_steps
+        output = await original_generate(self, prompt_ids, params, request_id, *args, **kwargs)
+        _record_request(record_dir, started, weights, len(output.token_ids))
+        return output
 
     server.launch_server = mark(launch_server)
     server.clear_kv_cache = mark(clear_kv_cache)
     server.generate = mark(generate)
+
+
+REQUESTS = "requests-{pid}.jsonl"
+"""Per server process: one line per generate request -- start and end time, the weights' global step, tokens."""
+
+
+def _record_request(record_dir: Path, started: float, weights: Any, tokens: int) -> None:
+    line = json.dumps({"start": started, "end": time.time(), "weights": weights, "tokens": tokens})
+    with open(record_dir / REQUESTS.format(pid=os.getpid()), "a") as sink:
+        sink.write(line + "\n")
 
 
 def _probe_state(server: Any) -> dict[str, Any]:

@@ -17,11 +17,11 @@ CARRY = ["algorithm.filter_groups.refill=barrier", "data.gen_batch_size=8", "alg
 
 
 def run_rehearsal(tmp_path: Path, config: str, *overrides: str, steps: int = 3, resume: bool = True,
-                  gpus: int = 1, overlap: bool = False):
+                  gpus: int = 1, overlap: bool = False, engine: str | None = None):
     # Sequential by default: the suite already keeps both cores busy, where overlapping the two runs only adds
-    # contention. test_rehearse_v1.py's exact-resume test runs the default, overlapped path.
+    # contention. The exact-resume tests run the default, overlapped path. engine=None: vLLM when it is installed.
     options = RehearsalOptions(config_name=config, overrides=tuple(overrides), out_dir=tmp_path / "rehearsal",
-                               steps=steps, resume=resume, gpus=gpus, timeout_s=600, overlap=overlap)
+                               steps=steps, resume=resume, gpus=gpus, timeout_s=600, overlap=overlap, engine=engine)
     report = write_report(rehearse(options, echo=lambda line: None))
     out = options.out_dir
     failures = [f"{r['name']}: {r['error']}" for r in report["runs"] if r["returncode"] != 0]

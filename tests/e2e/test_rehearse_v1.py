@@ -1,4 +1,5 @@
-"""verl's real v1 trainer (its default), through ``dapo-verl rehearse``: Ray workers, FSDP2 on gloo, the CPU replica.
+"""verl's real v1 trainer (its default), through ``dapo-verl rehearse --engine stand-in``: Ray workers, FSDP2 on gloo,
+dapo_verl's CPU rollout replica in place of vLLM (the same trainer on real vLLM: test_rehearse_vllm.py).
 
 Every assertion reads what verl itself wrote -- its file logger's JSONL and its checkpoint folders -- never
 dapo_verl's objects. The runs are small (tiny stand-in model, 4 prompts a step) but go through the same code a
@@ -17,10 +18,15 @@ from tests.e2e.rehearsal_helpers import CARRY, SIZES, assert_dapo_metrics_every_
 pytestmark = [pytest.mark.slow, pytest.mark.verl, pytest.mark.e2e]
 
 
-def test_v1_sync_trains_with_the_replenisher_and_resumes_exactly(tmp_path):
+def test_v1_sync_trains_with_the_replenisher_and_resumes_exactly_on_the_stand_in(tmp_path):
     # The default path: the resume run starts with the first and waits at verl's checkpoint load for it.
     report, logged, out = run_rehearsal(tmp_path, "dapo_trainer", "actor_rollout_ref.rollout.n=4", *SIZES, *CARRY,
-                                        overlap=True)
+                                        overlap=True, engine="stand-in")
+    assert report["rollout_engine"] == "stand-in" and "--engine stand-in" in report["engine_reason"]
+    changes = json.loads((out / "changes.json").read_text())
+    assert {"key": "actor_rollout_ref.rollout.name", "rehearsal": "dapo_cpu"}.items() <= next(
+        c for c in changes if c["key"] == "actor_rollout_ref.rollout.name").items()
+    assert "weight_sync" not in report  # the probe is for vLLM; the replica is dapo_verl's own code
     trained = assert_dapo_metrics_every_step(logged, 3)
     run2_log = (out / "run2" / "log.txt").read_text()
     assert "waiting for the first run's checkpoint before loading it" in run2_log  # it did start early and wait
@@ -39,17 +45,3 @@ def test_v1_sync_trains_with_the_replenisher_and_resumes_exactly(tmp_path):
     assert report["resume"]["compared"] > 50
     resumed = training_steps(read_jsonl(out / "run2" / "metrics.jsonl"))
     assert sorted(resumed) == [3] and resumed[3]["dapo/sampler/train_step"] == 3
-
-
-def test_v1_colocate_async_trains_with_the_replenisher_and_resumes(tmp_path):
-    report, logged, out = run_rehearsal(tmp_path, "dapo_trainer", "trainer.v1.trainer_mode=colocate_async",
-                                    "actor_rollout_ref.rollout.n=4", *SIZES, *CARRY)
-    trained = assert_dapo_metrics_every_step(logged, 3)
-    assert report["ok"]
-    resumed = training_steps(read_jsonl(out / "run2" / "metrics.jsonl"))
-    assert sorted(resumed) == [3]
-    # The sampler state came back: the resumed step continues the counters and history of the first run.
-    for key in ("dapo/sampler/train_step", "dapo/sampler/history_size", "dapo/sampler/data_epoch"):
-        assert resumed[3][key] == trained[3][key], key
-    changes = json.loads((out / "changes.json").read_text())
-    assert not any(c["key"].startswith("trainer.v1") for c in changes)  # the mode is the recipe's own

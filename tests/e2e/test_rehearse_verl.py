@@ -1,5 +1,6 @@
-"""verl's legacy trainer and its own main_ppo on this machine, through ``dapo-verl rehearse`` (Ray, FSDP2 on gloo,
-the CPU replica); a bad recipe fails as on a cluster.
+"""verl's legacy trainer on two ranks, through ``dapo-verl rehearse --engine stand-in`` (Ray, FSDP2 on gloo, the CPU
+replica); a bad recipe fails as on a cluster. verl's main_ppo and the legacy trainer on real vLLM:
+test_rehearse_vllm.py.
 
 Every assertion reads what verl itself wrote -- its file logger's JSONL and its checkpoint folders -- never
 dapo_verl's objects. The runs are small (tiny stand-in model, 4 prompts a step) but go through the same code a
@@ -31,7 +32,7 @@ def test_legacy_trainer_on_two_ranks_with_odd_n_and_partial_batches_and_a_resume
         "actor_rollout_ref.rollout.agent.num_workers=2", "algorithm.filter_groups.max_num_gen_batches=1",
         "algorithm.filter_groups.refill=barrier", "data.gen_batch_size=3",
         "algorithm.filter_groups.on_shortfall=partial", "algorithm.filter_groups.surplus=carry", *ODD_SIZES, gpus=2,
-        steps=2)  # 2 steps: checkpoint at step 1, resumed at step 2 (each step on 2 ranks costs CI time)
+        steps=2, engine="stand-in")  # 2 steps: checkpoint at 1, resumed at 2; two vLLM engines would need ~13 GB
     trained = assert_dapo_metrics_every_step(logged, 2)
     assert any(data["dapo/sampler/partial"] == 1 for data in trained.values())
     assert any(data["dapo/rollout/padding_responses"] > 0 for data in trained.values())
@@ -49,24 +50,6 @@ def test_legacy_trainer_on_two_ranks_with_odd_n_and_partial_batches_and_a_resume
         assert resumed[2][key] == trained[2][key], key
 
 
-def test_verl_main_ppo_with_the_readme_loss_mode_dapo_overrides(tmp_path):
-    readme = ["actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.n=4",
-              "actor_rollout_ref.actor.policy_loss.loss_mode=dapo", "actor_rollout_ref.actor.clip_ratio_low=0.2",
-              "actor_rollout_ref.actor.clip_ratio_high=0.28", "actor_rollout_ref.actor.loss_agg_mode=token-mean",
-              "algorithm.adv_estimator=dapo", "reward.reward_manager.name=dapo_verl",
-              "+reward.reward_kwargs.overlong_tokens=2", "+reward.reward_kwargs.overlong_penalty_factor=1.0"]
-    report, logged, _ = run_rehearsal(tmp_path, "ppo_trainer", *readme, *SIZES, steps=2, resume=False)
-    assert report["entry"].endswith("verl.trainer.main_ppo")
-    trained = training_steps(logged)
-    assert sorted(trained) == [1, 2]
-    for data in trained.values():
-        assert "actor/dapo/clip_upper_fraction" in data and "actor/dapo/clip_higher_kept_fraction" in data
-        assert "actor/dapo/actor/clip_upper_fraction" not in data  # verl's actor/ prefix is not doubled
-        assert data["actor/pg_clipfrac"] == pytest.approx(
-            data["actor/dapo/clip_upper_fraction"] + data["actor/dapo/clip_lower_fraction"])
-        assert "dapo/sampler/gen_rounds" not in data  # verl's own trainer: no replenisher
-
-
 def test_a_recipe_whose_data_lacks_the_prompt_column_fails_with_verls_own_error(tmp_path):
     # The recipe's data file is used as it is (first rows), so a schema mistake fails here as on the cluster.
     import pyarrow as pa
@@ -77,7 +60,8 @@ def test_a_recipe_whose_data_lacks_the_prompt_column_fails_with_verls_own_error(
                              "reward_model": [{"ground_truth": "1", "style": "rule"}] * 8}), bad)
     options = RehearsalOptions(config_name="dapo_trainer", overrides=(
         f"data.train_files={bad}", f"data.val_files={bad}", "actor_rollout_ref.rollout.n=4", *SIZES),
-        out_dir=tmp_path / "rehearsal", timeout_s=600, overlap=False)  # run1 fails: no resume run to start early
+        out_dir=tmp_path / "rehearsal", timeout_s=600, overlap=False,  # run1 fails: no resume run to start early
+        engine="stand-in")
     report = write_report(rehearse(options, echo=lambda line: None))
     assert not report["ok"]
     assert [run["name"] for run in report["runs"]] == ["run1"]  # no resume after a failed first run

