@@ -1,0 +1,171 @@
+"""Dynamic sampling on verl's real v1 trainer with real vLLM: verl's built-in filter_groups against DapoReplayBuffer.
+
+Both strategies run the same recipe -- verl's ``ppo_trainer`` with the README's ``loss_mode=dapo`` overrides and
+``algorithm.filter_groups`` on ``acc`` -- through ``dapo-verl rehearse`` (verl's trainer, FSDP2 workers, agent
+loop, TransferQueue and verl's own vLLM rollout on vLLM's CPU build, the stand-in model and data), with the same
+seeds and steps. They differ in one key: ``trainer.v1.sampler.custom_sampler`` unset (verl's ``ReplayBuffer``
+with its streaming refill; surplus discarded) or set to dapo_verl's ``DapoReplayBuffer`` (the batch
+replenisher, shipped defaults).
+
+What is counted, the same way for both, from what verl and vLLM recorded:
+
+* **responses generated** per training step: every request vLLM's server answered with the weights of the
+  step before (the rehearsal records each request at the engine: ``runN/engine/requests-*.jsonl``); validation
+  is off, and the weight-sync probe's requests are not recorded;
+* **responses trained**: ``data.train_batch_size x rollout.n`` per step;
+* **sequential waves** per step: a request is in wave 1 + the highest wave among the step's requests that had
+  finished before it started (the generations a step had to wait for one after another; the definition of
+  ``benchmarks/v1_rollout.py``);
+* **generation time** per step: verl's own ``timing_s/gen``.
+
+Run: ``python -m benchmarks.bench_rehearsal_sampler --seeds 0 1 --steps 6`` (about 4 min per run on 2 cores);
+prints one JSON line per run and per strategy, writes ``--out`` and a Markdown table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from benchmarks.sampler_report import commit_id, spread, write_result
+
+README_OVERRIDES = (
+    "actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.actor.policy_loss.loss_mode=dapo",
+    "actor_rollout_ref.actor.clip_ratio_low=0.2", "actor_rollout_ref.actor.clip_ratio_high=0.28",
+    "actor_rollout_ref.actor.loss_agg_mode=token-mean", "algorithm.adv_estimator=dapo",
+    "reward.reward_manager.name=dapo_verl", "+reward.reward_kwargs.overlong_tokens=2",
+    "+reward.reward_kwargs.overlong_penalty_factor=1.0",
+)
+SIZES = ("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
+         "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=2",
+         "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=2", "actor_rollout_ref.actor.ppo_mini_batch_size=2")
+DYNAMIC_SAMPLING = ("algorithm.filter_groups.enable=true", "algorithm.filter_groups.metric=acc",
+                    "algorithm.filter_groups.max_num_gen_batches=10",
+                    "trainer.val_before_train=false", "trainer.test_freq=-1")
+STRATEGIES = {
+    "verl_filter_groups": ("verl v1 ReplayBuffer, filter_groups (streaming refill, surplus discarded)", ()),
+    "dapo_replay_buffer": ("DapoReplayBuffer, shipped defaults", (
+        "trainer.v1.sampler.custom_sampler.path=pkg://dapo_verl.adapter.v1_sampler",
+        "trainer.v1.sampler.custom_sampler.name=DapoReplayBuffer",
+        "trainer.checkpoint_callback_class=dapo_verl.adapter.v1_sampler.DapoCheckpointCallback")),
+}
+"""name -> (label, the overrides that select it)."""
+
+
+def waves(requests: Sequence[dict[str, float]]) -> int:
+    """Sequential waves of one step's requests (see the module docstring); 0 for none.
+
+    Example:
+        >>> waves([{"start": 0, "end": 2}, {"start": 0, "end": 1}, {"start": 1.5, "end": 3}, {"start": 3, "end": 4}])
+        3
+    """
+    wave: list[int] = []
+    ordered = sorted(requests, key=lambda r: r["start"])
+    for i, request in enumerate(ordered):
+        before = [wave[j] for j in range(i) if ordered[j]["end"] <= request["start"]]
+        wave.append(1 + max(before, default=0))
+    return max(wave, default=0)
+
+
+def step_counts(records: Path, metrics: Path, steps: int, trained_per_step: int) -> list[dict[str, float]]:
+    """Per training step: responses generated (engine requests with the previous step's weights), waves and
+    verl's ``timing_s/gen``."""
+    requests = [json.loads(line) for file in sorted(records.glob("requests-*.jsonl"))
+                for line in file.read_text().splitlines() if line.strip()]
+    logged: dict[int, dict[str, Any]] = {}
+    for line in metrics.read_text().splitlines():
+        if line.strip():
+            record = json.loads(line)
+            logged.setdefault(int(record["step"]), {}).update(record["data"])
+    rows = []
+    for step in range(1, steps + 1):
+        mine = [r for r in requests if r["weights"] == step - 1]
+        if step not in logged or "timing_s/gen" not in logged[step]:
+            raise RuntimeError(f"step {step} missing from verl's log {metrics}; see the run's log.txt")
+        rows.append({"generated": len(mine), "trained": trained_per_step, "waves": waves(mine),
+                     "gen_time_s": float(logged[step]["timing_s/gen"])})
+    return rows
+
+
+def run_one(strategy: str, seed: int, args: argparse.Namespace) -> dict[str, Any]:
+    """One rehearsal (no resume) of ``strategy``; its per-step counts and their means."""
+    from dapo_verl.rehearsal.report import write_report
+    from dapo_verl.rehearsal.run import RehearsalOptions, rehearse
+
+    out = args.work / f"{strategy}-seed{seed}"
+    overrides = (*README_OVERRIDES, *SIZES, *DYNAMIC_SAMPLING, f"actor_rollout_ref.rollout.n={args.group_size}",
+                 f"actor_rollout_ref.rollout.seed={seed}", *STRATEGIES[strategy][1])
+    options = RehearsalOptions(config_name="ppo_trainer", overrides=overrides, out_dir=out, steps=args.steps,
+                               resume=False, overwrite=True, seed=seed, train_batch_size=args.train_batch_size,
+                               engine="vllm")
+    started = time.perf_counter()
+    report = write_report(rehearse(options, echo=lambda line: print(f"  {line}", file=sys.stderr, flush=True)))
+    if not report["runs"] or report["runs"][0]["returncode"] != 0:
+        raise RuntimeError(f"{strategy} seed {seed} failed: {report['runs'][0]['error'] if report['runs'] else ''}; "
+                           f"see {out}/run1/log.txt")
+    rows = step_counts(out / "run1" / "engine", out / "run1" / "metrics.jsonl", args.steps,
+                       args.train_batch_size * args.group_size)
+    generated, trained = sum(r["generated"] for r in rows), sum(r["trained"] for r in rows)
+    return {"strategy": strategy, "seed": seed, "steps": rows, "wall_s": round(time.perf_counter() - started, 1),
+            "generated_per_trained": generated / trained,
+            "waves_mean": statistics.fmean(r["waves"] for r in rows), "waves_max": max(r["waves"] for r in rows),
+            "gen_time_mean": statistics.fmean(r["gen_time_s"] for r in rows),
+            "rollout_engine": report["rollout_engine"]}
+
+
+def table(result: dict[str, Any]) -> str:
+    """Markdown table: mean ± sd over seeds, and the ratio against verl's built-in filter."""
+    base = result["strategies"].get("verl_filter_groups", {}).get("summary")
+    lines = ["| strategy | gen/trained | x fewer than verl | waves/step | max waves | gen time/step (s) |",
+             "|---|---|---|---|---|---|"]
+    for entry in result["strategies"].values():
+        s = entry["summary"]
+        ratio = f"{base['generated_per_trained']['mean'] / s['generated_per_trained']['mean']:.2f}" if base else "-"
+        gen, time_s = s["generated_per_trained"], s["gen_time_mean"]
+        lines.append(f"| {entry['label']} | {gen['mean']:.2f} ± {gen['sd']:.2f} | {ratio} | "
+                     f"{s['waves_mean']['mean']:.2f} | {s['waves_max']['max']:.0f} | "
+                     f"{time_s['mean']:.2f} ± {time_s['sd']:.2f} |")
+    return "\n".join(lines)
+
+
+def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_rehearsal_sampler",
+                                     description=__doc__.split("\n")[0])
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1], help="seeds (default: 0 1)")
+    parser.add_argument("--steps", type=int, default=6, help="training steps per run (default: 6)")
+    parser.add_argument("--train-batch-size", type=int, default=4, help="prompts per step (default: 4)")
+    parser.add_argument("--group-size", type=int, default=4, help="responses per prompt (default: 4)")
+    parser.add_argument("--strategies", nargs="+", default=list(STRATEGIES), choices=list(STRATEGIES))
+    parser.add_argument("--work", type=Path, default=Path("runs/bench/rehearsal_sampler"), help="rehearsal folders")
+    parser.add_argument("--out", type=Path, default=Path("runs/bench/bench_rehearsal_sampler.json"))
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    args = _parse_args(argv)
+    result: dict[str, Any] = {"benchmark": "bench_rehearsal_sampler", "commit": commit_id(),
+                              "settings": {k: str(v) for k, v in vars(args).items()}, "strategies": {}}
+    for strategy in args.strategies:
+        runs = []
+        for seed in args.seeds:
+            print(f"[{strategy}] seed {seed}: rehearsing {args.steps} steps on vLLM ...", file=sys.stderr, flush=True)
+            run = run_one(strategy, seed, args)
+            print(json.dumps({k: v for k, v in run.items() if k != "steps"}), flush=True)
+            runs.append(run)
+        summary = {key: spread([r[key] for r in runs]) for key in
+                   ("generated_per_trained", "waves_mean", "waves_max", "gen_time_mean")}
+        result["strategies"][strategy] = {"label": STRATEGIES[strategy][0], "runs": runs, "summary": summary}
+        print(json.dumps({"strategy": strategy, **{k: round(v["mean"], 3) for k, v in summary.items()}}), flush=True)
+    write_result(result, args.out)
+    print(table(result))
+    return result
+
+
+if __name__ == "__main__":
+    main()
