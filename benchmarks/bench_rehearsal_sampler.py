@@ -13,13 +13,15 @@ What is counted, the same way for both, from what verl and vLLM recorded:
   step before (the rehearsal records each request at the engine: ``runN/engine/requests-*.jsonl``); validation
   is off, and the weight-sync probe's requests are not recorded;
 * **responses trained**: ``data.train_batch_size x rollout.n`` per step;
-* **sequential waves** per step: a request is in wave 1 + the highest wave among the step's requests that had
-  finished before it started (the generations a step had to wait for one after another; the definition of
-  ``benchmarks/v1_rollout.py``);
-* **generation time** per step: verl's own ``timing_s/gen``.
+* **generation rounds** per step: DapoReplayBuffer's own ``dapo/sampler/gen_rounds``; verl's streaming refill
+  replaces each evicted group as it finishes and logs no round count (only ``filter_groups/evicted_samples``,
+  given), so its column is empty. Request timestamps cannot stand in for it: verl's agent loop does not start a
+  round's requests together, so requests of one round start after others of the same round have finished;
+* **generation time** per step: verl's own ``timing_s/gen``, from step 2 on (step 1 includes vLLM's warm-up).
 
-Run: ``python -m benchmarks.bench_rehearsal_sampler --seeds 0 1 --steps 6`` (about 4 min per run on 2 cores);
-prints one JSON line per run and per strategy, writes ``--out`` and a Markdown table.
+Run: ``python -m benchmarks.bench_rehearsal_sampler --seeds 0 1 --steps 6`` (about 3-4 min per run on 2 cores);
+prints one JSON line per run and per strategy, writes ``--out`` and a Markdown table. ``--reuse`` recomputes
+from the rehearsal folders of an earlier run instead of rehearsing again.
 """
 
 from __future__ import annotations
@@ -28,7 +30,6 @@ import argparse
 import json
 import statistics
 import sys
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -48,34 +49,20 @@ SIZES = ("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
 DYNAMIC_SAMPLING = ("algorithm.filter_groups.enable=true", "algorithm.filter_groups.metric=acc",
                     "algorithm.filter_groups.max_num_gen_batches=10",
                     "trainer.val_before_train=false", "trainer.test_freq=-1")
+_OURS = ("trainer.v1.sampler.custom_sampler.path=pkg://dapo_verl.adapter.v1_sampler",
+         "trainer.v1.sampler.custom_sampler.name=DapoReplayBuffer",
+         "trainer.checkpoint_callback_class=dapo_verl.adapter.v1_sampler.DapoCheckpointCallback")
 STRATEGIES = {
     "verl_filter_groups": ("verl v1 ReplayBuffer, filter_groups (streaming refill, surplus discarded)", ()),
-    "dapo_replay_buffer": ("DapoReplayBuffer, shipped defaults", (
-        "trainer.v1.sampler.custom_sampler.path=pkg://dapo_verl.adapter.v1_sampler",
-        "trainer.v1.sampler.custom_sampler.name=DapoReplayBuffer",
-        "trainer.checkpoint_callback_class=dapo_verl.adapter.v1_sampler.DapoCheckpointCallback")),
+    "dapo_replay_buffer": ("DapoReplayBuffer, shipped defaults (adaptive refill, surplus discarded)", _OURS),
+    "dapo_replay_buffer_carry": ("DapoReplayBuffer, surplus=carry", (*_OURS, "algorithm.filter_groups.surplus=carry")),
 }
 """name -> (label, the overrides that select it)."""
 
 
-def waves(requests: Sequence[dict[str, float]]) -> int:
-    """Sequential waves of one step's requests (see the module docstring); 0 for none.
-
-    Example:
-        >>> waves([{"start": 0, "end": 2}, {"start": 0, "end": 1}, {"start": 1.5, "end": 3}, {"start": 3, "end": 4}])
-        3
-    """
-    wave: list[int] = []
-    ordered = sorted(requests, key=lambda r: r["start"])
-    for i, request in enumerate(ordered):
-        before = [wave[j] for j in range(i) if ordered[j]["end"] <= request["start"]]
-        wave.append(1 + max(before, default=0))
-    return max(wave, default=0)
-
-
-def step_counts(records: Path, metrics: Path, steps: int, trained_per_step: int) -> list[dict[str, float]]:
-    """Per training step: responses generated (engine requests with the previous step's weights), waves and
-    verl's ``timing_s/gen``."""
+def step_counts(records: Path, metrics: Path, steps: int, trained_per_step: int) -> list[dict[str, Any]]:
+    """Per training step: responses generated (engine requests with the previous step's weights), the sampler's
+    rounds where it logs them, groups verl's filter evicted, and verl's ``timing_s/gen``."""
     requests = [json.loads(line) for file in sorted(records.glob("requests-*.jsonl"))
                 for line in file.read_text().splitlines() if line.strip()]
     logged: dict[int, dict[str, Any]] = {}
@@ -88,8 +75,10 @@ def step_counts(records: Path, metrics: Path, steps: int, trained_per_step: int)
         mine = [r for r in requests if r["weights"] == step - 1]
         if step not in logged or "timing_s/gen" not in logged[step]:
             raise RuntimeError(f"step {step} missing from verl's log {metrics}; see the run's log.txt")
-        rows.append({"generated": len(mine), "trained": trained_per_step, "waves": waves(mine),
-                     "gen_time_s": float(logged[step]["timing_s/gen"])})
+        data = logged[step]
+        evicted = next((v for k, v in data.items() if k.endswith("filter_groups/evicted_samples")), 0)
+        rows.append({"generated": len(mine), "trained": trained_per_step, "rounds": data.get("dapo/sampler/gen_rounds"),
+                     "evicted": evicted, "gen_time_s": float(data["timing_s/gen"])})
     return rows
 
 
@@ -104,32 +93,38 @@ def run_one(strategy: str, seed: int, args: argparse.Namespace) -> dict[str, Any
     options = RehearsalOptions(config_name="ppo_trainer", overrides=overrides, out_dir=out, steps=args.steps,
                                resume=False, overwrite=True, seed=seed, train_batch_size=args.train_batch_size,
                                engine="vllm")
-    started = time.perf_counter()
-    report = write_report(rehearse(options, echo=lambda line: print(f"  {line}", file=sys.stderr, flush=True)))
+    saved = out / "report.json"
+    if args.reuse and saved.is_file():
+        report = json.loads(saved.read_text())
+    else:
+        report = write_report(rehearse(options, echo=lambda line: print(f"  {line}", file=sys.stderr, flush=True)))
     if not report["runs"] or report["runs"][0]["returncode"] != 0:
         raise RuntimeError(f"{strategy} seed {seed} failed: {report['runs'][0]['error'] if report['runs'] else ''}; "
                            f"see {out}/run1/log.txt")
     rows = step_counts(out / "run1" / "engine", out / "run1" / "metrics.jsonl", args.steps,
                        args.train_batch_size * args.group_size)
     generated, trained = sum(r["generated"] for r in rows), sum(r["trained"] for r in rows)
-    return {"strategy": strategy, "seed": seed, "steps": rows, "wall_s": round(time.perf_counter() - started, 1),
+    rounds = [r["rounds"] for r in rows if r["rounds"] is not None]
+    return {"strategy": strategy, "seed": seed, "steps": rows, "wall_s": report["runs"][0]["wall_s"],
             "generated_per_trained": generated / trained,
-            "waves_mean": statistics.fmean(r["waves"] for r in rows), "waves_max": max(r["waves"] for r in rows),
-            "gen_time_mean": statistics.fmean(r["gen_time_s"] for r in rows),
+            "rounds_mean": statistics.fmean(rounds) if rounds else None, "rounds_max": max(rounds, default=None),
+            "evicted_per_step": statistics.fmean(r["evicted"] for r in rows),
+            "gen_time_mean": statistics.fmean(r["gen_time_s"] for r in rows[1:] or rows),
             "rollout_engine": report["rollout_engine"]}
 
 
 def table(result: dict[str, Any]) -> str:
     """Markdown table: mean ± sd over seeds, and the ratio against verl's built-in filter."""
     base = result["strategies"].get("verl_filter_groups", {}).get("summary")
-    lines = ["| strategy | gen/trained | x fewer than verl | waves/step | max waves | gen time/step (s) |",
-             "|---|---|---|---|---|---|"]
+    lines = ["| strategy | gen/trained | x fewer than verl | rounds/step (max) | gen time/step, steps 2+ (s) |",
+             "|---|---|---|---|---|"]
     for entry in result["strategies"].values():
         s = entry["summary"]
-        ratio = f"{base['generated_per_trained']['mean'] / s['generated_per_trained']['mean']:.2f}" if base else "-"
         gen, time_s = s["generated_per_trained"], s["gen_time_mean"]
-        lines.append(f"| {entry['label']} | {gen['mean']:.2f} ± {gen['sd']:.2f} | {ratio} | "
-                     f"{s['waves_mean']['mean']:.2f} | {s['waves_max']['max']:.0f} | "
+        ratio = f"{base['generated_per_trained']['mean'] / gen['mean']:.2f}" if base else "-"
+        rounds = (f"{s['rounds_mean']['mean']:.2f} ({s['rounds_max']['max']:.0f})" if "rounds_mean" in s
+                  else "not logged (streaming refill)")
+        lines.append(f"| {entry['label']} | {gen['mean']:.2f} ± {gen['sd']:.2f} | {ratio} | {rounds} | "
                      f"{time_s['mean']:.2f} ± {time_s['sd']:.2f} |")
     return "\n".join(lines)
 
@@ -144,6 +139,7 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--strategies", nargs="+", default=list(STRATEGIES), choices=list(STRATEGIES))
     parser.add_argument("--work", type=Path, default=Path("runs/bench/rehearsal_sampler"), help="rehearsal folders")
     parser.add_argument("--out", type=Path, default=Path("runs/bench/bench_rehearsal_sampler.json"))
+    parser.add_argument("--reuse", action="store_true", help="recompute from earlier rehearsal folders in --work")
     return parser.parse_args(argv)
 
 
@@ -159,7 +155,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             print(json.dumps({k: v for k, v in run.items() if k != "steps"}), flush=True)
             runs.append(run)
         summary = {key: spread([r[key] for r in runs]) for key in
-                   ("generated_per_trained", "waves_mean", "waves_max", "gen_time_mean")}
+                   ("generated_per_trained", "rounds_mean", "rounds_max", "evicted_per_step", "gen_time_mean")
+                   if all(r[key] is not None for r in runs)}
         result["strategies"][strategy] = {"label": STRATEGIES[strategy][0], "runs": runs, "summary": summary}
         print(json.dumps({"strategy": strategy, **{k: round(v["mean"], 3) for k, v in summary.items()}}), flush=True)
     write_result(result, args.out)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 from omegaconf import OmegaConf
 
@@ -141,3 +143,55 @@ def test_composing_a_recipe_does_not_import_verl():
              "compose_recipe('dapo_qwen2.5_32b', []); print('verl' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
     assert out.strip().splitlines()[-1] == "False"
+
+
+@pytest.mark.parametrize("name", RECIPES)
+def test_on_vllm_no_algorithm_key_or_sampling_parameter_changes(name, tmp_path):
+    config, _ = compose_recipe(name, [])
+    changes = rehearsal_changes(config, _shape(tmp_path, engine="vllm"))
+    changed = {c.key for c in changes}
+    sampling = {f"actor_rollout_ref.rollout.{k}" for k in ("temperature", "top_p", "top_k", "n", "val_kwargs.top_p",
+                                                          "val_kwargs.temperature", "gpu_memory_utilization",
+                                                          "load_format", "seed")}
+    assert not changed & (set(ALGORITHM_KEYS) | sampling)
+    assert "actor_rollout_ref.rollout.name" not in changed  # every recipe names vllm: it stays
+    rehearsed = _apply(config, changes)
+    rollout = rehearsed.actor_rollout_ref.rollout
+    assert rollout.dtype == "float32" and rollout.enforce_eager and not rollout.free_cache_engine
+    assert rollout.enable_sleep_mode is False and rollout.enable_chunked_prefill is False
+    # vLLM without chunked prefill needs a scheduler step that holds a whole sequence.
+    assert rollout.max_model_len == rehearsed.data.max_prompt_length + rehearsed.data.max_response_length
+    assert rollout.max_num_batched_tokens >= rollout.max_model_len and rollout.max_num_seqs >= 1
+
+
+def test_the_paper_recipes_engine_budgets_shrink_by_the_sequence_lengths_factor(tmp_path):
+    config, _ = compose_recipe("dapo_qwen2.5_32b", [])
+    changes = {c.key: c for c in rehearsal_changes(config, _shape(tmp_path, engine="vllm"))}
+    factor = 136 / 22528  # (128 + 8) / (2048 + 20480)
+    assert changes["actor_rollout_ref.rollout.max_num_batched_tokens"].rehearsal == 136  # 22528 = prompt + response
+    assert changes["actor_rollout_ref.rollout.max_num_seqs"].rehearsal == math.ceil(256 * factor) == 2
+    assert changes["actor_rollout_ref.rollout.max_model_len"].recipe is None
+    assert changes["actor_rollout_ref.rollout.enable_sleep_mode"].override() == (
+        "+actor_rollout_ref.rollout.enable_sleep_mode=false")  # not declared in verl's YAML
+    assert "CPU generators" in changes["actor_rollout_ref.rollout.enable_chunked_prefill"].reason
+
+
+def test_a_budget_that_relies_on_chunked_prefill_is_raised_to_a_whole_sequence(tmp_path):
+    config, _ = compose_recipe("dapo_trainer", ["actor_rollout_ref.rollout.max_num_batched_tokens=2048",
+                                                "actor_rollout_ref.rollout.max_model_len=8192"])
+    changes = {c.key: c for c in rehearsal_changes(config, _shape(tmp_path, engine="vllm"))}
+    model_len = changes["actor_rollout_ref.rollout.max_model_len"].rehearsal
+    assert changes["actor_rollout_ref.rollout.max_num_batched_tokens"].rehearsal == model_len
+    assert "whole prompt and response" in changes["actor_rollout_ref.rollout.max_num_batched_tokens"].reason
+
+
+def test_a_cluster_overlong_buffer_given_on_the_command_line_is_scaled_to_fit(tmp_path):
+    overrides = ["actor_rollout_ref.rollout.name=vllm", "+reward.reward_kwargs.overlong_tokens=4096"]
+    config, _ = compose_recipe("ppo_trainer", overrides)
+    changes = {c.key: c for c in rehearsal_changes(config, _shape(tmp_path), override_keys(overrides))}
+    change = changes["reward.reward_kwargs.overlong_tokens"]
+    assert change.recipe == 4096 and 1 <= change.rehearsal <= 8 and "exceeds the rehearsal's 8-token" in change.reason
+    fits = ["actor_rollout_ref.rollout.name=vllm", "+reward.reward_kwargs.overlong_tokens=2"]
+    config, _ = compose_recipe("ppo_trainer", fits)
+    assert "reward.reward_kwargs.overlong_tokens" not in {
+        c.key for c in rehearsal_changes(config, _shape(tmp_path), override_keys(fits))}  # a rehearsal size: kept
