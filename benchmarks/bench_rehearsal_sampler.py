@@ -55,7 +55,7 @@ _OURS = ("trainer.v1.sampler.custom_sampler.path=pkg://dapo_verl.adapter.v1_samp
 STRATEGIES = {
     "verl_filter_groups": ("verl v1 ReplayBuffer, filter_groups (streaming refill, surplus discarded)", ()),
     "dapo_replay_buffer": ("DapoReplayBuffer, shipped defaults (adaptive refill, surplus discarded)", _OURS),
-    "dapo_replay_buffer_carry": ("DapoReplayBuffer, surplus=carry", (*_OURS, "algorithm.filter_groups.surplus=carry")),
+    "dapo_replay_buffer_carry": ("DapoReplayBuffer, surplus=carry", (*_OURS, "+algorithm.filter_groups.surplus=carry")),
 }
 """name -> (label, the overrides that select it)."""
 

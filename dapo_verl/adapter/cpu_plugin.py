@@ -4,8 +4,9 @@
 for every process of the run (driver, TaskRunner, workers, rollout servers); verl imports it first thing in
 ``import verl``, before any worker module binds the functions patched here. Importing it
 
-* registers the ``cpu`` platform (:mod:`.cpu_platform`) and the ``dapo_cpu`` rollout replica
-  (:mod:`.cpu_rollout`) -- registrations that are inert until a config names them;
+* registers the ``cpu`` platform (:mod:`.cpu_platform`), the ``dapo_cpu`` rollout replica (:mod:`.cpu_rollout`)
+  and the ``dapo_zmq`` checkpoint engine (:mod:`.cpu_checkpoint_engine`, ``separate_async``'s weight transport
+  between processes) -- registrations that are inert until a config names them;
 * applies the process-wide CPU patches (:func:`~.cpu_platform.apply_cpu_patches`) **only if**
   ``VERL_PLATFORM=cpu``; there, too, a rehearsal's resume run waits at verl's checkpoint load for the first
   run's checkpoint (:mod:`.resume_barrier`, only with ``DAPO_REHEARSAL_RESUME_AFTER`` set), and the bridges to
@@ -38,7 +39,10 @@ def _load_replica() -> type:
 
 
 def activate() -> None:
-    """Register the CPU rollout replica; patch the process for CPU when ``VERL_PLATFORM=cpu``. Idempotent."""
+    """Register the CPU rollout replica and checkpoint engine; patch the process for CPU when
+    ``VERL_PLATFORM=cpu``. Idempotent."""
+    import dapo_verl.adapter.cpu_checkpoint_engine  # noqa: F401  (registers in verl's CheckpointEngineRegistry)
+
     RolloutReplicaRegistry.register(_ROLLOUT_NAME, _load_replica)
     # verl 0.9.1 has no public registration for the in-worker rollout class; this private dict is the seam.
     _ROLLOUT_REGISTRY[(_ROLLOUT_NAME, "async")] = "dapo_verl.adapter.cpu_rollout.CpuServerAdapter"

@@ -277,9 +277,19 @@ def _hardware(p: _Planner, shape: RehearsalShape) -> None:
                   "hardware")
 
 
+def _separate(p: _Planner) -> bool:
+    """Whether the recipe runs v1's ``separate_async`` (its rollout on a pool of its own)."""
+    return bool(p.get("trainer.use_v1", True)) and p.get("trainer.v1.trainer_mode") == "separate_async"
+
+
 def _ray(p: _Planner, shape: RehearsalShape) -> None:
     # Ray counts only GPU/NPU resources for placement (the cpu platform names GPU), so fake GPUs satisfy it.
-    p.set("ray_kwargs.ray_init.num_gpus", shape.gpus, "fake GPUs for Ray's placement", "hardware")
+    rollout_pool = 0
+    if _separate(p):  # the standalone rollout pool: one fake GPU of its own
+        p.set("actor_rollout_ref.rollout.nnodes", 1, "the standalone rollout pool on this machine", "hardware")
+        p.set("actor_rollout_ref.rollout.n_gpus_per_node", 1, "one rollout engine process (a fake GPU)", "hardware")
+        rollout_pool = 1
+    p.set("ray_kwargs.ray_init.num_gpus", shape.gpus + rollout_pool, "fake GPUs for Ray's placement", "hardware")
     p.set("ray_kwargs.ray_init.num_cpus", 16, "logical CPUs for verl's actors (they mostly wait)", "hardware")
     p.set("ray_kwargs.ray_init._temp_dir", shape.ray_temp_dir, "a private Ray cluster, started and stopped here",
           "hardware")
@@ -310,8 +320,12 @@ def _engine(p: _Planner, shape: RehearsalShape) -> None:
     p.set("actor_rollout_ref.rollout.calculate_log_probs", True,
           "verl's rollout-versus-actor metrics (training/rollout_probs_diff_*) for the report", "engine")
     p.set("actor_rollout_ref.rollout.mode", "async", "verl 0.9 serves rollouts asynchronously", "engine")
-    p.set("actor_rollout_ref.rollout.checkpoint_engine.backend", "naive", "full-tensor weight sync in process",
-          "engine")
+    if _separate(p):
+        p.set("actor_rollout_ref.rollout.checkpoint_engine.backend", "dapo_zmq", "nccl, hccl, nixl, mooncake and "
+              "kimi need GPUs or RDMA: a rehearsal-only transport over TCP sockets between processes", "engine")
+    else:
+        p.set("actor_rollout_ref.rollout.checkpoint_engine.backend", "naive", "full-tensor weight sync in process",
+              "engine")
     workers = p.get("actor_rollout_ref.rollout.agent.num_workers")
     if isinstance(workers, int) and workers > 1:
         p.set("actor_rollout_ref.rollout.agent.num_workers", 1, "one agent-loop process (each takes ~10 s to start)",
