@@ -145,16 +145,21 @@ def _patch_server_adapter(module: ModuleType, record_dir: Path) -> None:
 
         def kept(stream: Any) -> Any:
             for name, tensor in stream:
-                if probe:
-                    sent[name] = _full_cpu_tensor(tensor)
+                sent[name] = _full_cpu_tensor(tensor)
                 yield name, tensor
 
-        result = await original_update(self, kept(weights) if probe else weights, global_steps=global_steps,
-                                       wire_format=wire_format, **kwargs)
+        async def kept_async(stream: Any) -> Any:  # a checkpoint engine's receive_weights (separate_async)
+            async for name, tensor in stream:
+                sent[name] = _full_cpu_tensor(tensor)
+                yield name, tensor
+
+        if probe:
+            weights = kept_async(weights) if hasattr(weights, "__aiter__") else kept(weights)
+        result = await original_update(self, weights, global_steps=global_steps, wire_format=wire_format, **kwargs)
         if probe:
             reference = weight_probe.reference_decode(self.model_config.local_path, sent)
             weight_probe.append_record(record_dir, weight_probe.REFERENCE_RECORDS,
-                                       {"global_steps": global_steps, **reference})
+                                       {"global_steps": global_steps, "replica": self.replica_rank, **reference})
         return result
 
     adapter.__init__ = mark(__init__)

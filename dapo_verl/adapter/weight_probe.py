@@ -98,54 +98,63 @@ def _max_diff(a: list[float], b: list[float]) -> float:
     return max((abs(x - y) for x, y in zip(a, b)), default=math.inf) if len(a) == len(b) else math.inf
 
 
-def weight_sync_check(folder: Path) -> dict[str, Any]:
-    """Pair the engine's probes with the references of the pushes before them (see the module docstring).
+def _pair(references: list[dict[str, Any]], probes: list[dict[str, Any]],
+          initial: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """One row per push of one replica: the first engine probe after it with its global step, if any."""
+    rows, previous, seq = [], initial, initial["seq"] if initial else -1
+    for reference in references:
+        probe = next((p for p in probes if p["global_steps"] == reference["global_steps"] and p["seq"] > seq), None)
+        row: dict[str, Any] = {"replica": reference.get("replica", 0), "global_steps": reference["global_steps"],
+                               "probed": probe is not None}
+        if probe is not None:
+            row["tokens_equal"] = probe["tokens"] == reference["tokens"]
+            row["logp_max_diff"] = _max_diff(probe["log_probs"], reference["log_probs"])
+            if previous is not None:
+                row["tokens_changed"] = probe["tokens"] != previous["tokens"]
+                row["logp_max_change"] = _max_diff(probe["log_probs"], previous["log_probs"])
+            previous, seq = probe, probe["seq"]
+        rows.append(row)
+    return rows
 
-    Returns:
-        ``{"ok", "pushes", "initial", "rows", "reason"}``: ``rows`` has one entry per push -- its
-        ``global_steps``, whether the engine's tokens equal the reference's, the largest log-prob difference
-        from the reference, and how much the push changed the engine's output (tokens changed, largest
-        log-prob change); ``ok`` when every push followed by a request was probed and matched, and at least one
-        of them changed the engine's greedy tokens (an update large enough to show that the weights arrive).
+
+def weight_sync_check(folder: Path) -> dict[str, Any]:
+    """Pair each replica's engine probes with the references of the pushes before them (see the module docstring).
+
+    A push is probed when the engine served a request after it and before the next push (the last push of a run,
+    after its last step, never is). Returns ``{"ok", "pushes", "initial", "rows", "reason"}``: ``rows`` has one
+    entry per push -- replica, ``global_steps``, whether it was probed, whether the engine's tokens equal the
+    reference's, the largest log-prob difference from the reference, and how much the push changed the engine's
+    output; ``ok`` when every probe matched its reference, every replica was probed, and at least one push changed
+    the engine's greedy tokens (an update large enough to show that the weights arrive).
     """
     references, engine = _read(folder / REFERENCE_RECORDS), _read(folder / ENGINE_RECORDS)
     if not references:
-        return {"ok": False, "pushes": 0, "initial": None, "rows": [],
+        return {"ok": False, "pushes": 0, "initial": False, "rows": [],
                 "reason": "no weight push was recorded (the probe never ran in the worker that talks to the engine)"}
-    initial = next((r for r in engine if r["when"] == "started"), None)
-    probes = [r for r in engine if r["when"] == "after_push"]
-    rows, previous = [], initial
-    for reference in references:
-        probe = next((p for p in probes if p["global_steps"] == reference["global_steps"]
-                      and p["seq"] > (previous["seq"] if previous else -1)), None)
-        if probe is None:
-            rows.append({"global_steps": reference["global_steps"], "probed": False})
-            continue
-        row = {"global_steps": reference["global_steps"], "probed": True,
-               "tokens_equal": probe["tokens"] == reference["tokens"],
-               "logp_max_diff": _max_diff(probe["log_probs"], reference["log_probs"])}
-        if previous is not None:
-            row["tokens_changed"] = probe["tokens"] != previous["tokens"]
-            row["logp_max_change"] = _max_diff(probe["log_probs"], previous["log_probs"])
-        rows.append(row)
-        previous = probe
-    # The run's last push (after its last step) is followed by no request: nothing can be probed after it.
-    last_unfollowed = bool(rows) and not rows[-1]["probed"]
+    replicas = sorted({r.get("replica", 0) for r in references})
+    rows = []
+    for replica in replicas:
+        mine = [r for r in engine if r.get("replica", 0) == replica]
+        initial = next((r for r in mine if r["when"] == "started"), None)
+        rows += _pair([r for r in references if r.get("replica", 0) == replica],
+                      [r for r in mine if r["when"] == "after_push"], initial)
     probed = [r for r in rows if r["probed"]]
     matched = [r for r in probed if r["tokens_equal"] and r["logp_max_diff"] <= LOGP_TOLERANCE]
-    unprobed = len(rows) - len(probed) - int(last_unfollowed)
+    unprobed_replicas = sorted(set(replicas) - {r["replica"] for r in probed})
     changed = [r for r in matched if r.get("tokens_changed")]
-    ok = bool(changed) and len(matched) == len(probed) and unprobed == 0
-    if len(matched) < len(probed) or unprobed:
+    ok = bool(changed) and len(matched) == len(probed) and not unprobed_replicas
+    if len(matched) < len(probed) or unprobed_replicas:
         reason = (f"{len(probed) - len(matched)} of {len(probed)} probed weight pushes were not followed by an engine "
-                  f"output equal to the sent weights', {unprobed} not probed (records: {folder})")
+                  f"output equal to the sent weights'; replicas never probed: {unprobed_replicas} (records: {folder})")
     elif not changed:
         reason = ("no weight push changed the engine's greedy output, so the probe cannot tell whether the weights "
                   "reached it (vLLM started with the actor's weights? verl's default load_format=dummy starts it "
                   "from random ones)")
     else:
-        reason = (f"after each of {len(probed)} weight pushes followed by generation the engine's greedy output "
-                  f"equalled the sent weights' (log-probs within {max(r['logp_max_diff'] for r in matched):.1e}); "
-                  f"{len(changed)} of them changed its output"
-                  + ("; the last push, after the last step, was followed by no request" if last_unfollowed else ""))
-    return {"ok": ok, "pushes": len(rows), "initial": initial is not None, "rows": rows, "reason": reason}
+        reason = (f"after each of {len(probed)} weight pushes followed by generation ({len(replicas)} "
+                  f"replica{'s' if len(replicas) > 1 else ''}) the engine's greedy output equalled the sent weights' "
+                  f"(log-probs within {max(r['logp_max_diff'] for r in matched):.1e}); {len(changed)} of them changed "
+                  f"its output; {len(rows) - len(probed)} push(es) had no request after them before the next push "
+                  f"or the end of the run")
+    return {"ok": ok, "pushes": len(rows), "initial": any(r["when"] == "started" for r in engine), "rows": rows,
+            "reason": reason}

@@ -250,16 +250,16 @@ def _engine_lines(report: dict[str, Any]) -> list[str]:
     sync = report.get("weight_sync")
     if sync is not None:
         lines += ["", f"Weight sync: {'reached the engine' if sync['ok'] else 'NOT SHOWN'}: {sync['reason']}.", "",
-                  "| push (global step) | engine = sent weights | max log-prob diff | output changed by the push |",
-                  "|---|---|---|---|"]
+                  "| replica | push (global step) | engine = sent weights | max log-prob diff | output changed by it |",
+                  "|---|---|---|---|---|"]
         for row in sync["rows"]:
             if not row["probed"]:
-                lines.append(f"| {row['global_steps']} | not probed | - | - |")
+                lines.append(f"| {row['replica']} | {row['global_steps']} | no request followed | - | - |")
                 continue
             changed = ("-" if "tokens_changed" not in row else
                        f"{'tokens changed' if row['tokens_changed'] else 'same tokens'}, "
                        f"log-probs by up to {row['logp_max_change']:.2g}")
-            lines.append(f"| {row['global_steps']} | {'yes' if row['tokens_equal'] else 'NO'} | "
+            lines.append(f"| {row['replica']} | {row['global_steps']} | {'yes' if row['tokens_equal'] else 'NO'} | "
                          f"{row['logp_max_diff']:.1e} | {changed} |")
     left = {name: v for name, v in report["leftovers_removed"].items() if v["entries"]}
     if left:

@@ -90,7 +90,25 @@ def test_weight_sync_is_shown_when_the_engine_follows_a_push_that_changed_its_ou
     assert first["tokens_changed"] and first["logp_max_change"] == pytest.approx(5.0)
     assert not second["tokens_changed"] and second["logp_max_diff"] < 1e-6
     assert not last["probed"]  # after the last step no request followed
-    assert "followed by no request" in check["reason"]
+    assert "1 push(es) had no request after them" in check["reason"]
+
+
+def test_each_replica_is_paired_with_its_own_pushes(tmp_path):
+    # separate_async: a hybrid replica (0) and a standalone one (1), each pushed to; only replica 0 generates later.
+    engine = [{**_probe("started", 1, None, [7, 7], -6.0), "replica": r} for r in (0, 1)]
+    engine += [{**_probe("after_push", 2, 0, [3, 3], -1.0), "replica": r} for r in (0, 1)]
+    engine.append({**_probe("after_push", 3, 1, [3, 3], -0.99), "replica": 0})
+    references = [{**_reference(0, [3, 3], -1.0), "replica": r} for r in (0, 1)]
+    references += [{**_reference(1, [3, 3], -0.99), "replica": r} for r in (0, 1)]
+    _records(tmp_path, engine, references)
+    check = weight_probe.weight_sync_check(tmp_path)
+    assert check["ok"] and check["pushes"] == 4
+    assert [(r["replica"], r["global_steps"], r["probed"]) for r in check["rows"]] == [
+        (0, 0, True), (0, 1, True), (1, 0, True), (1, 1, False)]
+    # A replica whose engine never answered after a push: not shown for it.
+    _records(tmp_path, engine[:2] + engine[2:3] + engine[4:], references)
+    check = weight_probe.weight_sync_check(tmp_path)
+    assert not check["ok"] and "replicas never probed: [1]" in check["reason"]
 
 
 def test_an_engine_that_kept_its_old_weights_fails_the_check(tmp_path):
