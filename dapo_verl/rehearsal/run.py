@@ -294,16 +294,31 @@ def _kill_leftovers(marker: str) -> None:
             continue
 
 
+_NOT_A_MESSAGE = re.compile(r"^(Traceback|File |During handling|The above exception|Error executing|Set the environment"
+                            r"|For further information|[\^~]+$)")
+
+
 def _errors(log: Path) -> tuple[str, str]:
-    """The first and the last exception line verl's run printed (Ray prefixes stripped), or the log's last line.
+    """The first and the last exception verl's run printed (Ray prefixes stripped), or the log's last line.
 
     The last is where the run stopped; the first is usually the cause when one process's failure brings down
-    the others (an actor that died in its constructor, then every call to it).
+    the others (an actor that died in its constructor, then every call to it). A message that goes on over the
+    next lines (pydantic's validation errors name the field there) keeps up to three of them, joined by " / ".
     """
     lines = [re.sub(r"^\x1b\[\d+m\(.*?\)\x1b\[\d+m\s*", "", line).rstrip() for line in
              log.read_text(errors="replace").splitlines()]
-    found = [m.group(1) for m in (_ERROR_LINE.match(line.strip()) for line in lines)
-             if m and not m.group(1).startswith(("UserWarning", "FutureWarning", "DeprecationWarning"))]
+    found = []
+    for i, line in enumerate(lines):
+        match = _ERROR_LINE.match(line.strip())
+        if not match or match.group(1).startswith(("UserWarning", "FutureWarning", "DeprecationWarning")):
+            continue
+        message = [match.group(1)]
+        for following in lines[i + 1:i + 4]:
+            text = following.strip()
+            if not text or _NOT_A_MESSAGE.match(text) or _ERROR_LINE.match(text):
+                break
+            message.append(text)
+        found.append(" / ".join(message))
     if found:
         return found[0], found[-1]
     last = next((line for line in reversed(lines) if line.strip()), "(empty log)")
