@@ -5,8 +5,8 @@ itself: give it ``{label: [run paths or RunLog objects]}`` and an output directo
 those of :mod:`dapo_verl.report.summary`; the plots those of :mod:`dapo_verl.report.plots`.
 
 Files written to ``out_dir``: ``report.md`` (what :meth:`Report.to_markdown` returns), ``report.json``
-(:meth:`Report.to_dict`), ``accuracy.png``, ``entropy.png`` and ``clip_fractions.png`` (each only when
-some run logged its metrics).
+(:meth:`Report.to_dict`), ``accuracy.png``, ``entropy.png``, ``clip_fractions.png``, ``pass_at_k.png`` and
+``clipped_probability.png`` (each only when some run logged its metrics).
 """
 
 from __future__ import annotations
@@ -52,7 +52,10 @@ class Report:
         rows: One :class:`~dapo_verl.report.summary.ArmMetric` per (metric, arm), metric-major.
         last_frac: Share of a training metric's last logged values averaged into its final value.
         not_logged: Default metrics that no run logged (left out of ``rows``).
-        files: Name (``markdown``, ``json``, ``accuracy``, ``entropy``, ``clip_fractions``) -> file written.
+        files: Name (``markdown``, ``json`` and the plots of :func:`~dapo_verl.report.plots.write_plots`) -> file
+            written.
+        analysis: A driver's own JSON-ready results (e.g. ``dapo-verl ablate``'s paired test), written under
+            ``"analysis"`` in ``report.json`` when not empty.
     """
 
     arms: Mapping[str, Sequence[RunLog]]
@@ -61,6 +64,7 @@ class Report:
     last_frac: float
     not_logged: Sequence[str] = ()
     files: Mapping[str, Path] = field(default_factory=dict)
+    analysis: Mapping[str, Any] = field(default_factory=dict)
 
     def row(self, metric: str, arm: str) -> ArmMetric:
         """The statistics of one metric in one arm.
@@ -97,8 +101,9 @@ class Report:
             arms[row.arm]["metrics"][row.metric] = {
                 "final": dataclasses.asdict(row.final), "run_mean": dataclasses.asdict(row.run_mean),
                 "runs": row.runs, "per_run": {path: dataclasses.asdict(v) for path, v in row.per_run.items()}}
-        return {"last_frac": self.last_frac, "rule": _rule_text(self.last_frac), "metrics": list(self.metrics),
+        data = {"last_frac": self.last_frac, "rule": _rule_text(self.last_frac), "metrics": list(self.metrics),
                 "not_logged": list(self.not_logged), "arms": arms}
+        return data | ({"analysis": dict(self.analysis)} if self.analysis else {})
 
 
 def _rule_text(last_frac: float) -> str:
