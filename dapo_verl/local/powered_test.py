@@ -74,10 +74,13 @@ class PrimaryResult:
                   "paired by seed; Student's paired t-test, two-sided, with its 95% confidence interval.", ""]
         if self.power is not None:
             w = self.power
-            lines += [f"Seeds: {w.seeds}, for {w.power:.0%} power at alpha {w.alpha} (paired t-test sample size, "
-                      f"normal approximation refined with t quantiles) to detect the pilot's effect "
-                      f"{w.pilot_effect:+.4f} with SD {w.pilot_sd:.4f} (pilot seeds "
-                      f"{', '.join(map(str, w.pilot_seeds))}, not reused here).", ""]
+            target = "the pilot's effect" if w.effect == w.pilot_effect else "an effect of"
+            lines += [f"Seeds: {w.seeds}, for {w.power:.0%} power at alpha {w.alpha} (paired t-test sample size: the "
+                      f"normal approximation n = ((z + z) SD / effect)^2 refined with t quantiles) to detect "
+                      f"{target} ±{abs(w.effect):.4f} with the pilot's SD {w.pilot_sd:.4f}. Pilot (seeds "
+                      f"{', '.join(map(str, w.pilot_seeds))}, not reused here): paired effect {w.pilot_effect:+.4f}, "
+                      f"SD {w.pilot_sd:.4f}, which would need {w.pilot_effect_seeds} seeds"
+                      + (f"; {w.why}." if w.why else "."), ""]
         if self.test is not None:
             t = self.test
             lines += ["| pairs | difference, mean | SD | 95% CI | t | df | p | better / same / worse |",
@@ -99,7 +102,7 @@ def _reading(primary: PrimaryMetric, test: PairedTest | None, power: PowerPlan |
     if test.ci_high < 0:
         return f"The opposite of the paper's direction: {stats}; clip-higher lowered the primary metric.{planned}"
     powered = "" if power is None else (
-        f" The seed count had {power.power:.0%} power for the pilot's effect {power.pilot_effect:+.4f}.")
+        f" The seed count had {power.power:.0%} power for an effect of ±{abs(power.effect):.4f}.")
     return f"No detectable effect: {stats}; the interval holds 0.{powered}{planned}"
 
 
