@@ -188,6 +188,12 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     return 0
 
 
+def _clip_acts_seeds() -> int:
+    from dapo_verl.local.arms import CLIP_ACTS_STUDY  # data only: imports the standard library
+
+    return CLIP_ACTS_STUDY.power.seeds if CLIP_ACTS_STUDY.power is not None else 0
+
+
 def _cmd_ablate(args: argparse.Namespace) -> int:
     import logging
 
@@ -357,7 +363,7 @@ def _parser() -> argparse.ArgumentParser:
                         "with the paired test (default out: runs/ablate/clip-acts)")
     seeds = ablate.add_mutually_exclusive_group()
     seeds.add_argument("--seeds", type=int, metavar="N", help="seeds 0..N-1 in every arm (default: 10; "
-                       "clip-acts: its power calculation's count)")
+                       f"clip-acts: {_clip_acts_seeds()}, from its power calculation)")
     seeds.add_argument("--seed-list", type=int, nargs="+", metavar="K", help="these seeds in every arm")
     ablate.add_argument("--steps", type=int, metavar="N", help="training steps per run (default: the setting's, "
                         "200; clip-acts 40)")

@@ -112,7 +112,7 @@ def warm_start(model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast, task:
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
-        losses.append(float(loss))
+        losses.append(float(loss.detach()))
     model.zero_grad(set_to_none=True)
     tail = losses[-max(1, len(losses) // 10):]
     metrics = {"dapo/warm_start/loss": sum(tail) / len(tail), **_held_out_first_token(model, tokenizer, task, device)}

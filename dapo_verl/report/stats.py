@@ -48,16 +48,16 @@ def _beta_continued_fraction(x: float, a: float, b: float) -> float:
     return result
 
 
-def _regularised_beta(x: float, a: float, b: float) -> float:
-    """I_x(a, b) for 0 <= x <= 1, a, b > 0."""
+def _regularised_beta(x: float, y: float, a: float, b: float) -> float:
+    """I_x(a, b) for 0 <= x <= 1 with y = 1 - x given separately (it may be far more precise than 1 - x), a, b > 0."""
     if x <= 0.0:
         return 0.0
-    if x >= 1.0:
+    if y <= 0.0:
         return 1.0
-    log_front = math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x)
+    log_front = math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log(y)
     if x < (a + 1.0) / (a + b + 2.0):
         return math.exp(log_front) * _beta_continued_fraction(x, a, b) / a
-    return 1.0 - math.exp(log_front) * _beta_continued_fraction(1.0 - x, b, a) / b
+    return 1.0 - math.exp(log_front) * _beta_continued_fraction(y, b, a) / b
 
 
 def t_cdf(t: float, df: float) -> float:
@@ -69,7 +69,7 @@ def t_cdf(t: float, df: float) -> float:
     """
     if df <= 0:
         raise ValueError(f"df={df} must be positive (n - 1 for n paired differences, so n >= 2).")
-    tail = 0.5 * _regularised_beta(df / (df + t * t), df / 2.0, 0.5)
+    tail = 0.5 * _regularised_beta(df / (df + t * t), t * t / (df + t * t), df / 2.0, 0.5)
     return 1.0 - tail if t >= 0 else tail
 
 

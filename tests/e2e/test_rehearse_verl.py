@@ -12,7 +12,13 @@ import pytest
 
 from dapo_verl.rehearsal.report import read_jsonl, write_report
 from dapo_verl.rehearsal.run import RehearsalOptions, rehearse
-from tests.e2e.rehearsal_helpers import SIZES, assert_dapo_metrics_every_step, run_rehearsal, training_steps
+from tests.e2e.rehearsal_helpers import (
+    SIZES,
+    assert_clipped_probability_parts,
+    assert_dapo_metrics_every_step,
+    run_rehearsal,
+    training_steps,
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.verl, pytest.mark.e2e]
 
@@ -65,6 +71,7 @@ def test_verl_main_ppo_with_the_readme_loss_mode_dapo_overrides(tmp_path):
         assert data["actor/pg_clipfrac"] == pytest.approx(
             data["actor/dapo/clip_upper_fraction"] + data["actor/dapo/clip_lower_fraction"])
         assert "dapo/sampler/gen_rounds" not in data  # verl's own trainer: no replenisher
+        assert_clipped_probability_parts(data, "main_ppo")  # the loss's own metrics need no dapo_verl trainer
 
 
 def test_a_recipe_whose_data_lacks_the_prompt_column_fails_with_verls_own_error(tmp_path):
