@@ -85,9 +85,9 @@ class PrimaryResult:
             t = self.test
             lines += ["| pairs | difference, mean | SD | 95% CI | t | df | p | better / same / worse |",
                       "|---|---|---|---|---|---|---|---|",
-                      f"| {t.n} | {t.mean:+.4f} | {t.sd:.4f} | [{t.ci_low:+.4f}, {t.ci_high:+.4f}] | {t.t:.2f} | {t.df} "
-                      f"| {t.p_value:.3g} | {t.better} / {t.same} / {t.worse} |", ""]
-        return lines + [f"**Reading.** {self.reading}", ""]
+                      f"| {t.n} | {t.mean:+.4f} | {t.sd:.4f} | [{t.ci_low:+.4f}, {t.ci_high:+.4f}] | {t.t:.2f} "
+                      f"| {t.df} | {t.p_value:.3g} | {t.better} / {t.same} / {t.worse} |", ""]
+        return [*lines, f"**Reading.** {self.reading}", ""]
 
 
 def _reading(primary: PrimaryMetric, test: PairedTest | None, power: PowerPlan | None) -> str:

@@ -19,6 +19,7 @@ about 1e-10 -- far below what a handful of seeds can resolve.
 
 from __future__ import annotations
 
+import itertools
 import math
 import statistics
 from collections.abc import Sequence
@@ -216,7 +217,7 @@ def normalised_auc(steps: Sequence[float], values: Sequence[float]) -> float:
     if len(steps) != len(values) or len(steps) < 2:
         raise ValueError(f"an area under a curve needs at least two (step, value) points, got {len(steps)} steps and "
                          f"{len(values)} values; evaluate at least twice (trainer.test_freq).")
-    if any(b <= a for a, b in zip(steps, steps[1:])):
+    if any(b <= a for a, b in itertools.pairwise(steps)):
         raise ValueError(f"steps {list(steps)} must increase.")
-    area = sum((b - a) * (u + v) / 2 for a, b, u, v in zip(steps, steps[1:], values, values[1:]))
+    area = sum((b - a) * (u + v) / 2 for (a, b), (u, v) in zip(itertools.pairwise(steps), itertools.pairwise(values)))
     return area / (steps[-1] - steps[0])

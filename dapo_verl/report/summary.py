@@ -32,9 +32,9 @@ from dataclasses import dataclass
 from dapo_verl.report.derived import RATIO_METRICS, RATIO_PARTS
 from dapo_verl.report.readers import RunLog
 
-__all__ = ["CLIPPED_PROBABILITY_METRICS", "CLIP_METRICS", "DEFAULT_LAST_FRAC", "DEFAULT_METRICS", "ArmMetric", "RunValue", "Spread",
-           "UnknownMetricError", "accuracy_keys", "arm_metric", "is_validation_metric", "kept_metric",
-           "pass_at_k_keys", "run_value", "select_metrics"]
+__all__ = ["CLIPPED_PROBABILITY_METRICS", "CLIP_METRICS", "DEFAULT_LAST_FRAC", "DEFAULT_METRICS", "ArmMetric",
+           "RunValue", "Spread", "UnknownMetricError", "accuracy_keys", "arm_metric", "is_validation_metric",
+           "kept_metric", "pass_at_k_keys", "run_value", "select_metrics"]
 
 DEFAULT_LAST_FRAC = 0.2
 """Share of a training metric's logged values (the last ones) averaged into its final value."""

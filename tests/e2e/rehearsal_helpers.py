@@ -6,8 +6,8 @@ import math
 from pathlib import Path
 
 from dapo_verl.rehearsal.report import REQUIRED_METRICS, read_jsonl, write_report
-from dapo_verl.report.derived import RATIO_METRICS, RATIO_PARTS, derive_ratios
 from dapo_verl.rehearsal.run import RehearsalOptions, rehearse
+from dapo_verl.report.derived import RATIO_METRICS, RATIO_PARTS, derive_ratios
 
 # The dapo_trainer config takes verl's defaults for sizes verl cannot guess; a user sets these too.
 SIZES = ["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",

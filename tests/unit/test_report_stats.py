@@ -97,4 +97,4 @@ def test_ratio_metrics_are_the_ratio_of_their_parts_and_undefined_without_a_coun
     assert ratios["actor/dapo/clip_upper_positive_share"] == pytest.approx(0.25)
     assert math.isnan(ratios["actor/dapo/clip_higher_kept_old_prob_mean"])  # nothing kept: undefined, not 0
     assert derive_ratios({"actor/dapo/clip_upper_tokens": 3.0}) == {}  # a missing part: no ratio at all
-    assert RATIO_PARTS == {part for pair in RATIO_METRICS.values() for part in pair}
+    assert {part for pair in RATIO_METRICS.values() for part in pair} == RATIO_PARTS
