@@ -18,7 +18,11 @@ Metric keys (one JSONL record per step; step 0 holds the untrained model's evalu
   ``val-core/<task>/acc/mean@1`` (held-out greedy accuracy) and ``val-aux/<task>/{exact,score}/mean@1``,
   ``val-aux/<task>/response_length/mean``, ``timing_s/{gen,update_actor,testing,step}``;
 * clipping: ``actor/dapo/{clip_upper_fraction, clip_lower_fraction, dual_clip_fraction,
-  clip_higher_kept_fraction, ratio_mean, ratio_min, ratio_max, gradient_steps}``;
+  clip_higher_kept_fraction, ratio_mean, ratio_min, ratio_max, gradient_steps}`` and the clipped tokens'
+  old-policy probability (:func:`~dapo_verl.local.actor.update_policy`);
+* with ``actor_rollout_ref.rollout.val_kwargs.n`` > 1, pass@k of the held-out prompts
+  (:meth:`~dapo_verl.local.rollout.Rollout.evaluate`); with ``local.warm_start.steps``, the warm start's
+  ``dapo/warm_start/*`` at step 0 (:mod:`.warm_start`);
 * the trained batch: ``actor/dapo/{train_acc, uninformative_groups, loss_tokens}``,
   ``perf/generated_tokens``;
 * dynamic sampling: every ``dapo/sampler/*`` key of :class:`~dapo_verl.sampler.BatchReplenisher`.

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dapo_verl.report.derived import RATIO_METRICS
 from dapo_verl.report.plots import write_plots
 from dapo_verl.report.readers import MetricFilter, RunLog, load_run
 from dapo_verl.report.summary import (
@@ -88,8 +89,14 @@ class Report:
         for label, runs in self.arms.items():
             lines += [f"| {_cell(label)} | {_cell(run.path)} | {run.format.value} | {_step_range(run)} | "
                       f"{len(run.metrics)} |" for run in runs]
-        if self.not_logged:
-            lines += ["", f"Not logged by any run: {', '.join(f'`{k}`' for k in self.not_logged)}."]
+        logged = {key for runs in self.arms.values() for run in runs for key in run.metrics}
+        undefined = [k for k in self.not_logged if k in RATIO_METRICS and set(RATIO_METRICS[k]) <= logged]
+        missing = [k for k in self.not_logged if k not in undefined]
+        if missing:
+            lines += ["", f"Not logged by any run: {', '.join(f'`{k}`' for k in missing)}."]
+        if undefined:
+            counts = ", ".join(f"`{k}`: `{RATIO_METRICS[k][1]}`" for k in undefined)
+            lines += ["", f"Undefined in every run, because their count was 0 at every step (no such token): {counts}."]
         return "\n".join(lines) + "\n"
 
     def to_dict(self) -> dict[str, Any]:

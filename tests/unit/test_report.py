@@ -411,3 +411,14 @@ def test_compare_on_a_million_line_jsonl_stays_within_a_few_hundred_megabytes(tm
 
     baseline = peak_rss_mib(small.parent)
     assert peak_rss_mib(log.parent) - baseline < 300
+
+
+def test_a_ratio_whose_count_is_always_zero_is_reported_as_undefined_not_as_missing(tmp_path):
+    records = [(s, {ACC: 0.5, "actor/dapo/clip_upper_old_prob_sum": 0.0, "actor/dapo/clip_upper_tokens": 0.0})
+               for s in (1, 2)]
+    report = build_report({"a": [write_jsonl(tmp_path / "a.jsonl", records)]})
+    lines = report.to_markdown().splitlines()
+    undefined = next(line for line in lines if line.startswith("Undefined in every run"))
+    assert "`actor/dapo/clip_upper_old_prob_mean`: `actor/dapo/clip_upper_tokens`" in undefined
+    missing = next(line for line in lines if line.startswith("Not logged by any run"))
+    assert "clip_upper_old_prob_mean" not in missing and "clip_higher_kept_old_prob_mean" in missing
