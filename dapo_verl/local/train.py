@@ -379,7 +379,7 @@ class _Trainer:
         trainer = self.spec.run.trainer
         remove_stale_temporaries(self.run_dir)
         resumed = self._resume()
-        warm = {}
+        warm: dict[str, float] = {}  # the warm start's metrics, logged at step 0
         if resumed is None:
             torch.manual_seed(self.spec.seed)
             warm = warm_start(self.model, self.tokenizer, self.task, self.spec.run.local.warm_start,
