@@ -190,9 +190,9 @@ CLIP_ACTS_STUDY = Study(
     power=PowerPlan(
         pilot_seeds=(100, 101, 102, 103, 104, 105), pilot_effect=0.0070, pilot_sd=0.0864, pilot_effect_seeds=1198,
         effect=0.05, seeds=26,
-        why="the pilot's effect would need 1198 seeds per arm (about 7 hours on 2 cores); the main run is sized "
-            "instead for the smallest effect of interest, 0.05 of greedy-accuracy AUC (the learning curve about 2.5 "
-            "of its 40 steps earlier), fixed with the pilot's SD before the main run"),
+        why="about 6 hours of 2 idle cores, so the main run is sized instead for the smallest effect of interest, "
+            "0.05 of greedy-accuracy AUC (the learning curve about 2.5 of its 40 steps earlier), fixed with the "
+            "pilot's SD before the main run"),
 )
 
 _NAIVE_GRPO = {CLIP_LOW: "0.2", CLIP_HIGH: "0.2", LOSS_AGG: "seq-mean-token-mean", OVERLONG_PENALTY: "false",
