@@ -188,11 +188,17 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     return 0
 
 
+def _clip_acts_seeds() -> int:
+    from dapo_verl.local.arms import CLIP_ACTS_STUDY  # data only: imports the standard library
+
+    return CLIP_ACTS_STUDY.power.seeds if CLIP_ACTS_STUDY.power is not None else 0
+
+
 def _cmd_ablate(args: argparse.Namespace) -> int:
     import logging
 
     from dapo_verl.local.ablate import DEFAULT_JOBS, DEFAULT_SEEDS, QUIET_LOGGERS, Progress, run_ablation
-    from dapo_verl.local.arms import CLIP_STUDY, LADDER_STUDY
+    from dapo_verl.local.arms import LADDER_STUDY, SETTINGS
     from dapo_verl.local.rundir import RunDirectoryBusy
     from dapo_verl.local.train import RunInterrupted
     from dapo_verl.sampler import ShortfallError
@@ -200,9 +206,13 @@ def _cmd_ablate(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     for name in QUIET_LOGGERS:
         logging.getLogger(name).setLevel(logging.ERROR)
-    study = LADDER_STUDY if args.ladder else CLIP_STUDY
+    if args.ladder and args.setting != "default":
+        return _fail("ablate", f"--setting {args.setting} is a setting of the clip ablation; the ladder runs the "
+                     "default setting only. Drop --ladder or --setting.")
+    study = LADDER_STUDY if args.ladder else SETTINGS[args.setting]
+    default_seeds = study.power.seeds if study.power is not None else DEFAULT_SEEDS
     seeds = args.seed_list if args.seed_list is not None else list(range(
-        DEFAULT_SEEDS if args.seeds is None else args.seeds))
+        default_seeds if args.seeds is None else args.seeds))
     out = args.out or f"runs/ablate/{study.name}"
     jobs = DEFAULT_JOBS if args.jobs is None else args.jobs
     print(f"{study.title}: {len(study.arms)} arms x seeds {seeds} -> {out}", flush=True)
@@ -337,20 +347,32 @@ def _parser() -> argparse.ArgumentParser:
 
     ablate = commands.add_parser("ablate", help="run the clip ablation (or --ladder) over several seeds on this "
                                  "machine and write the report", description="Train every arm of the clip-higher "
-                                 "ablation (eps_high 0.2 vs 0.28, otherwise the default local run) or, with --ladder, "
-                                 "of the paper's Table 1 ladder, once per seed, with the local backend; then write "
-                                 "report.md, report.json, ablation.md and plots. Runs already finished in --out are "
-                                 "reused, interrupted ones continue. Give KEY=VALUE overrides before the options.")
+                                 "ablation (eps_high 0.2 vs 0.28) or, with --ladder, of the paper's Table 1 ladder, "
+                                 "once per seed, with the local backend; then write report.md, report.json, "
+                                 "ablation.md and plots. Two settings of the clip ablation: 'default' is the default "
+                                 "local run, where the upper clip almost never binds (0.5% of tokens) and "
+                                 "clip-higher has no measurable effect; 'clip-acts' starts from a warm start that "
+                                 "makes the correct answers unlikely and takes 16 gradient steps per rollout, so the "
+                                 "upper clip binds, logs pass@k and the clipped tokens' probability, and runs the "
+                                 "powered paired test of its declared primary metric (docs/ablation.md). Runs "
+                                 "already finished in --out are reused, interrupted ones continue. Give KEY=VALUE "
+                                 "overrides before the options.")
     ablate.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides applied to every arm, "
                         "e.g. local.task.name=summod2")
     ablate.add_argument("--ladder", action="store_true", help="run the ladder: naive GRPO, + overlong filtering, "
                         "+ clip-higher, + soft overlong punishment, + token-level loss, + dynamic sampling")
+    ablate.add_argument("--setting", choices=("default", "clip-acts"), default="default", help="setting of the "
+                        "clip ablation (default: default): 'default' = the default local run, 200 steps, 10 seeds; "
+                        "'clip-acts' = where the upper clip acts, 40 steps, the seeds of its power calculation, "
+                        "with the paired test (default out: runs/ablate/clip-acts)")
     seeds = ablate.add_mutually_exclusive_group()
-    seeds.add_argument("--seeds", type=int, metavar="N", help="seeds 0..N-1 in every arm (default: 10)")
+    seeds.add_argument("--seeds", type=int, metavar="N", help="seeds 0..N-1 in every arm (default: 10; "
+                       f"clip-acts: {_clip_acts_seeds()}, from its power calculation)")
     seeds.add_argument("--seed-list", type=int, nargs="+", metavar="K", help="these seeds in every arm")
-    ablate.add_argument("--steps", type=int, metavar="N", help="training steps per run (default: the config's, 200)")
-    ablate.add_argument("--out", metavar="DIR", help="ablation directory (default: runs/ablate/clip or "
-                        "runs/ablate/ladder)")
+    ablate.add_argument("--steps", type=int, metavar="N", help="training steps per run (default: the setting's, "
+                        "200; clip-acts 40)")
+    ablate.add_argument("--out", metavar="DIR", help="ablation directory (default: runs/ablate/clip, "
+                        "runs/ablate/clip-acts or runs/ablate/ladder)")
     ablate.add_argument("--jobs", type=int, metavar="N", help="runs trained at the same time, one torch "
                         "thread each (default: 2; 1 trains in this process)")
     ablate.set_defaults(func=_cmd_ablate)

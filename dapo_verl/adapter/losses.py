@@ -15,6 +15,17 @@ Metrics (averaged over micro-batches and data-parallel ranks by verl): verl's ``
 only because of clip-higher) and ``actor/dapo/ratio_mean|min|max`` (min and max are per micro-batch,
 then averaged). Each name starts with ``actor/`` because verl prefixes every other loss metric with it
 (``dapo/actor/x`` would be logged as ``actor/dapo/actor/x``); the local backend logs the same names.
+
+The old-policy probability of the clipped tokens (paper §3.1, Fig. 3b) is logged as parts that verl's
+equal-weight averaging keeps exact: ``actor/dapo/positive_advantage_tokens``, ``clip_upper_tokens``,
+``clip_upper_old_prob_sum``, ``clip_higher_kept_tokens`` and ``clip_higher_kept_old_prob_sum`` (counts and
+sums of the micro-batch; verl averages them, so each ratio of two of them is the step's exact mean), and
+``clip_upper_old_prob_max`` / ``clip_higher_kept_old_prob_max`` (the micro-batch's largest, 0 when none,
+averaged by verl like ``ratio_max``: a lower bound of the step's largest). A mean per micro-batch is not
+logged: verl would average it with equal weights, which is wrong for micro-batches holding different
+numbers of clipped tokens and undefined for one holding none. ``dapo-verl compare`` turns the parts into
+``actor/dapo/clip_upper_old_prob_mean``, ``clip_higher_kept_old_prob_mean`` and ``clip_upper_positive_share``
+(:mod:`dapo_verl.report.derived`); the local backend logs those too.
 """
 
 from __future__ import annotations

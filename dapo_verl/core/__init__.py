@@ -17,6 +17,7 @@ from dapo_verl.core.losses import (
     group_token_mean_weights,
     policy_ratio,
 )
+from dapo_verl.core.pass_at_k import pass_at_k, pass_at_k_sizes
 from dapo_verl.core.registry import Registry
 from dapo_verl.core.rewards import (
     OVERLONG_SCHEDULES,
@@ -49,6 +50,8 @@ __all__ = [
     "group_token_mean_weights",
     "mask_truncated_responses",
     "overlong_penalty",
+    "pass_at_k",
+    "pass_at_k_sizes",
     "policy_ratio",
     "register_overlong_schedule",
     "reward_overlong_penalty",

@@ -118,20 +118,21 @@ def _surrogate(terms: RatioTerms, clip: _Clip) -> Tensor:
 
 
 def _diagnostics(terms: RatioTerms, tok: TokenInputs, clip: _Clip) -> dict[str, Tensor]:
-    """The clip fractions and ratio statistics of :func:`clip_diagnostics`, as 0-dim tensors."""
+    """The clip fractions, ratio statistics and clipped-token probabilities of :func:`clip_diagnostics`."""
     with torch.no_grad():
         ratio, log_ratio, mask_float = terms.ratio.detach(), terms.log_ratio.detach(), tok.mask_float
         if ratio.numel() == 0:  # reductions of an empty tensor are undefined; there are no tokens either way
-            return dict(zip(_DIAGNOSTICS, ratio.new_tensor([0.0, 0, 0, 0, 1, 1, 1, 0]).unbind()))
+            return dict(zip(_DIAGNOSTICS, ratio.new_tensor([0.0, 0, 0, 0, 1, 1, 1, 0, *[0] * 7]).unbind()))
         # r * sign(-A): > 0 exactly where A < 0 and < 0 where A > 0; 0 at padding and where A = 0
         signed = ratio * terms.neg_advantages.sign()  # (B, L)
-        upper = torch.count_nonzero(signed < -(1 + clip.high))  # A > 0, r > 1 + eps_high
-        above_low = torch.count_nonzero(signed < -(1 + clip.low))  # A > 0, r > 1 + eps_low
+        upper_hit = signed < -(1 + clip.high)  # A > 0, r > 1 + eps_high
+        kept_hit = (signed < -(1 + clip.low)) & ~upper_hit  # A > 0, 1 + eps_low < r <= 1 + eps_high
+        upper, kept = torch.count_nonzero(upper_hit), torch.count_nonzero(kept_hit)
         lower = torch.count_nonzero(signed > 0) - torch.count_nonzero(signed >= 1 - clip.low)  # A < 0, r < 1 - eps_low
         dual = torch.count_nonzero(signed > clip.dual) if clip.dual is not None else torch.zeros_like(upper)
         count = torch.count_nonzero(tok.mask)
         per_token = count.clamp_min(1).to(ratio.dtype)
-        fractions = torch.stack([upper, lower, dual, (above_low - upper).clamp_min(0)]) / per_token  # (4,)
+        fractions = torch.stack([upper, lower, dual, kept]) / per_token  # (4,)
         flat_mask = mask_float.reshape(-1)
         ratio_stats = torch.stack([
             torch.dot(ratio.reshape(-1), flat_mask) / per_token,  # mean
@@ -140,11 +141,28 @@ def _diagnostics(terms: RatioTerms, tok: TokenInputs, clip: _Clip) -> dict[str, 
         ])
         ratio_stats = torch.where(count > 0, ratio_stats, 1.0)  # (3,)
         approx_kl = -torch.dot(log_ratio.reshape(-1), flat_mask) / per_token
-        return dict(zip(_DIAGNOSTICS, (*fractions.unbind(), *ratio_stats.unbind(), approx_kl)))
+        probabilities = _clipped_probabilities(tok.old_logp, signed < 0, upper_hit, kept_hit)
+        return dict(zip(_DIAGNOSTICS, (*fractions.unbind(), *ratio_stats.unbind(), approx_kl, *probabilities)))
+
+
+def _clipped_probabilities(old_logp: Tensor, positive: Tensor, upper_hit: Tensor, kept_hit: Tensor) -> list[Tensor]:
+    """Token counts and old-policy probabilities of the tokens clipped from above and kept by clip-higher.
+
+    ``torch.where`` selects, so whatever padding holds (NaN, inf) never reaches a sum; a log-prob above 0 is
+    read as probability 1 (a probability cannot exceed it).
+    """
+    old_prob = old_logp.detach().clamp(max=0.0).exp()  # (B, L)
+    zero = old_prob.new_zeros(())
+    upper_prob, kept_prob = torch.where(upper_hit, old_prob, zero), torch.where(kept_hit, old_prob, zero)  # (B, L)
+    counts = torch.stack([torch.count_nonzero(positive), torch.count_nonzero(upper_hit),
+                          torch.count_nonzero(kept_hit)]).to(old_prob.dtype)  # (3,)
+    return [counts[0], counts[1], upper_prob.sum(), upper_prob.amax(), counts[2], kept_prob.sum(), kept_prob.amax()]
 
 
 _DIAGNOSTICS = ("clip_upper_fraction", "clip_lower_fraction", "dual_clip_fraction", "clip_higher_kept_fraction",
-                "ratio_mean", "ratio_min", "ratio_max", "approx_kl")
+                "ratio_mean", "ratio_min", "ratio_max", "approx_kl", "positive_advantage_tokens", "clip_upper_tokens",
+                "clip_upper_old_prob_sum", "clip_upper_old_prob_max", "clip_higher_kept_tokens",
+                "clip_higher_kept_old_prob_sum", "clip_higher_kept_old_prob_max")
 
 
 def _loss_checks(tok: TokenInputs, terms: RatioTerms, loss_mat: Tensor) -> tuple[Tensor, list[DeviceCheck]]:
@@ -369,6 +387,19 @@ def clip_diagnostics(
         * ``ratio_mean``, ``ratio_min``, ``ratio_max``: over valid tokens (1 when there is none).
         * ``approx_kl``: mean of ``old_logp - logp`` over valid tokens, with the log-ratio clamped as for the
           ratio (verl's ``actor/ppo_kl``); 0 when there is no valid token.
+
+        The old-policy probability p = exp(old_logp) of the tokens where the clip acts (paper §3.1, Fig. 3b:
+        the upper clip holds back low-probability tokens), as sums and counts, so that they add up across
+        micro-batches and ranks; their mean over a training step is ``sum / tokens`` over the step
+        (:data:`dapo_verl.report.derived.RATIO_METRICS`):
+
+        * ``positive_advantage_tokens``: valid tokens with A > 0 (what the upper clip can act on).
+        * ``clip_upper_tokens``, ``clip_upper_old_prob_sum``, ``clip_upper_old_prob_max``: count of the tokens
+          of ``clip_upper_fraction``, sum and max of their p; the max is 0 when there is none.
+        * ``clip_higher_kept_tokens``, ``clip_higher_kept_old_prob_sum``, ``clip_higher_kept_old_prob_max``:
+          the same for the tokens of ``clip_higher_kept_fraction``.
+
+        p is read with ``old_logp`` capped at 0 (probability at most 1).
 
     Raises:
         TypeError, ValueError: as :func:`dapo_loss` (the loss itself is not computed, so no overflow check).

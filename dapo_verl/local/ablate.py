@@ -13,7 +13,9 @@ a run of a different configuration is an error, never overwritten. A run's metri
 ``jobs``: on CPU with a fixed thread count a run is bit-reproducible.
 
 Files in ``<out>``: ``report.md``, ``report.json``, ``accuracy.png``, ``entropy.png``, ``clip_fractions.png``,
-``ablation.md`` (the summary table) and ``curves.png`` (see :mod:`dapo_verl.local.ablation_report`).
+``clipped_probability.png``, ``pass_at_k.png`` (when held-out responses were sampled), ``ablation.md`` (the
+summary table, and the paired test of a study's declared primary metric) and ``curves.png`` (see
+:mod:`dapo_verl.local.ablation_report`).
 """
 
 from __future__ import annotations

@@ -1,10 +1,13 @@
 """What ``dapo-verl ablate`` writes and shows: run outcomes, progress lines, the report files, the summary table.
 
 :func:`write_ablation_report` builds :func:`dapo_verl.report.build_report` from every run of an ablation
-(``report.md``, ``report.json``, ``accuracy.png``, ``entropy.png``, ``clip_fractions.png``) and adds
-``ablation.md`` (:func:`summary_markdown`: one row per arm with the spread over seeds, the final held-out
-accuracy of every seed, the arms' overrides, run times) and ``curves.png`` (held-out accuracy,
-answer-then-EOS, entropy and response length over steps, one line per arm).
+(``report.md``, ``report.json``, ``accuracy.png``, ``entropy.png``, ``clip_fractions.png``, and
+``pass_at_k.png`` and ``clipped_probability.png`` when the runs logged them) and adds ``ablation.md``
+(:func:`summary_markdown`: for a study with a declared primary metric its paired test first
+(:mod:`.powered_test`, also under ``"analysis"`` in ``report.json``); one row per arm with the spread over
+seeds, the final held-out accuracy of every seed, the arms' overrides, run times) and ``curves.png``
+(held-out accuracy, answer-then-EOS, pass@k, entropy, response length and the clipped tokens' probability
+over steps, one line per arm).
 
 :mod:`dapo_verl.report` is pure Python (numpy, pandas, matplotlib) and imports no verl or ray, so the local
 backend's import boundary (no verl, no ray) still holds.
@@ -12,6 +15,7 @@ backend's import boundary (no verl, no ray) still holds.
 
 from __future__ import annotations
 
+import dataclasses
 import fnmatch
 import itertools
 import time
@@ -20,9 +24,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dapo_verl.local.arms import Study
-from dapo_verl.report import DEFAULT_METRICS, Report, RunLog, build_report, load_runs
+from dapo_verl.local.powered_test import PrimaryResult, analyse_primary
+from dapo_verl.report import DEFAULT_METRICS, Report, RunLog, build_report, load_runs, write_report
 from dapo_verl.report.plots import plot_arms
-from dapo_verl.report.summary import Spread, accuracy_keys
+from dapo_verl.report.summary import Spread, accuracy_keys, pass_at_k_keys
 
 __all__ = ["CURVES_FILE", "SUMMARY_FILE", "Progress", "RunOutcome", "summary_markdown", "write_ablation_report"]
 
@@ -98,10 +103,11 @@ class Progress:
 
 
 def _report_metrics(arms: Mapping[str, Sequence[RunLog]]) -> list[str]:
-    """Held-out accuracy, answer-then-EOS, the report's default metrics, then the share of truncated responses."""
+    """Held-out accuracy, answer-then-EOS, pass@k, the report's default metrics, then the share truncated."""
     available = sorted({key for runs in arms.values() for run in runs for key in run.metrics})
     exact = fnmatch.filter(available, "val-aux/*/exact/mean@*")
-    wanted = [*accuracy_keys(available), *exact, *DEFAULT_METRICS, "response_length/clip_ratio"]
+    wanted = [*accuracy_keys(available), *exact, *pass_at_k_keys(available), *DEFAULT_METRICS,
+              "response_length/clip_ratio"]
     return [key for key in dict.fromkeys(wanted) if key in available]
 
 
@@ -115,13 +121,19 @@ def write_ablation_report(study: Study, outcomes: Sequence[RunOutcome], out: Pat
     for outcome in outcomes:
         paths.setdefault(outcome.arm, []).append(outcome.run_dir)
     arms = load_runs(paths)
-    report = build_report(arms, out, metrics=_report_metrics(arms))
+    report = build_report(arms, metrics=_report_metrics(arms))
+    seeds = {arm: [o.seed for o in outcomes if o.arm == arm] for arm in arms}
+    primary = analyse_primary(study, {arm: list(zip(seeds[arm], runs, strict=True)) for arm, runs in arms.items()})
+    if primary is not None:  # the declared test goes into report.json beside every metric
+        report = dataclasses.replace(report, analysis={"primary": primary.to_dict()})
+    report = write_report(report, out)
     files = dict(report.files)
     panels = [k for k in report.metrics if k.startswith("val-")] + [
-        k for k in ("actor/entropy", "response_length/mean") if k in report.metrics]
+        k for k in ("actor/entropy", "response_length/mean", "actor/dapo/clip_upper_old_prob_mean",
+                    "actor/dapo/clip_upper_positive_share") if k in report.metrics]
     files["curves"] = plot_arms(arms, panels, out / CURVES_FILE, title=study.title)
     files["summary"] = out / SUMMARY_FILE
-    files["summary"].write_text(summary_markdown(study, outcomes, report))
+    files["summary"].write_text(summary_markdown(study, outcomes, report, primary))
     return report, files
 
 
@@ -132,7 +144,10 @@ _COLUMNS = (
     ("answer+EOS", "val-aux/*/exact/mean@*", "final"),
     ("entropy (run mean)", "actor/entropy", "run_mean"),
     ("response length (run mean)", "response_length/mean", "run_mean"),
+    ("pass@G (final)", "val-core/*/acc/best@*/mean", "final"),
     ("upper clip frac. (run mean)", "actor/dapo/clip_upper_fraction", "run_mean"),
+    ("upper clip share of A>0 tokens (run mean)", "actor/dapo/clip_upper_positive_share", "run_mean"),
+    ("old prob. of upper-clipped tokens (run mean)", "actor/dapo/clip_upper_old_prob_mean", "run_mean"),
     ("lower clip frac. (run mean)", "actor/dapo/clip_lower_fraction", "run_mean"),
     ("generated/trained (run mean)", "dapo/sampler/generated_per_trained", "run_mean"),
 )
@@ -155,16 +170,21 @@ def _columns(report: Report) -> list[tuple[str, str, str]]:
     return chosen
 
 
-def summary_markdown(study: Study, outcomes: Sequence[RunOutcome], report: Report) -> str:
-    """The ablation in Markdown: one row per arm (mean ± std (min–max) over seeds), per-seed accuracy, the arms.
+def summary_markdown(study: Study, outcomes: Sequence[RunOutcome], report: Report,
+                     primary: PrimaryResult | None = None) -> str:
+    """The ablation in Markdown: the primary test (if any), one row per arm (mean ± std (min–max) over seeds),
+    per-seed accuracy, the arms.
 
     Args:
         study: The arms.
         outcomes: Every run.
         report: The report built from the runs.
+        primary: The paired test of the study's declared primary metric, if it has one.
     """
-    lines = [f"# {study.title}", "", "Mean ± sample std (min–max) over seeds. Final held-out values are the last "
-             "evaluation; run means average every logged step (see report.md).", ""]
+    lines = [f"# {study.title}", ""]
+    lines += primary.markdown() if primary is not None else []
+    lines += ["Mean ± sample std (min–max) over seeds. Final held-out values are the last evaluation; run means "
+              "average every logged step (see report.md).", ""]
     lines += _arm_table(study, outcomes, report)
     lines += ["", "Final held-out accuracy per seed (the same seed gives every arm the same initial model):", ""]
     lines += _seed_table(study, outcomes)

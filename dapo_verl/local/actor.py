@@ -38,6 +38,7 @@ from dapo_verl.core import (
     mask_truncated_responses,
 )
 from dapo_verl.local.config import ActorConfig
+from dapo_verl.report.derived import derive_ratios
 from dapo_verl.sampler import GroupResult
 
 __all__ = ["TrainBatch", "assemble_batch", "batch_metrics", "sequence_log_probs", "update_policy"]
@@ -46,6 +47,10 @@ logger = logging.getLogger(__name__)
 
 _CLIP_KEYS = ("clip_upper_fraction", "clip_lower_fraction", "dual_clip_fraction", "clip_higher_kept_fraction",
               "ratio_mean")
+_PART_KEYS = ("positive_advantage_tokens", "clip_upper_tokens", "clip_upper_old_prob_sum", "clip_higher_kept_tokens",
+              "clip_higher_kept_old_prob_sum")
+"""Counts and sums of the core's diagnostics, logged as verl logs them: the mean over loss calls."""
+_MAX_KEYS = ("clip_upper_old_prob_max", "clip_higher_kept_old_prob_max")
 
 
 @dataclass
@@ -138,7 +143,10 @@ class _StepMetrics:
 
     def __init__(self) -> None:
         self.tokens = 0.0
+        self.calls = 0
         self.sums = dict.fromkeys((*_CLIP_KEYS, "entropy"), 0.0)
+        self.parts = dict.fromkeys(_PART_KEYS, 0.0)
+        self.maxima = dict.fromkeys(_MAX_KEYS, 0.0)
         self.ratio_min, self.ratio_max = math.inf, -math.inf
         self.losses: list[float] = []
         self.grad_norms: list[float] = []
@@ -148,6 +156,11 @@ class _StepMetrics:
             self.sums[key] += float(diag[key]) * tokens
         self.sums["entropy"] += entropy_sum
         self.tokens += tokens
+        self.calls += 1
+        for key in _PART_KEYS:
+            self.parts[key] += float(diag[key])
+        for key in _MAX_KEYS:
+            self.maxima[key] = max(self.maxima[key], float(diag[key]))
         if tokens:
             self.ratio_min = min(self.ratio_min, float(diag["ratio_min"]))
             self.ratio_max = max(self.ratio_max, float(diag["ratio_max"]))
@@ -167,7 +180,15 @@ class _StepMetrics:
             "actor/dapo/ratio_min": self.ratio_min if has_tokens else math.nan,
             "actor/dapo/ratio_max": self.ratio_max if has_tokens else math.nan,
             "actor/dapo/gradient_steps": float(len(self.grad_norms)),
+            **self._clipped_probabilities(),
         }
+
+    def _clipped_probabilities(self) -> dict[str, float]:
+        """The counts and sums as verl logs them (mean per loss call), the exact step maxima, and their ratios."""
+        calls = self.calls if self.calls else math.nan
+        parts = {f"actor/dapo/{key}": value / calls for key, value in self.parts.items()}
+        maxima = {f"actor/dapo/{key}": value for key, value in self.maxima.items()}
+        return parts | maxima | derive_ratios(parts)
 
 
 def update_policy(model: PreTrainedModel, optimizer: torch.optim.Optimizer, batch: TrainBatch, dapo: DapoConfig,
@@ -188,6 +209,13 @@ def update_policy(model: PreTrainedModel, optimizer: torch.optim.Optimizer, batc
         clip_lower_fraction, dual_clip_fraction, clip_higher_kept_fraction, ratio_mean, ratio_min,
         ratio_max, gradient_steps}``; fractions are over every valid token seen in the step. When the batch
         has no valid token, ``actor/entropy``, the clip fractions and the ratio statistics are NaN (undefined).
+        The clipped tokens' old-policy probabilities (:func:`~dapo_verl.core.clip_diagnostics`):
+        ``actor/dapo/{positive_advantage_tokens, clip_upper_tokens, clip_upper_old_prob_sum,
+        clip_higher_kept_tokens, clip_higher_kept_old_prob_sum}`` as the mean per loss call (micro-batch), as
+        verl logs them; ``actor/dapo/{clip_upper_old_prob_max, clip_higher_kept_old_prob_max}`` over the step
+        (0 when no token was clipped); and their ratios (:data:`~dapo_verl.report.derived.RATIO_METRICS`):
+        ``actor/dapo/{clip_upper_old_prob_mean, clip_higher_kept_old_prob_mean, clip_upper_positive_share}``,
+        NaN (logged as null) in a step where their count is 0.
     """
     rows = batch.mask.shape[0]
     micro = actor.ppo_micro_batch_size_per_gpu

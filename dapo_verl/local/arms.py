@@ -1,10 +1,14 @@
 """The arms of the local ablations, as data: a name, what it tests, and the Hydra overrides that make it.
 
-Two studies (``dapo-verl ablate``, :mod:`dapo_verl.local.ablate`):
+Three studies (``dapo-verl ablate``, :mod:`dapo_verl.local.ablate`):
 
 * :data:`CLIP_STUDY` -- Clip-Higher alone (paper §3.1, Fig. 2): ``eps_high`` 0.2 versus 0.28 on top of the
   embedded default run (``configs/local.yaml``: token-level loss, dynamic sampling, soft overlong
-  punishment, overlong filtering off); nothing else differs.
+  punishment, overlong filtering off); nothing else differs. The upper clip almost never binds there.
+* :data:`CLIP_ACTS_STUDY` (``--setting clip-acts``) -- the same two arms in a setting built so that the
+  upper clip acts (:data:`CLIP_ACTS_SETTING`, designed in docs/ablation.md): a warm start that makes the
+  correct answers unlikely, 16 gradient steps per rollout, pass@k on the held-out prompts, and a powered
+  paired test of a primary metric declared before the main run (:data:`CLIP_ACTS_PRIMARY`).
 * :data:`LADDER_STUDY` -- the paper's Table 1, cumulative: naive GRPO, then one technique per rung in the
   paper's order: overlong filtering, clip-higher, soft overlong punishment, token-level loss, dynamic
   sampling. The last rung is full DAPO with overlong filtering on.
@@ -31,8 +35,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 __all__ = [
-    "CLIP_HIGH", "CLIP_LOW", "CLIP_STUDY", "DYNAMIC_SAMPLING", "LADDER_STUDY", "LOSS_AGG", "OVERLONG_FILTERING",
-    "OVERLONG_PENALTY", "STUDIES", "Arm", "Study",
+    "CLIP_ACTS_PRIMARY", "CLIP_ACTS_SETTING", "CLIP_ACTS_STUDY", "CLIP_HIGH", "CLIP_LOW", "CLIP_STUDY",
+    "DYNAMIC_SAMPLING", "LADDER_STUDY", "LOSS_AGG", "OVERLONG_FILTERING", "OVERLONG_PENALTY", "SETTINGS", "STUDIES",
+    "Arm", "PowerPlan", "PrimaryMetric", "Study",
 ]
 
 CLIP_LOW = "actor_rollout_ref.actor.clip_ratio_low"
@@ -65,18 +70,70 @@ class Arm:
 
 
 @dataclass(frozen=True)
+class PrimaryMetric:
+    """The one metric a study's paired test is about, declared before its main run.
+
+    Attributes:
+        key: Metric key or glob pattern (one key per run), e.g. ``val-core/*/acc/mean@1``.
+        title: What it is, for reports.
+        baseline: The arm subtracted (A in d = B - A).
+        treatment: The arm tested (B).
+    """
+
+    key: str
+    title: str
+    baseline: str
+    treatment: str
+
+
+@dataclass(frozen=True)
+class PowerPlan:
+    """How a study's seed count was chosen: a pilot's paired effect and spread, and the target power.
+
+    The seeds are those :func:`dapo_verl.report.stats.seeds_for_power` gives for ``effect`` and ``pilot_sd``
+    (a test checks both counts). ``effect`` is the pilot's effect unless that needs more seeds than the study can
+    run; then it is the smallest effect of interest, stated with ``why``.
+
+    Attributes:
+        pilot_seeds: The pilot's seeds (kept apart from the main run's 0..N-1).
+        pilot_effect: Mean paired difference of the primary metric in the pilot.
+        pilot_sd: Its sample standard deviation (ddof=1).
+        pilot_effect_seeds: Pairs needed to detect ``pilot_effect``.
+        effect: The paired difference the seeds are sized to detect.
+        seeds: Pairs needed to detect ``effect``: the main run's seed count.
+        why: Why ``effect`` is not the pilot's, if it is not.
+        alpha: Two-sided level.
+        power: Target power.
+    """
+
+    pilot_seeds: tuple[int, ...]
+    pilot_effect: float
+    pilot_sd: float
+    pilot_effect_seeds: int
+    effect: float
+    seeds: int
+    why: str = ""
+    alpha: float = 0.05
+    power: float = 0.8
+
+
+@dataclass(frozen=True)
 class Study:
     """A set of arms compared against each other.
 
     Attributes:
-        name: ``clip`` or ``ladder``.
+        name: ``clip``, ``clip-acts`` or ``ladder``.
         title: One line for reports.
         arms: The arms, in report order.
+        primary: The declared primary metric of a powered study; None for a descriptive one.
+        power: How its seeds were chosen; None for a study without a power calculation.
     """
 
     name: str
     title: str
     arms: tuple[Arm, ...]
+    primary: PrimaryMetric | None = None
+    power: PowerPlan | None = None
 
     @property
     def varied_keys(self) -> list[str]:
@@ -85,15 +142,57 @@ class Study:
         return [k for k in keys if len({arm.settings.get(k) for arm in self.arms}) > 1]
 
 
-def _clip_arm(eps_high: str) -> Arm:
-    return Arm(name=f"eps_high_{eps_high}", description=f"full DAPO, clip 0.2/{eps_high}",
-               settings={CLIP_LOW: "0.2", CLIP_HIGH: eps_high})
+def _clip_arm(eps_high: str, base: Mapping[str, str] | None = None, what: str = "full DAPO") -> Arm:
+    return Arm(name=f"eps_high_{eps_high}", description=f"{what}, clip 0.2/{eps_high}",
+               settings={**(base or {}), CLIP_LOW: "0.2", CLIP_HIGH: eps_high})
 
 
 CLIP_STUDY = Study(
     name="clip",
     title="Clip-Higher ablation: eps_high 0.2 vs 0.28 on the default local run, otherwise identical",
     arms=(_clip_arm("0.2"), _clip_arm("0.28")),
+)
+
+CLIP_ACTS_SETTING = {
+    "local.warm_start.steps": "300",
+    "local.warm_start.correct_prob": "0.05",
+    "actor_rollout_ref.actor.ppo_mini_batch_size": "1",
+    "actor_rollout_ref.actor.optim.lr": "1e-3",
+    "actor_rollout_ref.rollout.val_kwargs.n": "8",
+    "trainer.test_freq": "5",
+    "trainer.total_training_steps": "40",
+}
+"""The clip-acts setting, on top of the default run (copy3, G = 8, 16 groups per step), fixed before its pilot:
+
+* a warm start (:mod:`dapo_verl.local.warm_start`, 300 supervised steps) onto the task's decoys, giving the
+  correct answer probability 0.05 on prompts where no decoy equals it: RL starts confident and mostly wrong,
+  and must raise low-probability tokens, which the upper clip holds back (paper §3.1);
+* one group per gradient step, so 16 gradient steps per rollout (the paper's 512 prompts / 32 per mini-batch):
+  later mini-batches see ratios moved by the earlier ones, so ratios leave [0.8, 1.2] often at lr 1e-3;
+* 8 samples per held-out prompt for pass@1..8 beside greedy accuracy, evaluated every 5 steps of 40.
+"""
+
+CLIP_ACTS_PRIMARY = PrimaryMetric(
+    key="val-core/*/acc/mean@1",
+    title="area under the held-out greedy accuracy curve (trapezoid over the evaluations at steps 0, 5, ..., 40, "
+          "divided by the steps: 1 = perfect from the start)",
+    baseline="eps_high_0.2", treatment="eps_high_0.28")
+"""Declared before the pilot and the main run: clip-higher should raise the correct, initially unlikely answers
+sooner, so the whole learning curve, not its end (both arms reach 1.0), is the outcome."""
+
+CLIP_ACTS_STUDY = Study(
+    name="clip-acts",
+    title="Clip-Higher where the upper clip acts: eps_high 0.2 vs 0.28 from a decoy warm start, 16 gradient steps "
+          "per rollout",
+    arms=(_clip_arm("0.2", CLIP_ACTS_SETTING, "clip-acts setting"), _clip_arm("0.28", CLIP_ACTS_SETTING,
+                                                                              "clip-acts setting")),
+    primary=CLIP_ACTS_PRIMARY,
+    power=PowerPlan(
+        pilot_seeds=(100, 101, 102, 103, 104, 105), pilot_effect=0.0070, pilot_sd=0.0864, pilot_effect_seeds=1198,
+        effect=0.05, seeds=26,
+        why="about 6 hours of 2 idle cores, so the main run is sized instead for the smallest effect of interest, "
+            "0.05 of greedy-accuracy AUC (the learning curve about 2.5 of its 40 steps earlier), fixed with the "
+            "pilot's SD before the main run"),
 )
 
 _NAIVE_GRPO = {CLIP_LOW: "0.2", CLIP_HIGH: "0.2", LOSS_AGG: "seq-mean-token-mean", OVERLONG_PENALTY: "false",
@@ -124,5 +223,8 @@ LADDER_STUDY = Study(
     arms=_ladder_arms(),
 )
 
-STUDIES = {study.name: study for study in (CLIP_STUDY, LADDER_STUDY)}
+STUDIES = {study.name: study for study in (CLIP_STUDY, CLIP_ACTS_STUDY, LADDER_STUDY)}
 """Study name -> study."""
+
+SETTINGS = {"default": CLIP_STUDY, "clip-acts": CLIP_ACTS_STUDY}
+"""``dapo-verl ablate --setting`` -> the clip study it runs."""

@@ -44,6 +44,7 @@ __all__ = [
     "RolloutConfig",
     "TaskConfig",
     "TrainerConfig",
+    "WarmStartConfig",
     "defaults_tree",
     "read_run_config",
 ]
@@ -84,9 +85,17 @@ class RolloutConfig:
         default=1.0, metadata=verl_key("actor_rollout_ref.rollout.temperature", verl_native=True))
     """Sampling temperature of training rollouts; log-probs are computed at the same temperature. Range > 0."""
 
+    val_n: int = field(default=1, metadata=verl_key("actor_rollout_ref.rollout.val_kwargs.n", verl_native=True))
+    """Held-out responses sampled per prompt at the rollout temperature, besides the greedy one: above 1, each
+    evaluation also logs pass@k for k = 2, 4, ..., val_n (verl's best@k names) and the sampled accuracy; 1 (verl's
+    default) evaluates greedily only. Set it to n for pass@k up to the group size.
+    """
+
     def __post_init__(self) -> None:
         require_number(self, "n", low=2, integer=True, fix="Group-normalised advantages need G >= 2; use 8.")
         require_number(self, "temperature", low=0.0, low_open=True, fix="The paper samples at 1.0.")
+        require_number(self, "val_n", low=1, integer=True,
+                       fix="Use 1 for greedy evaluation only, or e.g. 8 (the group size) for pass@1..8.")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -228,6 +237,36 @@ class TaskConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
+class WarmStartConfig:
+    """A short supervised phase before RL that leaves the correct answer unlikely (see :mod:`.warm_start`)."""
+
+    steps: int = field(default=0, metadata=verl_key("local.warm_start.steps", verl_native=False))
+    """Supervised steps on the training prompts before the first RL step; 0 (the default) starts RL from the random
+    model. Range >= 0.
+    """
+
+    correct_prob: float = field(default=0.05, metadata=verl_key("local.warm_start.correct_prob", verl_native=False))
+    """Probability the warm-start target gives the correct first answer token; the rest is shared by the task's
+    decoy answers (a decoy equal to the answer adds to it). Range (0, 1).
+    """
+
+    lr: float = field(default=3e-3, metadata=verl_key("local.warm_start.lr", verl_native=False))
+    """AdamW learning rate of the supervised phase (its own optimiser, discarded afterwards). Range > 0."""
+
+    batch_size: int = field(default=64, metadata=verl_key("local.warm_start.batch_size", verl_native=False))
+    """Training prompts per supervised step, drawn with replacement. Range >= 1."""
+
+    def __post_init__(self) -> None:
+        require_number(self, "steps", low=0, integer=True, fix="Use 0 for no warm start, or e.g. 300.")
+        require_number(self, "correct_prob", low=0.0, high=1.0, low_open=True, fix="Use e.g. 0.05.")
+        if self.correct_prob >= 1.0:
+            config_error(key_of(self, "correct_prob"), self.correct_prob, "must be below 1",
+                         "1 would leave nothing to explore; use e.g. 0.05.")
+        require_number(self, "lr", low=0.0, low_open=True, fix="3e-3 is the tested value.")
+        require_number(self, "batch_size", low=1, integer=True, fix="64 is the tested value.")
+
+
+@dataclass(frozen=True, kw_only=True)
 class LocalConfig:
     """What verl has no key for: model, task, device, threads and cache."""
 
@@ -236,6 +275,9 @@ class LocalConfig:
 
     task: TaskConfig = field(default_factory=TaskConfig)
     """The synthetic task."""
+
+    warm_start: WarmStartConfig = field(default_factory=WarmStartConfig)
+    """The optional supervised phase before RL."""
 
     device: str = field(default="cpu", metadata=verl_key("local.device", verl_native=False))
     """cpu, cuda, or auto (the GPU if one is visible); the default cpu keeps runs bit-reproducible."""

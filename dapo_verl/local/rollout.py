@@ -5,7 +5,9 @@ of prompt ids it samples G responses each, scores them and returns one
 :class:`~dapo_verl.sampler.GroupResult` per prompt. The filter metric is the verifier's raw correctness
 (``acc``); the score is the paper's outcome reward (+1 correct, -1 wrong, §2.3) plus the soft overlong
 punishment (:func:`~dapo_verl.core.reward_overlong_penalty`, §3.4) when it is on. The same object runs
-greedy evaluation on the held-out prompts.
+greedy evaluation on the held-out prompts and, with ``val_n`` > 1, samples ``val_n`` responses per held-out
+prompt for pass@k (:func:`~dapo_verl.core.pass_at_k`), seeded by ``(data.seed, step)`` inside a forked RNG, so
+that evaluating never changes the training run and a resumed run evaluates as the uninterrupted one.
 
 A response runs up to and including its first EOS token; without one it fills the whole budget
 ``data.max_response_length`` and counts as truncated (:func:`~dapo_verl.core.truncated_response_mask`).
@@ -23,7 +25,7 @@ from torch import Tensor
 from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerFast
 
 from dapo_verl.config import OverlongConfig
-from dapo_verl.core import reward_overlong_penalty, truncated_response_mask
+from dapo_verl.core import pass_at_k, pass_at_k_sizes, reward_overlong_penalty, truncated_response_mask
 from dapo_verl.local.tasks import TaskData, verify
 from dapo_verl.sampler import GroupResult
 
@@ -77,12 +79,16 @@ class Rollout:
         max_response_length: L, the response budget (``data.max_response_length``).
         overlong: Soft overlong punishment settings.
         device: Where the model lives.
+        val_n: Sampled responses per held-out prompt for pass@k (``actor_rollout_ref.rollout.val_kwargs.n``);
+            1 evaluates greedily only.
+        seed: ``data.seed``; with the step, it seeds the sampled evaluation.
     """
 
     def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast, task: TaskData, *, n: int,
                  temperature: float, max_response_length: int, overlong: OverlongConfig,
-                 device: torch.device) -> None:
+                 device: torch.device, val_n: int = 1, seed: int = 0) -> None:
         self.model, self.task, self.n, self.device = model, task, n, device
+        self.val_n, self.seed = val_n, seed
         self.budget, self.overlong = max_response_length, overlong
         self.eos_id, self.pad_id = int(tokenizer.eos_token_id), int(tokenizer.pad_token_id)
         self.train_prompts = encode(tokenizer, task.train_prompts)  # (P_train, S)
@@ -112,21 +118,42 @@ class Rollout:
             ))
         return groups
 
-    def evaluate(self) -> dict[str, float]:
-        """Greedy decoding on the evaluation prompts, with verl's validation metric names.
+    def evaluate(self, step: int = 0) -> dict[str, float]:
+        """Greedy decoding on the evaluation prompts (and sampling, with ``val_n`` > 1), under verl's names.
+
+        Args:
+            step: The training step evaluated; seeds the sampled responses with ``data.seed``.
 
         Returns:
-            ``val-core/<task>/acc/mean@1`` (correct answer), ``val-aux/<task>/exact/mean@1`` (answer then
-            EOS), ``val-aux/<task>/score/mean@1`` (shaped reward), ``val-aux/<task>/response_length/mean``.
+            ``val-core/<task>/acc/mean@1`` (greedy: correct answer), ``val-aux/<task>/exact/mean@1`` (answer
+            then EOS), ``val-aux/<task>/score/mean@1`` (shaped reward), ``val-aux/<task>/response_length/mean``;
+            with ``val_n`` > 1 also the sampled accuracy ``val-aux/<task>/acc/mean@<val_n>`` (= pass@1) and
+            pass@k as verl names it: ``val-aux/<task>/acc/best@<k>/mean`` for k = 2, 4, ... below ``val_n`` and
+            ``val-core/<task>/acc/best@<val_n>/mean``.
         """
         out = self._respond(self.eval_prompts, self.eval_answers, self.greedy)
         name = self.task.name
-        return {
+        metrics = {
             f"val-core/{name}/acc/mean@1": out.acc.float().mean().item(),
             f"val-aux/{name}/exact/mean@1": out.exact.float().mean().item(),
             f"val-aux/{name}/score/mean@1": out.scores.mean().item(),
             f"val-aux/{name}/response_length/mean": out.lengths.float().mean().item(),
         }
+        return metrics | self._pass_at_k(step) if self.val_n > 1 else metrics
+
+    def _pass_at_k(self, step: int) -> dict[str, float]:
+        """pass@k of ``val_n`` sampled responses per evaluation prompt, in an RNG forked from training's."""
+        n, name = self.val_n, self.task.name
+        with torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else []):
+            torch.manual_seed(self.seed * 1_000_003 + step)
+            out = self._respond(self.eval_prompts.repeat_interleave(n, dim=0),
+                                self.eval_answers.repeat_interleave(n, dim=0), self.sampling)
+        correct = out.acc.view(-1, n)  # (P, n)
+        metrics = {f"val-aux/{name}/acc/mean@{n}": correct.float().mean().item()}
+        for k in pass_at_k_sizes(n):
+            section = "val-core" if k == n else "val-aux"  # verl's placement of best@k
+            metrics[f"{section}/{name}/acc/best@{k}/mean"] = pass_at_k(correct, k).mean().item()
+        return metrics
 
     def prompt_tokens(self, prompt_ids: Sequence[int]) -> Tensor:
         """(len(prompt_ids), S) training prompt token ids."""

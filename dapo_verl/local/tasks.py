@@ -21,6 +21,11 @@ Tasks (``local.task.name``):
 * ``summod2``: ``ab+cd=`` -> the last digit of the two-digit sum ``ab + cd``: 10,000 prompts with a held-out
   split; the model must also learn to ignore the tens digits (not learned within the default budget).
 
+Decoys (:data:`DECOYS`, used by the warm start of :mod:`.warm_start`): for each prompt, wrong answers a
+plausible but wrong rule gives -- the other three digits for ``copy3``, an operand (its last digit for
+``summod2``) for the sum tasks. A policy warm-started onto them starts RL confident and mostly wrong, with the
+correct answer rare: the situation in which clip-higher is meant to matter (paper §3.1).
+
 Shape legend: N responses, L padded response length, K answer tokens.
 """
 
@@ -35,7 +40,7 @@ from torch import Tensor
 
 from dapo_verl.core import Registry
 
-__all__ = ["ALPHABET", "TASKS", "TaskData", "Verdict", "make_task", "verify"]
+__all__ = ["ALPHABET", "DECOYS", "TASKS", "TaskData", "Verdict", "decoy_answers", "make_task", "verify"]
 
 ALPHABET = "0123456789+=>,"
 """Every character a task prompt or answer may use; the tokenizer's vocabulary beyond pad and EOS."""
@@ -63,6 +68,31 @@ def _copy3() -> list[tuple[str, str]]:
 TASKS.register("summod", _summod)
 TASKS.register("summod2", _summod2)
 TASKS.register("copy3", _copy3)
+
+DECOYS: Registry[Callable[[str], list[str]]] = Registry(
+    "decoy rule",
+    "Register a function prompt -> [wrong answer, ...] with DECOYS.register in dapo_verl/local/tasks.py.",
+)
+"""Task name -> the decoy answers of a prompt (wrong answers of a plausible rule; they may equal the answer)."""
+
+DECOYS.register("copy3", lambda prompt: [prompt[0], prompt[1], prompt[3]])  # "abcd>": the other digits
+DECOYS.register("summod", lambda prompt: [prompt[0], prompt[2]])  # "a+b=": copy an operand
+DECOYS.register("summod2", lambda prompt: [prompt[1], prompt[4]])  # "ab+cd=": an operand's last digit
+
+
+def decoy_answers(name: str, prompts: Sequence[str]) -> list[list[str]]:
+    """The decoy answers of each prompt of task ``name`` (as many per prompt for every prompt).
+
+    Raises:
+        ValueError: if the task has no decoy rule in :data:`DECOYS`.
+
+    Example:
+        >>> decoy_answers("copy3", ["1234>"])
+        [['1', '2', '4']]
+    """
+    rule = DECOYS.get(name)
+    return [rule(prompt) for prompt in prompts]
+
 
 _MIN_TRAIN_PROMPTS = 50
 """A held-out split must leave at least this many prompts for training."""

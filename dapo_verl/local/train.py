@@ -18,7 +18,11 @@ Metric keys (one JSONL record per step; step 0 holds the untrained model's evalu
   ``val-core/<task>/acc/mean@1`` (held-out greedy accuracy) and ``val-aux/<task>/{exact,score}/mean@1``,
   ``val-aux/<task>/response_length/mean``, ``timing_s/{gen,update_actor,testing,step}``;
 * clipping: ``actor/dapo/{clip_upper_fraction, clip_lower_fraction, dual_clip_fraction,
-  clip_higher_kept_fraction, ratio_mean, ratio_min, ratio_max, gradient_steps}``;
+  clip_higher_kept_fraction, ratio_mean, ratio_min, ratio_max, gradient_steps}`` and the clipped tokens'
+  old-policy probability (:func:`~dapo_verl.local.actor.update_policy`);
+* with ``actor_rollout_ref.rollout.val_kwargs.n`` > 1, pass@k of the held-out prompts
+  (:meth:`~dapo_verl.local.rollout.Rollout.evaluate`); with ``local.warm_start.steps``, the warm start's
+  ``dapo/warm_start/*`` at step 0 (:mod:`.warm_start`);
 * the trained batch: ``actor/dapo/{train_acc, uninformative_groups, loss_tokens}``,
   ``perf/generated_tokens``;
 * dynamic sampling: every ``dapo/sampler/*`` key of :class:`~dapo_verl.sampler.BatchReplenisher`.
@@ -86,6 +90,7 @@ from dapo_verl.local.rundir import (
 )
 from dapo_verl.local.tasks import make_task
 from dapo_verl.local.tracking import MetricsLog
+from dapo_verl.local.warm_start import warm_start
 from dapo_verl.sampler import BatchReplenisher
 
 __all__ = ["RunInterrupted", "RunResult", "progress_postfix", "run", "run_spec", "summary_lines"]
@@ -319,7 +324,8 @@ class _Trainer:
                                            weight_decay=run.actor.weight_decay)
         self.rollout = Rollout(self.model, tokenizer, self.task, n=run.rollout.n,
                                temperature=run.rollout.temperature, max_response_length=dapo.max_response_length,
-                               overlong=dapo.overlong, device=self.device)
+                               overlong=dapo.overlong, device=self.device, val_n=run.rollout.val_n,
+                               seed=spec.seed)
         self.sampler = BatchReplenisher(dapo.sampler, len(self.task.train_prompts), self.rollout)
         self.idle_steps = self.partial_steps = 0
         logger.info("Task %s: %d training prompts, %d evaluation prompts (%s); model %s from %s.", self.task.name,
@@ -373,8 +379,11 @@ class _Trainer:
         trainer = self.spec.run.trainer
         remove_stale_temporaries(self.run_dir)
         resumed = self._resume()
+        warm: dict[str, float] = {}  # the warm start's metrics, logged at step 0
         if resumed is None:
             torch.manual_seed(self.spec.seed)
+            warm = warm_start(self.model, self.tokenizer, self.task, self.spec.run.local.warm_start,
+                              seed=self.spec.seed, device=self.device)
         start = resumed or 0
         write_text_atomically(self.run_dir / "config.yaml", self.spec.to_yaml())
         log = MetricsLog(self.run_dir, resume_step=resumed)
@@ -382,13 +391,13 @@ class _Trainer:
         bar = tqdm(total=total, initial=min(start, total), desc="dapo-verl train", disable=not progress,
                    dynamic_ncols=True)
         try:
-            if resumed is None and trainer.val_before_train:
-                log.log(self._validate(), step=0)
+            if resumed is None and (trainer.val_before_train or warm):
+                log.log(warm | (self._validate(0) if trainer.val_before_train else {}), step=0)
             for step in range(start + 1, total + 1):
                 metrics = self._train_step(step)
                 last = step if step == total or self._stop_exhausted(step) else total
                 if _due(step, trainer.test_freq, last):
-                    metrics |= self._validate()
+                    metrics |= self._validate(step)
                 log.log(metrics, step=step)
                 if _due(step, trainer.save_freq, last) or self.stop.requested:
                     save_checkpoint(self.run_dir, step, model=self.model, optimizer=self.optimizer,
@@ -458,9 +467,9 @@ class _Trainer:
                     "timing_s/step": done - began}
         return metrics
 
-    def _validate(self) -> dict[str, float]:
+    def _validate(self, step: int) -> dict[str, float]:
         began = time.perf_counter()
-        metrics = self.rollout.evaluate()
+        metrics = self.rollout.evaluate(step)
         metrics["timing_s/testing"] = time.perf_counter() - began
         return metrics
 

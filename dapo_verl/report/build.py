@@ -5,8 +5,8 @@ itself: give it ``{label: [run paths or RunLog objects]}`` and an output directo
 those of :mod:`dapo_verl.report.summary`; the plots those of :mod:`dapo_verl.report.plots`.
 
 Files written to ``out_dir``: ``report.md`` (what :meth:`Report.to_markdown` returns), ``report.json``
-(:meth:`Report.to_dict`), ``accuracy.png``, ``entropy.png`` and ``clip_fractions.png`` (each only when
-some run logged its metrics).
+(:meth:`Report.to_dict`), ``accuracy.png``, ``entropy.png``, ``clip_fractions.png``, ``pass_at_k.png`` and
+``clipped_probability.png`` (each only when some run logged its metrics).
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dapo_verl.report.derived import RATIO_METRICS
 from dapo_verl.report.plots import write_plots
 from dapo_verl.report.readers import MetricFilter, RunLog, load_run
 from dapo_verl.report.summary import (
@@ -52,7 +53,10 @@ class Report:
         rows: One :class:`~dapo_verl.report.summary.ArmMetric` per (metric, arm), metric-major.
         last_frac: Share of a training metric's last logged values averaged into its final value.
         not_logged: Default metrics that no run logged (left out of ``rows``).
-        files: Name (``markdown``, ``json``, ``accuracy``, ``entropy``, ``clip_fractions``) -> file written.
+        files: Name (``markdown``, ``json`` and the plots of :func:`~dapo_verl.report.plots.write_plots`) -> file
+            written.
+        analysis: A driver's own JSON-ready results (e.g. ``dapo-verl ablate``'s paired test), written under
+            ``"analysis"`` in ``report.json`` when not empty.
     """
 
     arms: Mapping[str, Sequence[RunLog]]
@@ -61,6 +65,7 @@ class Report:
     last_frac: float
     not_logged: Sequence[str] = ()
     files: Mapping[str, Path] = field(default_factory=dict)
+    analysis: Mapping[str, Any] = field(default_factory=dict)
 
     def row(self, metric: str, arm: str) -> ArmMetric:
         """The statistics of one metric in one arm.
@@ -84,8 +89,14 @@ class Report:
         for label, runs in self.arms.items():
             lines += [f"| {_cell(label)} | {_cell(run.path)} | {run.format.value} | {_step_range(run)} | "
                       f"{len(run.metrics)} |" for run in runs]
-        if self.not_logged:
-            lines += ["", f"Not logged by any run: {', '.join(f'`{k}`' for k in self.not_logged)}."]
+        logged = {key for runs in self.arms.values() for run in runs for key in run.metrics}
+        undefined = [k for k in self.not_logged if k in RATIO_METRICS and set(RATIO_METRICS[k]) <= logged]
+        missing = [k for k in self.not_logged if k not in undefined]
+        if missing:
+            lines += ["", f"Not logged by any run: {', '.join(f'`{k}`' for k in missing)}."]
+        if undefined:
+            counts = ", ".join(f"`{k}`: `{RATIO_METRICS[k][1]}`" for k in undefined)
+            lines += ["", f"Undefined in every run, because their count was 0 at every step (no such token): {counts}."]
         return "\n".join(lines) + "\n"
 
     def to_dict(self) -> dict[str, Any]:
@@ -97,8 +108,9 @@ class Report:
             arms[row.arm]["metrics"][row.metric] = {
                 "final": dataclasses.asdict(row.final), "run_mean": dataclasses.asdict(row.run_mean),
                 "runs": row.runs, "per_run": {path: dataclasses.asdict(v) for path, v in row.per_run.items()}}
-        return {"last_frac": self.last_frac, "rule": _rule_text(self.last_frac), "metrics": list(self.metrics),
+        data = {"last_frac": self.last_frac, "rule": _rule_text(self.last_frac), "metrics": list(self.metrics),
                 "not_logged": list(self.not_logged), "arms": arms}
+        return data | ({"analysis": dict(self.analysis)} if self.analysis else {})
 
 
 def _rule_text(last_frac: float) -> str:

@@ -20,7 +20,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from dapo_verl.report.readers import RunLog
-from dapo_verl.report.summary import CLIP_METRICS, is_validation_metric
+from dapo_verl.report.summary import CLIP_METRICS, CLIPPED_PROBABILITY_METRICS, is_validation_metric, pass_at_k_keys
 
 __all__ = ["MAX_PLOT_POINTS", "SMOOTHING_POINTS", "arm_curve", "plot_arms", "thin_curve", "write_plots"]
 
@@ -109,7 +109,8 @@ def plot_arms(arms: Mapping[str, Sequence[RunLog]], keys: Sequence[str], path: P
 
 
 def write_plots(arms: Mapping[str, Sequence[RunLog]], accuracy: Sequence[str], out_dir: Path) -> dict[str, Path]:
-    """Write ``accuracy.png``, ``entropy.png`` and ``clip_fractions.png`` for the metrics some run logged.
+    """Write ``accuracy.png``, ``entropy.png``, ``clip_fractions.png``, ``pass_at_k.png`` and
+    ``clipped_probability.png`` for the metrics some run logged.
 
     Args:
         arms: label -> runs.
@@ -117,13 +118,16 @@ def write_plots(arms: Mapping[str, Sequence[RunLog]], accuracy: Sequence[str], o
         out_dir: Output directory.
 
     Returns:
-        Plot name (``accuracy``, ``entropy``, ``clip_fractions``) -> file written; a plot none of whose
-        metrics was logged is not written.
+        Plot name (``accuracy``, ``entropy``, ``clip_fractions``, ``pass_at_k``, ``clipped_probability``) ->
+        file written; a plot none of whose metrics was logged is not written.
     """
     logged = {key for runs in arms.values() for run in runs for key in run.metrics}
     groups = {"accuracy": [k for k in accuracy if k in logged],
               "entropy": [k for k in ("actor/entropy",) if k in logged],
-              "clip_fractions": [k for k in CLIP_METRICS if k in logged]}
-    titles = {"accuracy": "held-out accuracy", "entropy": "policy entropy", "clip_fractions": "clip fractions"}
+              "clip_fractions": [k for k in CLIP_METRICS if k in logged],
+              "pass_at_k": pass_at_k_keys(sorted(logged)),
+              "clipped_probability": [k for k in CLIPPED_PROBABILITY_METRICS if k in logged]}
+    titles = {"accuracy": "held-out accuracy", "entropy": "policy entropy", "clip_fractions": "clip fractions",
+              "pass_at_k": "held-out pass@k", "clipped_probability": "old-policy probability of the clipped tokens"}
     return {name: plot_arms(arms, keys, out_dir / f"{name}.png", title=titles[name])
             for name, keys in groups.items() if keys}

@@ -25,6 +25,10 @@ Logs are streamed: a reader never holds the file or its parsed lines, only one c
 metric name with a finite value is remembered (:attr:`RunLog.metrics`). A record whose step is not a whole
 number in [0, 2**63) -- NaN, Infinity, 1e300, 2.5 -- is an error naming the file and line; a line that is
 not a record at all (cut short by a crash, or nested too deep to parse) is skipped with a warning.
+
+Ratio metrics (:mod:`dapo_verl.report.derived`: the mean old-policy probability of the clipped tokens, the
+share of positive-advantage tokens clipped) are added to a run that logged their parts but not them -- any
+verl run with ``loss_mode=dapo`` -- so the same figures come from verl's logs and from local runs.
 """
 
 from __future__ import annotations
@@ -42,6 +46,8 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+
+from dapo_verl.report.derived import RATIO_METRICS
 
 __all__ = ["LogFormat", "MetricFilter", "NoMetricsLogError", "RunLog", "find_log", "load_run", "read_console",
            "read_jsonl", "read_tensorboard"]
@@ -165,6 +171,20 @@ class _Columns:
             series = pd.Series(np.frombuffer(self.values[key], dtype=np.float64), index=steps)
             columns[key] = series[~steps.duplicated(keep="last")].reindex(index)
         return pd.DataFrame(columns, index=index, dtype=float)
+
+
+def with_ratio_metrics(table: pd.DataFrame) -> pd.DataFrame:
+    """``table`` plus each ratio of :data:`~dapo_verl.report.derived.RATIO_METRICS` it lacks but holds the parts of.
+
+    A verl log holds the parts (sums and counts, exact under verl's averaging), the local backend's log the
+    ratios too; a ratio is NaN (not logged) at a step whose denominator is 0 or missing.
+    """
+    added = {}
+    for key, (top, bottom) in RATIO_METRICS.items():
+        if key not in table.columns and top in table.columns and bottom in table.columns:
+            denominator = table[bottom].where(table[bottom] > 0)
+            added[key] = table[top] / denominator
+    return table.assign(**added) if added else table
 
 
 def records_table(records: Iterable[tuple[int, Mapping[str, Any]]]) -> pd.DataFrame:
@@ -422,7 +442,8 @@ def load_run(path: str | Path, keep: MetricFilter | None = None) -> RunLog:
     """
     source, fmt = find_log(path)
     columns = _READERS[fmt](source, keep)
-    table = columns.table()
+    table = with_ratio_metrics(columns.table())
+    columns.logged.update(str(c) for c in table.columns if str(c) in RATIO_METRICS and table[c].notna().any())
     logger.info("read %s (%s): %d steps, %d metrics (%d kept)", source, fmt.value, len(table), len(columns.logged),
                 table.shape[1])
     return RunLog(path=Path(path), source=source, format=fmt, table=table, logged=frozenset(columns.logged))

@@ -15,7 +15,8 @@ everywhere (rendered "n/a").
 
 Default metrics (:func:`select_metrics` with no request): held-out accuracy ``val-core/<source>/acc/mean@<N>``
 (every data source present, the largest N of each; verl's ``val-core/<source>/reward/mean@<N>`` when no run
-logs ``acc``), then :data:`DEFAULT_METRICS` that at least one run logged.
+logs ``acc``), pass@k ``val-*/<source>/acc/best@<k>/mean`` (:func:`pass_at_k_keys`), then :data:`DEFAULT_METRICS`
+that at least one run logged.
 """
 
 from __future__ import annotations
@@ -28,11 +29,12 @@ import statistics
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
+from dapo_verl.report.derived import RATIO_METRICS, RATIO_PARTS
 from dapo_verl.report.readers import RunLog
 
-__all__ = ["CLIP_METRICS", "DEFAULT_LAST_FRAC", "DEFAULT_METRICS", "ArmMetric", "RunValue", "Spread",
-           "UnknownMetricError", "accuracy_keys", "arm_metric", "is_validation_metric", "kept_metric", "run_value",
-           "select_metrics"]
+__all__ = ["CLIPPED_PROBABILITY_METRICS", "CLIP_METRICS", "DEFAULT_LAST_FRAC", "DEFAULT_METRICS", "ArmMetric",
+           "RunValue", "Spread", "UnknownMetricError", "accuracy_keys", "arm_metric", "is_validation_metric",
+           "kept_metric", "pass_at_k_keys", "run_value", "select_metrics"]
 
 DEFAULT_LAST_FRAC = 0.2
 """Share of a training metric's logged values (the last ones) averaged into its final value."""
@@ -41,11 +43,17 @@ CLIP_METRICS = ("actor/pg_clipfrac", "actor/dapo/clip_upper_fraction", "actor/da
                 "actor/dapo/clip_higher_kept_fraction")
 """verl's clip fraction and the dapo loss's upper/lower split and clip-higher share (adapter/losses.py)."""
 
-DEFAULT_METRICS = ("actor/entropy", "response_length/mean", *CLIP_METRICS, "dapo/sampler/prefilter_acc",
-                   "dapo/sampler/generated_per_trained")
-"""The training metrics reported after the accuracy keys, in this order, when some run logged them."""
+CLIPPED_PROBABILITY_METRICS = (*RATIO_METRICS, "actor/dapo/clip_upper_old_prob_max",
+                               "actor/dapo/clip_higher_kept_old_prob_max")
+"""The old-policy probability of the clipped tokens (mean, max) and the upper clip's share of the positive-advantage
+tokens (:mod:`dapo_verl.report.derived`; paper §3.1, Fig. 3b)."""
+
+DEFAULT_METRICS = ("actor/entropy", "response_length/mean", *CLIP_METRICS, *CLIPPED_PROBABILITY_METRICS,
+                   "dapo/sampler/prefilter_acc", "dapo/sampler/generated_per_trained")
+"""The training metrics reported after the accuracy and pass@k keys, in this order, when some run logged them."""
 
 _ACCURACY = re.compile(r"^val-core/(?P<source>.+)/(?P<var>acc|reward)/mean@(?P<n>\d+)$")
+_PASS_AT_K = re.compile(r"^val-(?:core|aux)/(?P<source>.+)/acc/best@(?P<k>\d+)/mean$")
 _GLOB_CHARS = frozenset("*?[")
 
 
@@ -76,6 +84,17 @@ def accuracy_keys(available: Sequence[str]) -> list[str]:
     return [key for (v, _), (_, key) in sorted(best.items()) if v == var]
 
 
+def pass_at_k_keys(available: Sequence[str]) -> list[str]:
+    """The pass@k keys among ``available`` (verl's ``val-*/<source>/acc/best@<k>/mean``), by source, then k.
+
+    Example:
+        >>> pass_at_k_keys(["val-core/x/acc/best@8/mean", "val-aux/x/acc/best@2/mean", "val-aux/x/acc/best@2/std"])
+        ['val-aux/x/acc/best@2/mean', 'val-core/x/acc/best@8/mean']
+    """
+    found = [(m["source"], int(m["k"]), key) for key in available if (m := _PASS_AT_K.match(key))]
+    return [key for _, _, key in sorted(found)]
+
+
 def select_metrics(available: Sequence[str], requested: Sequence[str] | None = None) -> list[str]:
     """The metrics to report.
 
@@ -92,7 +111,8 @@ def select_metrics(available: Sequence[str], requested: Sequence[str] | None = N
             close matches.
     """
     if requested is None:
-        chosen = accuracy_keys(available) + [k for k in DEFAULT_METRICS if k in set(available)]
+        chosen = accuracy_keys(available) + pass_at_k_keys(available) + [k for k in DEFAULT_METRICS
+                                                                         if k in set(available)]
         return list(dict.fromkeys(chosen))
     chosen = []
     for item in requested:
@@ -109,8 +129,8 @@ def select_metrics(available: Sequence[str], requested: Sequence[str] | None = N
 def kept_metric(requested: Sequence[str] | None = None) -> Callable[[str], bool]:
     """Whether a reader must keep a metric's values for a report of ``requested`` (as :func:`select_metrics`).
 
-    Keeps what the report may need: the requested names and patterns, every held-out accuracy key and
-    :data:`DEFAULT_METRICS` (the plots draw them whatever is requested).
+    Keeps what the report may need: the requested names and patterns, every held-out accuracy and pass@k key,
+    :data:`DEFAULT_METRICS` (the plots draw them whatever is requested) and the parts of the ratio metrics.
 
     Example:
         >>> keep = kept_metric(["dapo/sampler/*"])
@@ -120,7 +140,7 @@ def kept_metric(requested: Sequence[str] | None = None) -> Callable[[str], bool]
     items = list(requested or ())
 
     def keep(key: str) -> bool:
-        if key in DEFAULT_METRICS or _ACCURACY.match(key):
+        if key in DEFAULT_METRICS or key in RATIO_PARTS or _ACCURACY.match(key) or _PASS_AT_K.match(key):
             return True
         return any(key == item or (bool(_GLOB_CHARS & set(item)) and fnmatch.fnmatch(key, item)) for item in items)
 

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 from dapo_verl.rehearsal.report import REQUIRED_METRICS, read_jsonl, write_report
 from dapo_verl.rehearsal.run import RehearsalOptions, rehearse
+from dapo_verl.report.derived import RATIO_METRICS, RATIO_PARTS, derive_ratios
 
 # The dapo_trainer config takes verl's defaults for sizes verl cannot guess; a user sets these too.
 SIZES = ["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
@@ -42,4 +44,23 @@ def assert_dapo_metrics_every_step(logged, steps):
         assert data["dapo/sampler/gen_rounds"] >= 1 or data["dapo/sampler/groups_from_carry"] > 0
         assert 0 <= data["dapo/sampler/keep_rate"] <= 1
         assert data["timing_s/gen"] <= data["timing_s/step"]
+        assert_clipped_probability_parts(data, f"step {step}")
     return trained
+
+
+CLIPPED_PROBABILITY_PARTS = (*sorted(RATIO_PARTS), "actor/dapo/clip_upper_old_prob_max",
+                             "actor/dapo/clip_higher_kept_old_prob_max")
+
+
+def assert_clipped_probability_parts(data, where):
+    """The dapo loss's clipped-token probability parts, as verl aggregated them over its micro-batches."""
+    missing = [key for key in CLIPPED_PROBABILITY_PARTS if key not in data]
+    assert not missing, f"{where} lacks {missing}"
+    for name in ("clip_upper", "clip_higher_kept"):
+        tokens, total = data[f"actor/dapo/{name}_tokens"], data[f"actor/dapo/{name}_old_prob_sum"]
+        # averaged alike over micro-batches, a sum of probabilities stays within its count
+        assert 0 <= total <= tokens + 1e-9 and 0 <= data[f"actor/dapo/{name}_old_prob_max"] <= 1, (where, name)
+    assert data["actor/dapo/clip_upper_tokens"] <= data["actor/dapo/positive_advantage_tokens"] + 1e-9, where
+    ratios = derive_ratios(data)  # what dapo-verl compare reads from this log
+    assert set(ratios) == set(RATIO_METRICS), where
+    assert all(math.isnan(v) or 0 <= v <= 1 for v in ratios.values()), (where, ratios)

@@ -8,7 +8,7 @@ import pytest
 
 from dapo_verl.cli import main
 from dapo_verl.local.ablate import run_ablation
-from dapo_verl.local.arms import CLIP_STUDY, LADDER_STUDY
+from dapo_verl.local.arms import CLIP_ACTS_STUDY, CLIP_STUDY, LADDER_STUDY
 
 pytestmark = pytest.mark.e2e
 
@@ -17,7 +17,7 @@ TINY = [
     "actor_rollout_ref.rollout.n=4", "actor_rollout_ref.actor.ppo_mini_batch_size=2", "local.task.heldout_size=50",
 ]
 REPORT_FILES = ("report.md", "report.json", "ablation.md", "curves.png", "accuracy.png", "entropy.png",
-                "clip_fractions.png")
+                "clip_fractions.png", "clipped_probability.png")  # pass_at_k.png only when val_kwargs.n > 1
 
 
 @pytest.fixture(scope="module")
@@ -112,6 +112,36 @@ def test_cli_runs_the_ladder_and_prints_the_table(tmp_path, cache, capsys):
     assert main(["compare", *map(str, sorted(out.glob("*/seed*"))), "--out", str(tmp_path / "compare")]) == 0
     compared = json.loads((tmp_path / "compare" / "report.json").read_text())
     assert list(compared["arms"]) == [arm.name for arm in LADDER_STUDY.arms]
+
+
+@pytest.mark.slow
+def test_cli_runs_the_clip_acts_setting_with_its_diagnostics_and_paired_test(tmp_path, cache, capsys):
+    out = tmp_path / "clip-acts"
+    code = main(["ablate", *TINY, cache, "local.warm_start.steps=10", "--setting", "clip-acts", "--seed-list", "3",
+                 "5", "--steps", "2", "--jobs", "1", "--out", str(out)])
+    printed = capsys.readouterr().out
+    assert code == 0
+    assert sorted(p.relative_to(out).as_posix() for p in out.glob("*/seed*")) == [
+        "eps_high_0.2/seed3", "eps_high_0.2/seed5", "eps_high_0.28/seed3", "eps_high_0.28/seed5"]  # --seed-list
+    for arm in CLIP_ACTS_STUDY.arms:
+        config = (out / arm.name / "seed5" / "config.yaml").read_text()
+        assert "correct_prob: 0.05" in config and "steps: 10" in config  # the setting, with the test's overrides
+        records = [json.loads(line) for line in (out / arm.name / "seed5" / "metrics.jsonl").read_text().splitlines()]
+        logged = {key for record in records for key, value in record["data"].items() if value is not None}
+        assert {"val-core/copy3/acc/mean@1", "val-core/copy3/acc/best@8/mean", "val-aux/copy3/acc/best@4/mean",
+                "actor/entropy", "actor/dapo/clip_upper_tokens", "actor/dapo/positive_advantage_tokens",
+                "actor/dapo/clip_upper_old_prob_sum", "actor/dapo/clip_upper_old_prob_max",
+                "actor/dapo/clip_upper_positive_share", "dapo/warm_start/heldout_correct_prob"} <= logged
+        assert {record["step"] for record in records if "val-core/copy3/acc/mean@1" in record["data"]} == {0, 2}
+    analysis = json.loads((out / "report.json").read_text())["analysis"]["primary"]
+    assert analysis["test_name"] == "Student's paired t-test, two-sided" and analysis["test"]["n"] == 2
+    assert set(analysis["differences"]) == {"3", "5"}
+    assert analysis["power"]["seeds"] == CLIP_ACTS_STUDY.power.seeds
+    assert f"Underpowered: 2 of the {CLIP_ACTS_STUDY.power.seeds} planned seeds ran." in analysis["reading"]
+    summary = (out / "ablation.md").read_text()
+    assert "## Primary metric and paired test" in summary and analysis["reading"] in summary
+    assert "**Reading.**" in printed
+    assert all((out / name).is_file() for name in ("pass_at_k.png", "clipped_probability.png", "entropy.png"))
 
 
 def test_cli_reports_a_bad_override_with_exit_code_2(tmp_path, capsys):

@@ -20,7 +20,14 @@ import pytest
 from dapo_verl.adapter import cpu_leftovers
 from dapo_verl.rehearsal.report import ROLLOUT_DIFF_LIMIT, read_jsonl, write_report
 from dapo_verl.rehearsal.run import RehearsalOptions, rehearse
-from tests.e2e.rehearsal_helpers import CARRY, SIZES, assert_dapo_metrics_every_step, run_rehearsal, training_steps
+from tests.e2e.rehearsal_helpers import (
+    CARRY,
+    SIZES,
+    assert_clipped_probability_parts,
+    assert_dapo_metrics_every_step,
+    run_rehearsal,
+    training_steps,
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.verl, pytest.mark.e2e]
 
@@ -109,6 +116,7 @@ def test_verl_main_ppo_with_the_loss_mode_dapo_overrides_runs_on_real_vllm(tmp_p
         assert data["actor/pg_clipfrac"] == pytest.approx(
             data["actor/dapo/clip_upper_fraction"] + data["actor/dapo/clip_lower_fraction"])
         assert "dapo/sampler/gen_rounds" not in data  # verl's own trainer: no replenisher
+        assert_clipped_probability_parts(data, "main_ppo")  # the loss's own metrics need no dapo_verl trainer
     # verl's own trainer logs the reward manager's extra info at validation: the soft overlong punishment ran.
     assert "val-aux/math_dapo/overlong_penalty/mean@1" in logged[0]
     assert next(c for c in report["components"] if c["component"] == "soft overlong punishment")["active"]

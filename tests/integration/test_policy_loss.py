@@ -151,3 +151,59 @@ def test_group_token_mean_through_verl_aggregation_equals_the_core_per_group_mea
     loss_mat = clipped_surrogate_loss_matrix(logp, old, plain, mask, clip_low=0.2, clip_high=0.28, clip_ratio_c=3.0)
     direct = aggregate_loss(loss_mat, mask, "token_mean_group", group_index=torch.tensor([0, 0, 1, 1, 2, 2, 3, 3]))
     torch.testing.assert_close(folded, direct, rtol=1e-12, atol=1e-14)
+
+
+def _step_metrics_as_verl_aggregates(rollout, minibatches, *, dp_size):
+    """ppo_loss per micro-batch, then verl's own reductions: per rank (engine), over ranks (worker), per step."""
+    from verl.utils.metric import Metric
+    from verl.utils.metric.utils import reduce_metrics
+    from verl.utils.py_functional import append_to_dict
+
+    config = actor_config("dapo")
+    step: dict = {}
+    for ranks in minibatches:
+        tokens = int(sum(rollout["response_mask"][rows].sum() for rows_of_rank in ranks for rows in rows_of_rank))
+        per_rank = []
+        for rows_of_rank in ranks:
+            rank: dict = {}
+            for rows in rows_of_rank:
+                output, td = micro_batch(rollout, rows, dp_size=dp_size, batch_num_tokens=tokens,
+                                         global_batch_size=sum(len(r) for rr in ranks for r in rr))
+                append_to_dict(rank, ppo_loss(config, output, td)[1])  # as forward_backward_batch collects them
+            per_rank.append(rank)
+        if dp_size == 1:
+            merged = per_rank[0]
+        else:  # allgather_dict_into_dict, then update_actor's Metric.aggregate_dp
+            merged = {key: Metric.aggregate_dp([rank[key] for rank in per_rank]) for key in per_rank[0]}
+        append_to_dict(step, merged)
+    return reduce_metrics(step)
+
+
+@pytest.mark.parametrize("dp_size", [1, 2])
+def test_clipped_token_probability_is_exact_through_verls_metric_aggregation(gen, dp_size):
+    """Micro-batches of unequal size: the ratio of verl's averaged sums and counts is the whole step's mean."""
+    from dapo_verl.core import clip_diagnostics
+    from dapo_verl.report.derived import derive_ratios
+
+    rollout = random_rollout(gen, batch=12, response_len=8)
+    length = rollout["responses"].shape[1]
+    logp = rollout["full_logp"].detach()[:, -length - 1:-1]  # verl's logits predict the next token: shift by one
+    rollout["old_log_probs"] = (logp + 0.5 * torch.randn(logp.shape, generator=gen, dtype=logp.dtype)).clamp(max=0)
+    sign = torch.tensor([1.0, 1.0, -1.0], dtype=logp.dtype).repeat(4).unsqueeze(1)  # (12, 1): two in three A > 0
+    rollout["advantages"] = rollout["advantages"].abs() * sign
+    rows = torch.randperm(12, generator=gen)
+    split = {1: [[[rows[:1], rows[1:5]]], [[rows[5:7], rows[7:]]]],  # 2 mini-batches, 2 micro-batches each
+             2: [[[rows[:1], rows[1:3]], [rows[3:4], rows[4:6]]], [[rows[6:7], rows[7:9]], [rows[9:11], rows[11:]]]]}
+    logged = _step_metrics_as_verl_aggregates(rollout, split[dp_size], dp_size=dp_size)
+    whole = clip_diagnostics(logp, rollout["old_log_probs"], rollout["advantages"], rollout["response_mask"],
+                             clip_low=0.2, clip_high=0.28, clip_ratio_c=3.0)
+    assert float(whole["clip_upper_tokens"]) >= 3 and float(whole["clip_higher_kept_tokens"]) >= 1  # non-trivial
+    ratios = derive_ratios(logged)
+    assert ratios["actor/dapo/clip_upper_old_prob_mean"] == pytest.approx(
+        float(whole["clip_upper_old_prob_sum"] / whole["clip_upper_tokens"]), rel=1e-9)
+    assert ratios["actor/dapo/clip_higher_kept_old_prob_mean"] == pytest.approx(
+        float(whole["clip_higher_kept_old_prob_sum"] / whole["clip_higher_kept_tokens"]), rel=1e-9)
+    assert ratios["actor/dapo/clip_upper_positive_share"] == pytest.approx(
+        float(whole["clip_upper_tokens"] / whole["positive_advantage_tokens"]), rel=1e-9)
+    # verl averages each micro-batch's value: the max is a lower bound of the step's, never above it
+    assert 0 < logged["actor/dapo/clip_upper_old_prob_max"] <= float(whole["clip_upper_old_prob_max"]) + 1e-12

@@ -78,3 +78,22 @@ def test_advantages_are_permutation_equivariant_and_zero_for_uniform_groups(seed
     labels = [i // g for i in range(p * g)]
     torch.testing.assert_close(group_advantages_by_index(rewards.reshape(-1), labels), adv.reshape(-1),
                                rtol=1e-12, atol=1e-12)
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=seeds, b=st.integers(2, 10), length=st.integers(1, 8), cut=st.integers(1, 9), high=st.floats(0.0, 0.5))
+def test_clipped_probability_parts_add_up_over_any_split_into_micro_batches(seed, b, length, cut, high):
+    from dapo_verl.core import clip_diagnostics
+
+    logp, old, adv, mask = _batch(seed, b, length)
+    cut = min(cut, b - 1)
+    whole = clip_diagnostics(logp, old, adv, mask, clip_high=high)
+    parts = [clip_diagnostics(logp[rows], old[rows], adv[rows], mask[rows], clip_high=high)
+             for rows in (slice(0, cut), slice(cut, b))]
+    for key in ("positive_advantage_tokens", "clip_upper_tokens", "clip_upper_old_prob_sum",
+                "clip_higher_kept_tokens", "clip_higher_kept_old_prob_sum"):
+        torch.testing.assert_close(whole[key], parts[0][key] + parts[1][key], rtol=1e-12, atol=1e-14)
+    for key in ("clip_upper_old_prob_max", "clip_higher_kept_old_prob_max"):
+        assert float(whole[key]) == max(float(p[key]) for p in parts)
+    assert 0 <= float(whole["clip_upper_old_prob_sum"]) <= float(whole["clip_upper_tokens"])
+    assert float(whole["clip_upper_tokens"]) <= float(whole["positive_advantage_tokens"])

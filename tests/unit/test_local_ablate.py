@@ -87,5 +87,23 @@ def test_progress_writes_one_line_per_run_with_the_time_left():
 def test_cli_help_states_the_driver_defaults():
     ablate = _parser()._subparsers._group_actions[0].choices["ablate"]  # type: ignore[union-attr]
     helps = {action.dest: action.help for action in ablate._actions}
-    assert f"(default: {DEFAULT_SEEDS})" in helps["seeds"]
+    assert f"(default: {DEFAULT_SEEDS};" in helps["seeds"]
     assert f"(default: {DEFAULT_JOBS};" in helps["jobs"]
+
+
+def test_cli_help_explains_both_settings_and_the_clip_acts_seed_count():
+    from dapo_verl.local.arms import CLIP_ACTS_STUDY
+
+    ablate = _parser()._subparsers._group_actions[0].choices["ablate"]  # type: ignore[union-attr]
+    helps = {action.dest: action.help for action in ablate._actions}
+    assert "'default' = the default local run" in helps["setting"] and "'clip-acts' = " in helps["setting"]
+    assert "clip-acts" in ablate.description and "almost never binds" in ablate.description
+    assert f"clip-acts: {CLIP_ACTS_STUDY.power.seeds}, from its power calculation" in helps["seeds"]
+
+
+def test_cli_refuses_a_setting_with_the_ladder(tmp_path, capsys):
+    from dapo_verl.cli import main
+
+    assert main(["ablate", "--ladder", "--setting", "clip-acts", "--out", str(tmp_path)]) == 2
+    assert "the ladder runs the default setting only" in capsys.readouterr().err
+    assert not any(tmp_path.iterdir())

@@ -114,3 +114,34 @@ def test_per_token_metrics_are_undefined_when_no_token_is_trained(model, gen):
     assert all(math.isnan(metrics[key]) for key in undefined), {k: metrics[k] for k in undefined}
     assert metrics["actor/pg_loss"] == 0.0
     assert metrics["actor/dapo/gradient_steps"] == 2.0
+
+
+def test_clipped_token_probabilities_do_not_depend_on_micro_batching(model, gen):
+    dapo = DapoConfig()
+    batch = assemble_batch(_groups(gen), torch.randint(3, 17, (4, S), generator=gen), dapo)
+    actor = ActorConfig(ppo_mini_batch_size=1, ppo_epochs=3)
+    _, whole = _update(model, batch, dapo, actor)
+    _, split = _update(model, batch, dapo, ActorConfig(ppo_mini_batch_size=1, ppo_epochs=3,
+                                                       ppo_micro_batch_size_per_gpu=1))
+    assert whole["actor/dapo/clip_upper_tokens"] > 0  # the later gradient steps clip
+    for key in ("clip_upper_old_prob_mean", "clip_upper_positive_share", "clip_upper_old_prob_max",
+                "clip_higher_kept_old_prob_max"):
+        assert split[f"actor/dapo/{key}"] == pytest.approx(whole[f"actor/dapo/{key}"], rel=1e-5), key
+    # the parts are the mean per loss call, as verl logs them: 4 calls per gradient step instead of 1
+    assert split["actor/dapo/clip_upper_tokens"] == pytest.approx(whole["actor/dapo/clip_upper_tokens"] / G)
+    assert whole["actor/dapo/clip_upper_old_prob_mean"] == pytest.approx(
+        whole["actor/dapo/clip_upper_old_prob_sum"] / whole["actor/dapo/clip_upper_tokens"])
+    assert 0 < whole["actor/dapo/clip_upper_old_prob_mean"] <= whole["actor/dapo/clip_upper_old_prob_max"] <= 1
+
+
+def test_clipped_token_probabilities_without_tokens_are_zero_counts_and_undefined_means(model, gen):
+    groups = [GroupResult(prompt_id=g.prompt_id, metric=g.metric, response_lengths=g.response_lengths,
+                          truncated=torch.ones(G, dtype=torch.bool), scores=g.scores, payload=g.payload)
+              for g in _groups(gen)]
+    dapo = DapoConfig(overlong=OverlongConfig(overlong_filtering=True))
+    _, metrics = _update(model, assemble_batch(groups, torch.randint(3, 17, (4, S), generator=gen), dapo), dapo,
+                         ActorConfig(ppo_mini_batch_size=2))
+    assert metrics["actor/dapo/clip_upper_tokens"] == metrics["actor/dapo/positive_advantage_tokens"] == 0.0
+    assert metrics["actor/dapo/clip_upper_old_prob_max"] == 0.0
+    assert all(math.isnan(metrics[f"actor/dapo/{key}"]) for key in (
+        "clip_upper_old_prob_mean", "clip_higher_kept_old_prob_mean", "clip_upper_positive_share"))

@@ -78,3 +78,26 @@ def test_arm_names_are_unique_directory_names_that_compare_groups_back(study, tm
 def test_ladder_directories_sort_in_ladder_order():
     names = [arm.name for arm in LADDER_STUDY.arms]
     assert sorted(names) == names
+
+
+def test_clip_acts_arms_differ_only_in_eps_high_and_take_16_gradient_steps_per_rollout():
+    from dapo_verl.local.arms import CLIP_ACTS_STUDY
+
+    low, high = (_composed(arm) for arm in CLIP_ACTS_STUDY.arms)
+    assert _differences(low, high) == {CLIP_HIGH: (0.2, 0.28)}
+    assert CLIP_ACTS_STUDY.varied_keys == [CLIP_HIGH]
+    spec = compose_run(CLIP_ACTS_STUDY.arms[0].overrides)
+    assert spec.dapo.sampler.train_batch_size // spec.run.actor.ppo_mini_batch_size == 16  # the paper's 512 / 32
+    assert spec.run.local.warm_start.steps > 0 and spec.run.rollout.val_n == spec.run.rollout.n  # pass@1..G
+
+
+def test_clip_acts_seed_count_is_its_power_calculation():
+    from dapo_verl.local.arms import CLIP_ACTS_STUDY
+    from dapo_verl.report.stats import seeds_for_power
+
+    plan = CLIP_ACTS_STUDY.power
+    assert plan.seeds == seeds_for_power(plan.effect, plan.pilot_sd, alpha=plan.alpha, power=plan.power)
+    assert plan.pilot_effect_seeds == seeds_for_power(plan.pilot_effect, plan.pilot_sd)
+    assert not set(plan.pilot_seeds) & set(range(plan.seeds))  # the main run reuses no pilot seed
+    assert {CLIP_ACTS_STUDY.primary.baseline, CLIP_ACTS_STUDY.primary.treatment} == {
+        arm.name for arm in CLIP_ACTS_STUDY.arms}

@@ -254,11 +254,32 @@ def test_clip_fractions_partition_the_clipped_tokens():
     assert float(stats["ratio_min"]) == pytest.approx(0.7)
 
 
+def test_clipped_token_probabilities_by_hand():
+    # old probabilities 0.01, 0.5, 0.05, 0.9, 0.3, 0.2; ratios as in the partition test above
+    old_prob = torch.tensor([[0.01, 0.5, 0.05, 0.9, 0.3, 0.2]], dtype=torch.float64)
+    ratios = torch.tensor([[1.25, 1.30, 1.50, 1.10, 0.70, 1.21]], dtype=torch.float64)
+    adv = torch.tensor([[1.0, 1.0, 1.0, 1.0, -1.0, 1.0]], dtype=torch.float64)
+    old = old_prob.log()
+    stats = clip_diagnostics(old + ratios.log(), old, adv, torch.ones_like(old), clip_low=0.2, clip_high=0.28)
+    assert float(stats["positive_advantage_tokens"]) == 5  # every token but the A < 0 one
+    assert float(stats["clip_upper_tokens"]) == 2  # r 1.30 (p 0.5) and 1.50 (p 0.05)
+    assert float(stats["clip_upper_old_prob_sum"]) == pytest.approx(0.55)
+    assert float(stats["clip_upper_old_prob_max"]) == pytest.approx(0.5)
+    assert float(stats["clip_higher_kept_tokens"]) == 2  # r 1.25 (p 0.01) and 1.21 (p 0.2)
+    assert float(stats["clip_higher_kept_old_prob_sum"]) == pytest.approx(0.21)
+    assert float(stats["clip_higher_kept_old_prob_max"]) == pytest.approx(0.2)
+    symmetric = clip_diagnostics(old + ratios.log(), old, adv, torch.ones_like(old), clip_low=0.2, clip_high=0.2)
+    assert float(symmetric["clip_upper_tokens"]) == 4  # eps_high = eps_low: nothing is kept by clip-higher
+    assert float(symmetric["clip_upper_old_prob_sum"]) == pytest.approx(0.76)
+    assert float(symmetric["clip_higher_kept_tokens"]) == float(symmetric["clip_higher_kept_old_prob_max"]) == 0.0
+
+
 def test_clip_diagnostics_on_empty_mask_are_neutral(gen):
     logp, old, adv, mask = _batch(gen)
     stats = clip_diagnostics(logp, old, adv, torch.zeros_like(mask))
     assert all(float(stats[k]) == 0.0 for k in stats if k.endswith("_fraction"))
     assert float(stats["ratio_mean"]) == float(stats["ratio_min"]) == float(stats["ratio_max"]) == 1.0
+    assert all(float(stats[k]) == 0.0 for k in stats if "_tokens" in k or "_old_prob_" in k)  # no NaN
 
 
 def _reference_diagnostics(logp, old, adv, mask, low, high, c):
@@ -276,7 +297,20 @@ def _reference_diagnostics(logp, old, adv, mask, low, high, c):
         "ratio_min": float(ratio.min()) if ratio.numel() else 1.0,
         "ratio_max": float(ratio.max()) if ratio.numel() else 1.0,
         "approx_kl": -float((logp - old).clamp(-20, 20)[mask].sum()) / max(int(mask.sum()), 1),
+        **_reference_probabilities(old.clamp(max=0).exp()[mask], pos, pos & (ratio > 1 + high),
+                                   pos & (ratio > 1 + low) & (ratio <= 1 + high)),
     }
+
+
+def _reference_probabilities(prob, positive, upper, kept):
+    """Counts, sums and maxima of the old-policy probabilities, by boolean indexing."""
+    def stats(name, hits):
+        chosen = prob[hits]
+        return {f"{name}_tokens": float(hits.sum()), f"{name}_old_prob_sum": float(chosen.sum()),
+                f"{name}_old_prob_max": float(chosen.max()) if chosen.numel() else 0.0}
+
+    return {"positive_advantage_tokens": float(positive.sum()), **stats("clip_upper", upper),
+            **stats("clip_higher_kept", kept)}
 
 
 @pytest.mark.parametrize(("low", "high", "c"), [(0.2, 0.28, None), (0.2, 0.28, 3.0), (0.3, 0.1, 1.5), (0.0, 0.0, 2.0)])
@@ -289,6 +323,10 @@ def test_clip_diagnostics_equal_boolean_indexing_of_the_valid_tokens(gen, low, h
         assert set(stats) == set(expected)
         for key, value in expected.items():
             assert float(stats[key]) == pytest.approx(value, rel=1e-12, abs=1e-15), key
+        tokens = int(mask.sum())  # the counts are the clip fractions' numerators
+        assert float(stats["clip_upper_tokens"]) == pytest.approx(float(stats["clip_upper_fraction"]) * tokens)
+        assert float(stats["clip_higher_kept_tokens"]) == pytest.approx(
+            float(stats["clip_higher_kept_fraction"]) * tokens)
 
 
 def test_loss_and_diagnostics_in_one_pass_equal_the_separate_functions(gen):

@@ -236,6 +236,33 @@ def test_default_metrics_pick_the_largest_n_accuracy_of_each_source_and_requests
         select_metrics(available, ["val-core/*/acc/best@*"])
 
 
+def test_a_verl_log_gets_the_clipped_token_probability_from_its_sums_and_counts(tmp_path):
+    # verl logs the parts (each averaged over micro-batches alike); the means are their ratios, step by step
+    parts = [(1, {"actor/dapo/clip_upper_old_prob_sum": 0.6, "actor/dapo/clip_upper_tokens": 2.0,
+                  "actor/dapo/positive_advantage_tokens": 8.0, "actor/dapo/clip_upper_old_prob_max": 0.4}),
+             (2, {"actor/dapo/clip_upper_old_prob_sum": 0.0, "actor/dapo/clip_upper_tokens": 0.0,
+                  "actor/dapo/positive_advantage_tokens": 4.0, "actor/dapo/clip_upper_old_prob_max": 0.0}),
+             (3, {"actor/dapo/clip_upper_old_prob_sum": 0.5, "actor/dapo/clip_upper_tokens": 5.0,
+                  "actor/dapo/positive_advantage_tokens": 10.0, "actor/dapo/clip_upper_old_prob_max": 0.2})]
+    run = load_run(write_jsonl(tmp_path / "verl.jsonl", [(s, {ACC: 0.5, **d}) for s, d in parts]))
+    mean = run.series("actor/dapo/clip_upper_old_prob_mean")
+    assert mean.to_dict() == pytest.approx({1: 0.3, 3: 0.1})  # step 2 clipped nothing: undefined, not 0
+    assert run.series("actor/dapo/clip_upper_positive_share").to_dict() == pytest.approx({1: 0.25, 2: 0.0, 3: 0.5})
+    assert "actor/dapo/clip_higher_kept_old_prob_mean" not in run.metrics  # its parts were not logged
+    report = build_report({"verl": [run]})
+    assert report.row("actor/dapo/clip_upper_old_prob_mean", "verl").run_mean.mean == pytest.approx(0.2)
+    assert "actor/dapo/clip_upper_old_prob_max" in report.metrics
+
+
+def test_pass_at_k_keys_are_reported_after_the_accuracy_and_plotted(tmp_path):
+    records = [(s, {ACC: 0.1 * s, "val-aux/aime-2024/acc/best@2/mean": 0.2 * s,
+                    "val-core/aime-2024/acc/best@4/mean": 0.25 * s, "val-aux/aime-2024/acc/best@2/std": 0.1,
+                    "actor/entropy": 1.0}) for s in (0, 1, 2)]
+    report = build_report({"a": [write_jsonl(tmp_path / "a" / "metrics.jsonl", records)]}, tmp_path / "out")
+    assert list(report.metrics[:3]) == [ACC, "val-aux/aime-2024/acc/best@2/mean", "val-core/aime-2024/acc/best@4/mean"]
+    assert report.files["pass_at_k"].exists() and "clipped_probability" not in report.files
+
+
 # -- the CLI -------------------------------------------------------------------------------------------
 
 def test_compare_cli_reads_all_three_formats_writes_the_report_and_prints_the_table(tmp_path, capsys):
@@ -384,3 +411,14 @@ def test_compare_on_a_million_line_jsonl_stays_within_a_few_hundred_megabytes(tm
 
     baseline = peak_rss_mib(small.parent)
     assert peak_rss_mib(log.parent) - baseline < 300
+
+
+def test_a_ratio_whose_count_is_always_zero_is_reported_as_undefined_not_as_missing(tmp_path):
+    records = [(s, {ACC: 0.5, "actor/dapo/clip_upper_old_prob_sum": 0.0, "actor/dapo/clip_upper_tokens": 0.0})
+               for s in (1, 2)]
+    report = build_report({"a": [write_jsonl(tmp_path / "a.jsonl", records)]})
+    lines = report.to_markdown().splitlines()
+    undefined = next(line for line in lines if line.startswith("Undefined in every run"))
+    assert "`actor/dapo/clip_upper_old_prob_mean`: `actor/dapo/clip_upper_tokens`" in undefined
+    missing = next(line for line in lines if line.startswith("Not logged by any run"))
+    assert "clip_upper_old_prob_mean" not in missing and "clip_higher_kept_old_prob_mean" in missing

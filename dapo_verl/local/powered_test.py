@@ -1,0 +1,125 @@
+"""The declared primary metric of a powered study, per run, and its paired test across seeds.
+
+A study with a :class:`~dapo_verl.local.arms.PrimaryMetric` (``dapo-verl ablate --setting clip-acts``) is read
+by one number per run: the normalised area under the curve of the primary key over the run's evaluations
+(:func:`~dapo_verl.report.stats.normalised_auc`). Paired by seed, d = treatment - baseline; the test is
+Student's paired t-test, two-sided, with its 95% interval (:func:`~dapo_verl.report.stats.paired_t_test`).
+The reading is stated from the interval, whatever it says: the paper's direction (interval above 0), the
+opposite (below 0), or no detectable difference (the interval holds 0, with the effect the seed count was
+powered for). The seed count's power calculation (:class:`~dapo_verl.local.arms.PowerPlan`) is reported
+beside it, and a run with fewer seeds than planned is called underpowered.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from dapo_verl.local.arms import PowerPlan, PrimaryMetric, Study
+from dapo_verl.report import RunLog
+from dapo_verl.report.stats import PairedTest, normalised_auc, paired_t_test
+
+__all__ = ["PrimaryResult", "analyse_primary", "primary_value"]
+
+
+def primary_value(run: RunLog, primary: PrimaryMetric) -> float | None:
+    """The run's normalised area under the curve of ``primary.key``; None if it logged the key fewer than twice.
+
+    Raises:
+        ValueError: if the pattern matches more than one of the run's metrics.
+    """
+    keys = fnmatch.filter(run.metrics, primary.key)
+    if len(keys) > 1:
+        raise ValueError(f"the primary metric {primary.key!r} matches {keys} in {run.path}; it must name one metric.")
+    series = run.series(keys[0]) if keys else None
+    if series is None or len(series) < 2:
+        return None
+    return normalised_auc([float(s) for s in series.index], [float(v) for v in series])
+
+
+@dataclass(frozen=True)
+class PrimaryResult:
+    """The paired comparison of a study's primary metric.
+
+    Attributes:
+        primary: The declared metric.
+        values: arm -> seed -> the run's value.
+        differences: seed -> treatment - baseline, for the seeds both arms have.
+        test: The paired t-test; None with fewer than 2 pairs.
+        power: The study's power calculation, if any.
+        reading: One plain sentence: what the interval says.
+    """
+
+    primary: PrimaryMetric
+    values: Mapping[str, Mapping[int, float]]
+    differences: Mapping[int, float]
+    test: PairedTest | None
+    power: PowerPlan | None
+    reading: str
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready: the declaration, per-run values, differences, the test, the power plan and the reading."""
+        return {"primary_metric": asdict(self.primary), "test_name": "Student's paired t-test, two-sided",
+                "values": {arm: {str(k): v for k, v in seeds.items()} for arm, seeds in self.values.items()},
+                "differences": {str(k): v for k, v in self.differences.items()},
+                "test": None if self.test is None else self.test.to_dict(),
+                "power": None if self.power is None else asdict(self.power), "reading": self.reading}
+
+    def markdown(self) -> list[str]:
+        """The section of ``ablation.md``: declaration, power calculation, test and reading."""
+        p, lines = self.primary, ["## Primary metric and paired test", ""]
+        lines += [f"Declared before the main run: **{p.title}** of `{p.key}`, {p.treatment} minus {p.baseline}, "
+                  "paired by seed; Student's paired t-test, two-sided, with its 95% confidence interval.", ""]
+        if self.power is not None:
+            w = self.power
+            target = "the pilot's effect" if w.effect == w.pilot_effect else "an effect of"
+            lines += [f"Seeds: {w.seeds}, for {w.power:.0%} power at alpha {w.alpha} (paired t-test sample size: the "
+                      f"normal approximation n = ((z + z) SD / effect)^2 refined with t quantiles) to detect "
+                      f"{target} ±{abs(w.effect):.4f} with the pilot's SD {w.pilot_sd:.4f}. Pilot (seeds "
+                      f"{', '.join(map(str, w.pilot_seeds))}, not reused here): paired effect {w.pilot_effect:+.4f}, "
+                      f"SD {w.pilot_sd:.4f}, which would need {w.pilot_effect_seeds} seeds"
+                      + (f"; {w.why}." if w.why else "."), ""]
+        if self.test is not None:
+            t = self.test
+            lines += ["| pairs | difference, mean | SD | 95% CI | t | df | p | better / same / worse |",
+                      "|---|---|---|---|---|---|---|---|",
+                      f"| {t.n} | {t.mean:+.4f} | {t.sd:.4f} | [{t.ci_low:+.4f}, {t.ci_high:+.4f}] | {t.t:.2f} "
+                      f"| {t.df} | {t.p_value:.3g} | {t.better} / {t.same} / {t.worse} |", ""]
+        return [*lines, f"**Reading.** {self.reading}", ""]
+
+
+def _reading(primary: PrimaryMetric, test: PairedTest | None, power: PowerPlan | None) -> str:
+    if test is None:
+        return "Fewer than two seeds ran in both arms: no test."
+    stats = (f"{primary.treatment} minus {primary.baseline} is {test.mean:+.4f} (95% CI [{test.ci_low:+.4f}, "
+             f"{test.ci_high:+.4f}], paired t({test.df}) = {test.t:.2f}, p = {test.p_value:.3g}, n = {test.n})")
+    planned = "" if power is None or test.n >= power.seeds else (
+        f" Underpowered: {test.n} of the {power.seeds} planned seeds ran.")
+    if test.ci_low > 0:
+        return f"The paper's direction: {stats}; clip-higher raised the primary metric.{planned}"
+    if test.ci_high < 0:
+        return f"The opposite of the paper's direction: {stats}; clip-higher lowered the primary metric.{planned}"
+    powered = "" if power is None else (
+        f" The seed count had {power.power:.0%} power for an effect of ±{abs(power.effect):.4f}.")
+    return f"No detectable effect: {stats}; the interval holds 0.{powered}{planned}"
+
+
+def analyse_primary(study: Study, runs: Mapping[str, Sequence[tuple[int, RunLog]]]) -> PrimaryResult | None:
+    """The paired comparison of ``study.primary``; None for a study without one.
+
+    Args:
+        study: The study.
+        runs: arm name -> ``(seed, run)`` of each of its runs.
+    """
+    primary = study.primary
+    if primary is None:
+        return None
+    values = {arm: {seed: v for seed, run in runs.get(arm, ()) if (v := primary_value(run, primary)) is not None}
+              for arm in (primary.baseline, primary.treatment)}
+    base, treat = values[primary.baseline], values[primary.treatment]
+    differences = {seed: treat[seed] - base[seed] for seed in base if seed in treat}
+    test = paired_t_test(list(differences.values())) if len(differences) >= 2 else None
+    return PrimaryResult(primary=primary, values=values, differences=differences, test=test, power=study.power,
+                         reading=_reading(primary, test, study.power))

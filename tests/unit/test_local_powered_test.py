@@ -1,0 +1,70 @@
+"""The declared primary metric per run, its paired test over seeds, and a reading that says what the interval says."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from dapo_verl.local.arms import CLIP_ACTS_STUDY, PowerPlan
+from dapo_verl.local.powered_test import analyse_primary, primary_value
+from dapo_verl.report import LogFormat, RunLog
+from dapo_verl.report.readers import records_table
+
+KEY = "val-core/copy3/acc/mean@1"
+PLAN = PowerPlan(pilot_seeds=(100, 101), pilot_effect=0.01, pilot_sd=0.1, pilot_effect_seeds=787, effect=0.05,
+                 seeds=34, why="the pilot's effect is too small to power")
+
+
+def _run(curve, name="run"):
+    records = [(step, {KEY: value, "actor/entropy": 0.5}) for step, value in curve]
+    return RunLog(path=Path(name), source=Path(name), format=LogFormat.JSONL, table=records_table(records))
+
+
+def _runs(base_values, treat_values):
+    """One run per seed and arm whose greedy accuracy is flat at the given value (so its AUC is that value)."""
+    arms = {}
+    for arm, values in (("eps_high_0.2", base_values), ("eps_high_0.28", treat_values)):
+        arms[arm] = [(seed, _run([(0, v), (5, v), (10, v)])) for seed, v in enumerate(values)]
+    return arms
+
+
+def test_primary_value_is_the_normalised_area_under_the_evaluations():
+    assert primary_value(_run([(0, 0.0), (5, 1.0), (40, 1.0)]), CLIP_ACTS_STUDY.primary) == pytest.approx(
+        (2.5 + 35) / 40)
+    assert primary_value(_run([(0, 0.2)]), CLIP_ACTS_STUDY.primary) is None  # one evaluation has no area
+
+
+@pytest.mark.parametrize(("treat", "start"), [
+    ([0.62, 0.71, 0.58, 0.80], "The paper's direction"),
+    ([0.38, 0.52, 0.41, 0.60], "The opposite of the paper's direction"),
+    ([0.55, 0.66, 0.44, 0.72], "No detectable effect"),
+])
+def test_the_reading_follows_the_interval(treat, start):
+    base = [0.50, 0.60, 0.48, 0.70]
+    result = analyse_primary(CLIP_ACTS_STUDY, _runs(base, treat))
+    assert result.reading.startswith(start), result.reading
+    assert result.differences == pytest.approx({i: t - b for i, (t, b) in enumerate(zip(treat, base))})
+    data = result.to_dict()
+    assert data["test_name"] == "Student's paired t-test, two-sided"
+    assert data["test"]["n"] == 4 and data["primary_metric"]["key"] == CLIP_ACTS_STUDY.primary.key
+    assert data["power"]["seeds"] == CLIP_ACTS_STUDY.power.seeds
+    assert "Underpowered: 4 of the" in result.reading  # fewer seeds than the power calculation asked for
+
+
+def test_the_markdown_states_the_declaration_the_power_calculation_the_test_and_the_reading():
+    from dataclasses import replace
+
+    study = replace(CLIP_ACTS_STUDY, power=PLAN)
+    text = "\n".join(analyse_primary(study, _runs([0.5, 0.6, 0.4], [0.55, 0.66, 0.45])).markdown())
+    for part in ("Declared before the main run", "Seeds: 34, for 80% power", "an effect of ±0.0500",
+                 "would need 787 seeds", "the pilot's effect is too small to power", "| 3 | +0.0533 |",
+                 "**Reading.** The paper's direction"):
+        assert part in text, part
+
+
+def test_seeds_missing_in_one_arm_are_left_out_and_one_pair_is_no_test():
+    arms = _runs([0.5, 0.6], [0.7])
+    result = analyse_primary(CLIP_ACTS_STUDY, arms)
+    assert result.differences == pytest.approx({0: 0.2}) and result.test is None
+    assert result.reading == "Fewer than two seeds ran in both arms: no test."
