@@ -84,7 +84,6 @@ def step_counts(records: Path, metrics: Path, steps: int, trained_per_step: int)
 
 def run_one(strategy: str, seed: int, args: argparse.Namespace) -> dict[str, Any]:
     """One rehearsal (no resume) of ``strategy``; its per-step counts and their means."""
-    from dapo_verl.rehearsal.report import write_report
     from dapo_verl.rehearsal.run import RehearsalOptions, rehearse
 
     out = args.work / f"{strategy}-seed{seed}"
@@ -97,7 +96,7 @@ def run_one(strategy: str, seed: int, args: argparse.Namespace) -> dict[str, Any
     if args.reuse and saved.is_file():
         report = json.loads(saved.read_text())
     else:
-        report = write_report(rehearse(options, echo=lambda line: print(f"  {line}", file=sys.stderr, flush=True)))
+        report = rehearse(options, echo=lambda line: print(f"  {line}", file=sys.stderr, flush=True)).report
     if not report["runs"] or report["runs"][0]["returncode"] != 0:
         raise RuntimeError(f"{strategy} seed {seed} failed: {report['runs'][0]['error'] if report['runs'] else ''}; "
                            f"see {out}/run1/log.txt")

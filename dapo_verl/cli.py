@@ -231,7 +231,7 @@ def _cmd_ablate(args: argparse.Namespace) -> int:
 
 
 def _cmd_rehearse(args: argparse.Namespace) -> int:
-    from dapo_verl.rehearsal.report import summary_lines, write_report
+    from dapo_verl.rehearsal.report import summary_lines
     from dapo_verl.rehearsal.run import RehearsalError, RehearsalOptions, rehearse
 
     options = RehearsalOptions(config_name=args.config_name, overrides=tuple(args.overrides), out_dir=Path(args.out),
@@ -242,7 +242,8 @@ def _cmd_rehearse(args: argparse.Namespace) -> int:
     except RehearsalError as err:
         print(f"dapo-verl rehearse: {err}", file=sys.stderr)
         return 2
-    report = write_report(result)
+    report = result.report
+    assert report is not None  # rehearse() writes it before it returns
     print("\n".join(summary_lines(report)))
     return 0 if report["ok"] else 1
 

@@ -32,6 +32,7 @@ Output layout under ``out``: ``data/`` (train/val parquet), ``model/`` (the stan
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
@@ -43,7 +44,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -157,6 +158,7 @@ class RehearsalResult:
     environment: dict[str, tuple[str, str]] = field(default_factory=dict)
     runs: list[RunRecord] = field(default_factory=list)
     recipe: dict[str, Any] = field(default_factory=dict)
+    report: dict[str, Any] | None = None
 
 
 VERL_SEARCHPATH = "pkg://verl.trainer.config"
@@ -248,15 +250,42 @@ def _longest_prompt(model_path: str, files: Sequence[Path], prompt_key: str) -> 
     return longest
 
 
-def _prepare_out(out: Path, overwrite: bool) -> None:
-    if out.exists() and any(out.iterdir()):
-        if not (out / "changes.json").exists() and not overwrite:
-            raise RehearsalError(f"--out {out} exists and is not a rehearsal folder; choose an empty or new folder.")
-        if not overwrite:
+@contextlib.contextmanager
+def _own_out(out: Path, overwrite: bool) -> Iterator[None]:
+    """Make ``out`` this rehearsal's for the block: one writer at a time, as a training run directory has.
+
+    The folder's lock (:func:`dapo_verl.local.rundir.run_directory_lock`, ``out/.lock``) is held from before
+    anything is removed until the report is written; a second rehearsal into a folder whose rehearsal still runs is
+    refused, ``--overwrite`` included. ``--overwrite`` empties only a folder that holds an earlier rehearsal (a
+    ``changes.json``), finished or failed, keeping the lock file it holds.
+
+    Raises:
+        RehearsalError: for a file, a folder that is not a rehearsal's, an earlier rehearsal without
+            ``--overwrite``, or a rehearsal still running there.
+    """
+    from dapo_verl.local.rundir import LOCK_FILE, RunDirectoryBusy, run_directory_lock
+
+    if out.exists() and not out.is_dir():
+        raise RehearsalError(f"--out {out} is a file; give a folder (new, empty, or an earlier rehearsal's).")
+    entries = sorted(p for p in out.iterdir() if p.name != LOCK_FILE) if out.is_dir() else []
+    if entries and not (out / "changes.json").exists():
+        raise RehearsalError(f"--out {out} exists and is not a rehearsal folder (it has no changes.json); --overwrite "
+                             f"replaces only an earlier rehearsal's folder. Choose an empty or new folder.")
+    with contextlib.ExitStack() as stack:
+        try:
+            stack.enter_context(run_directory_lock(out))
+        except RunDirectoryBusy as err:
+            raise RehearsalError(f"--out {out} belongs to a rehearsal that is still running, and neither a second "
+                                 f"rehearsal nor --overwrite may replace it: {err}") from None
+        if entries and not overwrite:
             raise RehearsalError(f"--out {out} holds an earlier rehearsal; pass --overwrite to replace it or choose "
                                  f"another folder.")
-        shutil.rmtree(out)
-    out.mkdir(parents=True, exist_ok=True)
+        for entry in entries:
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry)
+            else:
+                entry.unlink()
+        yield
 
 
 def _environment(metrics: Path, extra: dict[str, str] | None = None) -> dict[str, str]:
@@ -506,12 +535,14 @@ def _check(options: RehearsalOptions) -> None:
 def rehearse(options: RehearsalOptions, echo: Callable[[str], None] = print) -> RehearsalResult:
     """Run the rehearsal described in the module docstring and return what happened (see :mod:`.report`).
 
-    Raises:
-        RehearsalError: when the rehearsal cannot start (unknown config, bad options, unusable ``--out``).
-            A failing verl run does not raise: its error is in the result and the report.
-    """
-    from dapo_verl.rehearsal.stand_in import build_stand_in
+    The report (``report.json``, ``report.md``) is written before the folder's lock is released and is also in
+    the result's ``report``.
 
+    Raises:
+        RehearsalError: when the rehearsal cannot start (unknown config, bad options, unusable ``--out``, a
+            rehearsal still running in ``--out``). A failing verl run does not raise: its error is in the result and
+            the report.
+    """
     _check(options)
     try:
         engine = choose_engine(options.engine)
@@ -519,7 +550,18 @@ def rehearse(options: RehearsalOptions, echo: Callable[[str], None] = print) -> 
         raise RehearsalError(str(err)) from None
     config, entry = compose_recipe(options.config_name, options.overrides)
     out = options.out_dir.resolve()
-    _prepare_out(out, options.overwrite)
+    with _own_out(out, options.overwrite):
+        result = _rehearse_in(out, options, config, entry, engine, echo)
+        from dapo_verl.rehearsal.report import write_report
+
+        result.report = write_report(result)  # inside the lock: the folder has one writer until its report is out
+    return result
+
+
+def _rehearse_in(out: Path, options: RehearsalOptions, config: DictConfig, entry: list[str], engine: EngineChoice,
+                 echo: Callable[[str], None]) -> RehearsalResult:
+    """The rehearsal's body, in the folder ``out`` that :func:`_own_out` made its own."""
+    from dapo_verl.rehearsal.stand_in import build_stand_in
 
     own_model = select(config, "actor_rollout_ref.model.path")
     replaced = not _small_local_model(own_model)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from dapo_verl.rehearsal.report import REQUIRED_METRICS, read_jsonl, write_report
+from dapo_verl.rehearsal.report import REQUIRED_METRICS, read_jsonl
 from dapo_verl.rehearsal.run import RehearsalOptions, rehearse
 from dapo_verl.report.derived import RATIO_METRICS, RATIO_PARTS, derive_ratios
 
@@ -24,7 +24,7 @@ def run_rehearsal(tmp_path: Path, config: str, *overrides: str, steps: int = 3, 
     # contention. The exact-resume tests run the default, overlapped path. engine=None: vLLM when it is installed.
     options = RehearsalOptions(config_name=config, overrides=tuple(overrides), out_dir=tmp_path / "rehearsal",
                                steps=steps, resume=resume, gpus=gpus, timeout_s=600, overlap=overlap, engine=engine)
-    report = write_report(rehearse(options, echo=lambda line: None))
+    report = rehearse(options, echo=lambda line: None).report
     out = options.out_dir
     failures = [f"{r['name']}: {r['error']}" for r in report["runs"] if r["returncode"] != 0]
     assert not failures, f"{failures}; logs under {out}"

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from dapo_verl.rehearsal.report import read_jsonl, write_report
+from dapo_verl.rehearsal.report import read_jsonl
 from dapo_verl.rehearsal.run import RehearsalOptions, rehearse
 from tests.e2e.rehearsal_helpers import SIZES, assert_dapo_metrics_every_step, run_rehearsal, training_steps
 
@@ -62,7 +62,7 @@ def test_a_recipe_whose_data_lacks_the_prompt_column_fails_with_verls_own_error(
         f"data.train_files={bad}", f"data.val_files={bad}", "actor_rollout_ref.rollout.n=4", *SIZES),
         out_dir=tmp_path / "rehearsal", timeout_s=600, overlap=False,  # run1 fails: no resume run to start early
         engine="stand-in")
-    report = write_report(rehearse(options, echo=lambda line: None))
+    report = rehearse(options, echo=lambda line: None).report
     assert not report["ok"]
     assert [run["name"] for run in report["runs"]] == ["run1"]  # no resume after a failed first run
     run = report["runs"][0]

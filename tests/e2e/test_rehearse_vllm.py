@@ -18,7 +18,7 @@ from importlib.metadata import version
 import pytest
 
 from dapo_verl.adapter import cpu_leftovers
-from dapo_verl.rehearsal.report import ROLLOUT_DIFF_LIMIT, read_jsonl, write_report
+from dapo_verl.rehearsal.report import ROLLOUT_DIFF_LIMIT, read_jsonl
 from dapo_verl.rehearsal.run import RehearsalOptions, rehearse
 from tests.e2e.rehearsal_helpers import (
     CARRY,
@@ -141,7 +141,7 @@ def test_a_bad_engine_setting_fails_with_vllms_own_error(tmp_path):
     options = RehearsalOptions(config_name="dapo_trainer", overrides=(
         "actor_rollout_ref.rollout.n=4", *SIZES, "actor_rollout_ref.rollout.max_num_seqs=0"),
         out_dir=tmp_path / "rehearsal", timeout_s=600, overlap=False)
-    report = write_report(rehearse(options, echo=lambda line: None))
+    report = rehearse(options, echo=lambda line: None).report
     assert not report["ok"]
     assert [run["name"] for run in report["runs"]] == ["run1"]
     run = report["runs"][0]
