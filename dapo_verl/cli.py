@@ -17,8 +17,11 @@ RELIABILITY_PAGE = DOCS / "reliability.md"
 
 
 def _fail(command: str, message: object) -> int:
-    """Print ``dapo-verl <command>: <message>`` on one line of stderr; return exit status 2."""
-    print(f"dapo-verl {command}: {' '.join(str(message).split())}", file=sys.stderr)
+    """Print ``dapo-verl <command>: <message>`` on one line of stderr (one line per problem of a refused config);
+    return exit status 2."""
+    problems = getattr(message, "problems", None)  # dapo_verl.preflight.ConfigRefused, imported only when needed
+    for line in [str(p) for p in problems] if problems else [message]:
+        print(f"dapo-verl {command}: {' '.join(str(line).split())}", file=sys.stderr)
     return 2
 
 
@@ -148,26 +151,30 @@ def _cmd_reliability(args: argparse.Namespace) -> int:
 
 
 def _cmd_doctor(args: argparse.Namespace) -> int:
-    from dapo_verl.adapter.doctor import run_checks
+    from dapo_verl.adapter.doctor import config_checks, describe_run, run_checks
 
     checks = run_checks()
+    plugin_ok = all(check.ok for check in checks)
+    config_ok = True
     if args.config_name:
-        from dapo_verl.adapter.doctor import describe_run
-        from dapo_verl.rehearsal.run import RehearsalError, compose_recipe
+        from dapo_verl.rehearsal.run import RehearsalError
 
         try:
-            config, entry = compose_recipe(args.config_name, args.overrides)
+            found, config, entry = config_checks(args.config_name, args.overrides)
         except RehearsalError as err:
-            print(f"dapo-verl doctor: {err}", file=sys.stderr)
-            return 2
-        checks += describe_run(config, entry[2])
+            return _fail("doctor", err)
+        config_ok = all(check.ok for check in found)
+        checks += found + (describe_run(config, entry) if config is not None and entry else [])
     for check in checks:
-        print(f"[{'ok' if check.ok else 'FAIL'}] {check.name}: {check.message}")
+        print(f"{check.tag} {check.name}: {check.message}")
         if check.fix:
             print(f"       fix: {check.fix}")
-    healthy = all(check.ok for check in checks)
-    print("verl sees dapo_verl." if healthy else "verl does not see dapo_verl; see the fixes above.")
-    return 0 if healthy else 1
+    print("verl sees dapo_verl." if plugin_ok else "verl does not see dapo_verl; see the fixes above.")
+    if args.config_name:
+        failed = sum(not check.ok for check in checks if check.name == "config")
+        print(f"{args.config_name} passes every check a run makes before it starts." if config_ok else
+              f"{args.config_name} would be refused at start-up: {failed} problem(s) above, one per line.")
+    return 0 if plugin_ok and config_ok else 1
 
 
 def _cmd_compare(args: argparse.Namespace) -> int:
@@ -221,6 +228,7 @@ def _cmd_ablate(args: argparse.Namespace) -> int:
 
 
 def _cmd_rehearse(args: argparse.Namespace) -> int:
+    from dapo_verl.preflight import ConfigRefused
     from dapo_verl.rehearsal.report import summary_lines, write_report
     from dapo_verl.rehearsal.run import RehearsalError, RehearsalOptions, rehearse
 
@@ -229,9 +237,8 @@ def _cmd_rehearse(args: argparse.Namespace) -> int:
                                overlap=not args.sequential)
     try:
         result = rehearse(options)
-    except RehearsalError as err:
-        print(f"dapo-verl rehearse: {err}", file=sys.stderr)
-        return 2
+    except (RehearsalError, ConfigRefused) as err:
+        return _fail("rehearse", err)
     report = write_report(result)
     print("\n".join(summary_lines(report)))
     return 0 if report["ok"] else 1
