@@ -90,7 +90,10 @@ def _cmd_train(args: argparse.Namespace) -> int:
 def _cmd_toy(args: argparse.Namespace) -> int:
     from dapo_verl.toy import run_toy, summary_lines
 
-    paths = run_toy(args.out)
+    try:
+        paths = run_toy(args.out)
+    except OSError as err:
+        return _fail("toy", _os_error(err))
     print("\n".join(summary_lines(paths["json"])))
     print(f"\nWrote {paths['json']} and {paths['png']}")
     return 0

@@ -185,7 +185,7 @@ def changed_reruns(work: Path) -> GuardResult:
     changes = {"actor_rollout_ref.actor.clip_ratio_high": "0.2", "data.seed": "1", "local.model.hidden_size": "32"}
     for key, value in changes.items():
         overrides = [o for o in base if not o.startswith(f"{key}=")] + [f"{key}={value}"]
-        allow = key.startswith("local.model.")  # no flag lets another model size continue
+        allow = key != "actor_rollout_ref.actor.clip_ratio_high"  # no flag lets another model or split continue
         result.attempt(f"re-run with {key}={value}", _refused_keeping_outputs(
             out, key, lambda o=overrides, a=allow: run(o, out, allow_config_change=a)))
     other = run(_tiny(4, cache, seed=1), work / "other")
