@@ -195,6 +195,8 @@ def _cmd_compare(args: argparse.Namespace) -> int:
         return _fail("compare", err)
     print(report.to_markdown(), end="")
     print(f"\nWrote {', '.join(str(path) for path in report.files.values())}")
+    for warning in report.warnings:
+        print(f"dapo-verl compare: warning: {warning}", file=sys.stderr)
     return 0
 
 
