@@ -33,6 +33,8 @@ _OS_FIXES = {
     errno.EPERM: "Pass an --out you may write to, or fix its permissions.",
     errno.ENOTDIR: "--out must name a directory, not a file.",
     errno.EEXIST: "--out must name a directory, not a file.",
+    errno.EFBIG: "The file outgrew this process's file-size limit (ulimit -f); raise the limit and run the same "
+                 "command again.",
 }
 
 

@@ -23,7 +23,8 @@ imported, no Ray, no worker, no model. Each group of checks reports every proble
   divisible across GPUs, micro-batch settings, the actor config's ``validate``), once the sections above pass.
   The critic is not checked: its config class loads the critic's model, and no DAPO recipe has a critic;
 * ``data keys``: the lengths and batch sizes verl's data loader reads are positive integers;
-* ``filter metric``: dynamic sampling filters on a value the reward manager reports.
+* ``reward settings and filter metric``: the ``dapo_verl`` reward manager reads every ``reward.reward_kwargs``
+  key given (another would be ignored), and dynamic sampling filters on a value the reward manager reports.
 
 A value read from an environment variable that is not set here (``${oc.env:DAPO_MODEL_PATH}``) is reported in
 :attr:`Findings.unset` and checked as a placeholder; it is a problem only when ``unset_env_is_problem``.
@@ -43,11 +44,20 @@ from typing import Any
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from dapo_verl.config import AdvantageConfig, DapoConfig, LossConfig, clip_higher_inert_reason, read_verl_section
+from dapo_verl.config import (
+    AdvantageConfig,
+    DapoConfig,
+    LossConfig,
+    OverlongConfig,
+    clip_higher_inert_reason,
+    iter_verl_fields,
+    read_verl_section,
+)
 from dapo_verl.preflight import ConfigRefused, KnownKeys, Problem, one_line
 
 __all__ = ["DAPO_ENTRY", "V1_CHECKPOINT_CALLBACK", "V1_SAMPLER", "VERL_ENTRY", "Findings", "check_verl_config",
-           "clip_higher_warning", "compose_and_check", "dapo_entry_problems", "verl_config_problems"]
+           "clip_higher_warning", "compose_and_check", "dapo_entry_problems", "load_verl_checks",
+           "verl_config_problems"]
 
 DAPO_ENTRY = "dapo_verl.main"
 VERL_ENTRY = "verl.trainer.main_ppo"
@@ -60,6 +70,8 @@ _SHAPED = ("seq_reward", "seq_final_reward")
 """Names of the shaped reward the legacy trainer's filter understands (the rollout's ``rm_scores``)."""
 
 _VERL_SECTIONS = ("actor_rollout_ref.", "algorithm.", "critic.")
+_VERL_REWARD_KWARGS = ("overlong_buffer_cfg", "max_resp_len")
+"""verl's own names for the overlong settings, which the dapo_verl reward manager reads as aliases of its own."""
 _POSITIVE_DATA_KEYS = ("data.max_prompt_length", "data.max_response_length", "data.train_batch_size")
 
 
@@ -88,6 +100,14 @@ def check_verl_config(config: DictConfig, *, entry_module: str, unset_env_is_pro
     if findings.problems:
         raise ConfigRefused(findings.problems)
     return findings
+
+
+def load_verl_checks() -> None:
+    """Import what the checks use of verl (its registries, config classes and validate_config) -- ten seconds or
+    more on a busy machine -- so that a caller timing the checks times the checks."""
+    _registries()
+    import verl.trainer.ppo.utils
+    import verl.utils.config  # noqa: F401
 
 
 def compose_and_check(compose: Callable[[], DictConfig], *, entry_module: str,
@@ -123,19 +143,19 @@ def verl_config_problems(config: DictConfig, *, entry_module: str, unset_env_is_
             or only noted in :attr:`Findings.unset` (a dry run, ``doctor``, a rehearsal, which replaces paths).
     """
     findings = Findings()
-    plain, unset = _resolvable(config)
+    plain, unset, broken = _resolvable(config)
     findings.unset = [f"{key} (reads ${variable})" for key, variable in unset]
     if unset_env_is_problem:
         findings.problems += [Problem(key, f"{key} reads the environment variable {variable}, which is not set; the "
                                            f"run cannot resolve it. Export {variable}.") for key, variable in unset]
-    findings.problems += _unresolvable(config, {key for key, _ in unset})
+    findings.problems += broken
     dapo_run = entry_module == DAPO_ENTRY
     groups: list[tuple[str, Callable[[DictConfig], list[Problem]]]] = [
         ("dapo_verl settings", _dapo_settings if dapo_run else _component_settings),
         *([("DAPO entry point", _entry_problems)] if dapo_run else []),
         ("data keys", _data_keys),
         ("registered names", _registered_names),
-        ("filter metric", _filter_metric),
+        ("reward settings and filter metric", _reward_and_filter),
         ("verl's config classes", _verl_config_classes),
         ("verl's validate_config", _verl_validate_config),
     ]
@@ -165,11 +185,19 @@ def _reported(problem: Problem, seen: set[str]) -> bool:
 _ENV = re.compile(r"Environment variable '(\w+)' not found")
 
 
-def _resolvable(config: DictConfig) -> tuple[DictConfig, list[tuple[str, str]]]:
-    """A resolved copy of ``config`` with a placeholder for each value whose environment variable is unset."""
+def _resolvable(config: DictConfig) -> tuple[DictConfig, list[tuple[str, str]], list[Problem]]:
+    """A resolved copy of ``config``, a placeholder for each value whose environment variable is unset.
+
+    Returns:
+        ``(copy, unset, broken)``: the copy (unresolved when some interpolation cannot resolve), ``(key,
+        variable)`` for each value read from an unset environment variable, and one problem per other
+        interpolation that cannot be resolved.
+    """
     copy = OmegaConf.create(OmegaConf.to_container(config, resolve=False))
-    unset = []
-    for key in KnownKeys.of(copy).leaves:
+    unset, broken = [], []
+    for key, value in sorted(KnownKeys.of(copy).values.items()):
+        if not _interpolates(value):
+            continue  # most values are plain: only interpolations can fail to resolve
         try:
             _touch(OmegaConf.select(copy, key, throw_on_resolution_failure=True))
         except Exception as err:  # OmegaConf's resolution errors share no narrower base with a resolver's own
@@ -177,29 +205,25 @@ def _resolvable(config: DictConfig) -> tuple[DictConfig, list[tuple[str, str]]]:
             if variable:
                 unset.append((key, variable.group(1)))
                 OmegaConf.update(copy, key, f"<unset ${variable.group(1)}>", merge=False)
-    try:
-        resolved = OmegaConf.create(OmegaConf.to_container(copy, resolve=True, throw_on_missing=False))
-    except Exception:  # an interpolation that cannot resolve: reported by _unresolvable
-        resolved = copy
-    return resolved, sorted(unset)
+            else:
+                broken.append(Problem(key, f"{key}={value!r} cannot be resolved ({one_line(err)[:200]}). Fix the "
+                                           f"interpolation or set the value directly."))
+    if broken:
+        return copy, unset, broken
+    return OmegaConf.create(OmegaConf.to_container(copy, resolve=True, throw_on_missing=False)), unset, broken
+
+
+def _interpolates(value: Any) -> bool:
+    if isinstance(value, str):
+        return "${" in value
+    if isinstance(value, list | tuple):
+        return any(_interpolates(v) for v in value)
+    return isinstance(value, dict) and any(_interpolates(v) for v in value.values())
 
 
 def _touch(value: Any) -> None:
     if isinstance(value, DictConfig | ListConfig):
         OmegaConf.to_container(value, resolve=True)
-
-
-def _unresolvable(config: DictConfig, unset: set[str]) -> list[Problem]:
-    problems = []
-    copy = OmegaConf.create(OmegaConf.to_container(config, resolve=False))
-    for key in sorted(KnownKeys.of(copy).leaves - unset):
-        try:
-            _touch(OmegaConf.select(copy, key, throw_on_resolution_failure=True))
-        except Exception as err:  # see _resolvable
-            if not _ENV.search(str(err)):
-                problems.append(Problem(key, f"{key} cannot be resolved ({one_line(err)[:200]}). Fix the "
-                                             f"interpolation or set the value directly."))
-    return problems
 
 
 # -- dapo_verl's own settings ---------------------------------------------------------------------------------
@@ -355,6 +379,25 @@ def _registered_names(config: DictConfig) -> list[Problem]:
         problems.append(Problem(key, f"{key}{shown} (known: {', '.join(known)}); verl looks it up at start-up and "
                                      f"fails.{hint} Set {key} to one of the known names."))
     return problems
+
+
+def _reward_and_filter(config: DictConfig) -> list[Problem]:
+    return _reward_kwargs(config) + _filter_metric(config)
+
+
+def _reward_kwargs(config: DictConfig) -> list[Problem]:
+    """The dapo_verl reward manager reads only its own ``reward.reward_kwargs``; any other key would be ignored."""
+    kwargs = _get(config, "reward.reward_kwargs")
+    if _get(config, "reward.reward_manager.name") != "dapo_verl" or not isinstance(kwargs, DictConfig):
+        return []
+    prefix = "reward.reward_kwargs."
+    known = KnownKeys.of({"reward": {"reward_kwargs": {
+        **{key[len(prefix):]: None for key, _ in iter_verl_fields(OverlongConfig) if key.startswith(prefix)},
+        **dict.fromkeys(_VERL_REWARD_KWARGS)}}})
+    return [Problem(prefix + name, f"{prefix}{name} is not read by the dapo_verl reward manager, so the run would "
+                                   f"ignore it; {known.hint(prefix + name)} It reads "
+                                   f"{', '.join(sorted(k[len(prefix):] for k in known.leaves))}.")
+            for name in kwargs if prefix + name not in known]
 
 
 def _filter_metric(config: DictConfig) -> list[Problem]:
