@@ -27,13 +27,8 @@ import hydra
 from hydra.errors import HydraException
 from omegaconf import DictConfig
 
-from dapo_verl.adapter.preflight import (
-    DAPO_ENTRY,
-    check_verl_config,
-    clip_higher_warning,
-    compose_and_check,
-    dapo_entry_problems,
-)
+from dapo_verl.adapter.preflight import DAPO_ENTRY, check_verl_config, compose_and_check
+from dapo_verl.adapter.preflight_dapo import clip_higher_warning, dapo_entry_problems
 from dapo_verl.config import DapoConfig
 from dapo_verl.preflight import ConfigRefused, compose_config_dir, one_line, raise_if_any
 

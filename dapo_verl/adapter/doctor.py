@@ -26,7 +26,8 @@ from typing import Any
 
 from packaging.version import Version
 
-from dapo_verl.adapter.preflight import DAPO_ENTRY, VERL_ENTRY, compose_and_check, dapo_entry_problems
+from dapo_verl.adapter.preflight import DAPO_ENTRY, VERL_ENTRY, compose_and_check
+from dapo_verl.adapter.preflight_dapo import dapo_entry_problems
 from dapo_verl.config import DapoConfig
 from dapo_verl.preflight import ConfigRefused
 
