@@ -405,7 +405,9 @@ class _Trainer:
         source = f"checkpoint at step {point.step} ({point.path})" if point else "config.yaml"
         refuse_changes(self.run_dir, changes, source=source, step=point.step if point else None,
                        allowed=self.allow_config_change)
-        if point is not None:
+        if point is not None and point.path.resolve().is_relative_to((self.run_dir / "checkpoints").resolve()):
+            # this directory's own checkpoint: its log holds every step before it (one taken from another run's
+            # directory starts this directory's log at its step)
             _refuse_gaps(self.run_dir, point.step)
             _check_not_finished(self.run_dir, point.step, self.spec.run.trainer.total_training_steps)
         if changes:
