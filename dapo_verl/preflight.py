@@ -13,6 +13,7 @@ it is refused and the fix; every problem found is reported, not only the first (
 * deletions (``~key``): refused, because the run would read an internal default in place of the config's
   value and its saved config would not say so (``~data.train_batch_size`` trained 512 groups per step
   instead of the config's 16);
+* a section replaced by a value that is not one (``actor_rollout_ref=5``);
 * unknown keys, with the closest valid key: a key the composed config does not hold is refused unless it is
   added (``+key``, ``++key``) where additions are allowed -- a verl config, whose free-form sections
   (``ray_kwargs.ray_init``, ``reward.reward_kwargs``, ...) take new keys and whose dataclass sections refuse
@@ -169,6 +170,10 @@ def override_problems(overrides: Sequence[str], known: KnownKeys, *, label: str,
             shown = f" ({known.values[key]!r} in the config)" if key in known.values else ""
             problems.append(Problem(key, f"~{key}{shown} {_DELETION_WHY}. Set {key}=VALUE instead (null where the "
                                          f"key takes null).", line))
+        elif key in known.nodes and not isinstance(override.value(), dict | type(None)):
+            problems.append(Problem(key, f"{key} is a section of {label}, and {line!r} replaces it with "
+                                         f"{override.value()!r}, which is not one; the run would find none of its "
+                                         f"keys. Override a key inside it ({key}.KEY=VALUE) instead.", line))
         elif key not in known and not (additions and (override.is_add() or override.is_force_add())):
             problems.append(Problem(key, f"{key} (in the override {line!r}) is not a key of {label}; "
                                          f"{known.hint(key)} {unknown_why}", line))

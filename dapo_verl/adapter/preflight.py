@@ -164,7 +164,7 @@ def _run_groups(groups: Sequence[tuple[str, Callable[[DictConfig], list[Problem]
         try:
             found = check(plain)
         except Exception as err:  # a config shaped unlike any verl config (a section set to a number, ...)
-            found = [Problem(name, f"The {name} check could not read the config ({type(err).__name__}: "
+            found = [Problem(name, f"The check of {name} could not read the config ({type(err).__name__}: "
                                    f"{one_line(err)[:200]}); a section it reads is missing or is not a section. "
                                    f"Compare the config with `python -m dapo_verl.main --cfg job`.")]
         findings.problems += [p for p in found if not _reported(p, seen)]

@@ -63,7 +63,7 @@ def registered_names(config: DictConfig) -> list[Problem]:
             continue
         close = difflib.get_close_matches(str(value), known, n=1, cutoff=0.5)
         hint = f" Did you mean {close[0]}?" if close else ""
-        shown = "is not set" if value is None else f"={value!r} is not registered in verl"
+        shown = " is not set" if value is None else f"={value!r} is not registered in verl"
         problems.append(Problem(key, f"{key}{shown} (known: {', '.join(known)}); verl looks it up at start-up and "
                                      f"fails.{hint} Set {key} to one of the known names."))
     return problems

@@ -57,6 +57,8 @@ REFUSED = {
     "actor_rollout_ref.actor.ppo_micro_batch_size=8": "ppo_micro_batch_size",
     "trainer.v1.sampler.custom_sampler.name=ReplayBuffer": "trainer.v1.sampler.custom_sampler",
     "data.train_batch_size=[1,": "data.train_batch_size=[1,",
+    "actor_rollout_ref=5": "actor_rollout_ref",
+    "+reward.reward_kwargs.overlong_tokenss=1024": "reward.reward_kwargs.overlong_tokenss",
 }
 
 
