@@ -17,7 +17,9 @@ it is refused and the fix; every problem found is reported, not only the first (
 * unknown keys, with the closest valid key: a key the composed config does not hold is refused unless it is
   added (``+key``, ``++key``) where additions are allowed -- a verl config, whose free-form sections
   (``ray_kwargs.ray_init``, ``reward.reward_kwargs``, ...) take new keys and whose dataclass sections refuse
-  them (the verl half converts those sections as verl does);
+  them (the verl half converts those sections as verl does); an added key that is a near-miss of a key beside it
+  (``+trainer.v1.trainerr_mode``) in a section verl reads as a plain dict is refused too, since nothing would
+  read it (``++key`` adds it anyway, for a component of one's own);
 * Hydra's own composition errors, as one line naming the override and the fix.
 """
 
@@ -177,7 +179,28 @@ def override_problems(overrides: Sequence[str], known: KnownKeys, *, label: str,
         elif key not in known and not (additions and (override.is_add() or override.is_force_add())):
             problems.append(Problem(key, f"{key} (in the override {line!r}) is not a key of {label}; "
                                          f"{known.hint(key)} {unknown_why}", line))
+        elif key not in known and override.is_add() and not key.startswith(FREE_FORM_SECTIONS):
+            sibling = _misspelt_sibling(key, known)
+            if sibling:
+                problems.append(Problem(key, f"{key} (in the override {line!r}) is not a key of {label}, and it is "
+                                             f"nearly the same as {sibling}; added, it would be read by nothing "
+                                             f"and the run would ignore it. Did you mean {sibling}? If a component "
+                                             f"of yours reads {key}, add it with ++{key}=VALUE.", line))
     return problems
+
+
+FREE_FORM_SECTIONS = ("ray_kwargs.", "actor_rollout_ref.model.override_config.",
+                      "actor_rollout_ref.rollout.engine_kwargs.", "reward.reward_kwargs.")
+"""Sections whose keys are passed on as keyword arguments (``ray.init``, the model's config, the engine, the
+reward manager, which checks its own): a key added there is never taken for a misspelt sibling."""
+
+
+def _misspelt_sibling(key: str, known: KnownKeys) -> str | None:
+    """The existing key beside ``key`` whose last part is nearly the same (a typo), or None."""
+    parent, _, leaf = key.rpartition(".")
+    siblings = {k.rpartition(".")[2]: k for k in known.leaves | known.nodes if k.rpartition(".")[0] == parent}
+    close = difflib.get_close_matches(leaf, list(siblings), n=1, cutoff=0.8)
+    return siblings[close[0]] if close else None
 
 
 _QUOTED = re.compile(r"'([A-Za-z_][\w.]*)'")

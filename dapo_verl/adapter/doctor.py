@@ -152,9 +152,9 @@ def config_checks(config_name: str, overrides: Sequence[str]) -> tuple[list[Chec
     """The pre-flight check of ``config_name`` with ``overrides`` (:mod:`dapo_verl.adapter.preflight`).
 
     Returns:
-        ``(checks, config, entry_module)``: one failed :class:`Check` per problem, or one passed check per group
-        of checks that ran (and a note for values read from unset environment variables); the composed config
-        and its entry module when it passed, else None for both.
+        ``(checks, config, entry_module)``: one failed :class:`Check` per problem, or one passed check naming
+        every group of checks that ran (and a note for values read from unset environment variables); the
+        composed config and its entry module when it passed, else None for both.
 
     Raises:
         dapo_verl.rehearsal.run.RehearsalError: for a config name that is neither a recipe nor ``ppo_trainer``.

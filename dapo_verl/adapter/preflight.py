@@ -96,9 +96,10 @@ def check_verl_config(config: DictConfig, *, entry_module: str, unset_env_is_pro
 def load_verl_checks() -> None:
     """Import what the checks use of verl (its registries, config classes and validate_config) -- ten seconds or
     more on a busy machine -- so that a caller timing the checks times the checks."""
-    registries()
-    import verl.trainer.ppo.utils
-    import verl.utils.config  # noqa: F401
+    with quiet():
+        registries()
+        import verl.trainer.ppo.utils
+        import verl.utils.config  # noqa: F401
 
 
 def compose_and_check(compose: Callable[[], DictConfig], *, entry_module: str,

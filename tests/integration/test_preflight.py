@@ -59,6 +59,7 @@ REFUSED = {
     "data.train_batch_size=[1,": "data.train_batch_size=[1,",
     "actor_rollout_ref=5": "actor_rollout_ref",
     "+reward.reward_kwargs.overlong_tokenss=1024": "reward.reward_kwargs.overlong_tokenss",
+    "+trainer.v1.trainerr_mode=sync": "trainer.v1.trainer_mode",  # found by the fuzzer: verl would ignore it
 }
 
 
@@ -98,6 +99,12 @@ def test_every_problem_is_reported_at_once_the_refused_overrides_and_the_rest():
         "ratio_high?" in problems[0].message
     assert {"actor_rollout_ref.actor.policy_loss.loss_mode", "actor_rollout_ref.rollout.n"} <= set(keys)
     assert "Did you mean dapo?" in next(p.message for p in problems if p.key.endswith("loss_mode"))
+
+
+def test_an_added_key_of_ones_own_or_a_free_form_section_is_accepted():
+    assert _problems("dapo_trainer", "++trainer.v1.trainerr_mode=sync", "+trainer.my_own_setting=1",
+                     "+ray_kwargs.ray_init.runtime_env.env_vars.VERL_LOGGING_LEVEL=INFO",
+                     "+actor_rollout_ref.model.override_config.attn_implementation=eager") == []
 
 
 def test_unset_environment_variables_are_noted_and_refused_only_for_a_real_run():
