@@ -443,9 +443,9 @@ def rehearse(options: RehearsalOptions, echo: Callable[[str], None] = print) -> 
 
     Raises:
         RehearsalError: when the rehearsal cannot start (unknown config, bad options, unusable ``--out``).
+            A failing verl run does not raise: its error is in the result and the report.
         dapo_verl.preflight.ConfigRefused: for a config a run would refuse (one problem each), before anything
             is written.
-            A failing verl run does not raise: its error is in the result and the report.
     """
     from dapo_verl.adapter.preflight import check_verl_config
     from dapo_verl.rehearsal.stand_in import build_stand_in
