@@ -17,8 +17,11 @@ RELIABILITY_PAGE = DOCS / "reliability.md"
 
 
 def _fail(command: str, message: object) -> int:
-    """Print ``dapo-verl <command>: <message>`` on one line of stderr; return exit status 2."""
-    print(f"dapo-verl {command}: {' '.join(str(message).split())}", file=sys.stderr)
+    """Print ``dapo-verl <command>: <message>`` on one line of stderr (one line per problem of a refused config);
+    return exit status 2."""
+    problems = getattr(message, "problems", None)  # dapo_verl.preflight.ConfigRefused, imported only when needed
+    for line in [str(p) for p in problems] if problems else [message]:
+        print(f"dapo-verl {command}: {' '.join(str(line).split())}", file=sys.stderr)
     return 2
 
 
@@ -30,6 +33,8 @@ _OS_FIXES = {
     errno.EPERM: "Pass an --out you may write to, or fix its permissions.",
     errno.ENOTDIR: "--out must name a directory, not a file.",
     errno.EEXIST: "--out must name a directory, not a file.",
+    errno.EFBIG: "The file outgrew this process's file-size limit (ulimit -f); raise the limit and run the same "
+                 "command again.",
 }
 
 
@@ -87,7 +92,10 @@ def _cmd_train(args: argparse.Namespace) -> int:
 def _cmd_toy(args: argparse.Namespace) -> int:
     from dapo_verl.toy import run_toy, summary_lines
 
-    paths = run_toy(args.out)
+    try:
+        paths = run_toy(args.out)
+    except OSError as err:
+        return _fail("toy", _os_error(err))
     print("\n".join(summary_lines(paths["json"])))
     print(f"\nWrote {paths['json']} and {paths['png']}")
     return 0
@@ -148,26 +156,30 @@ def _cmd_reliability(args: argparse.Namespace) -> int:
 
 
 def _cmd_doctor(args: argparse.Namespace) -> int:
-    from dapo_verl.adapter.doctor import run_checks
+    from dapo_verl.adapter.doctor import config_checks, describe_run, run_checks
 
     checks = run_checks()
+    plugin_ok = all(check.ok for check in checks)
+    config_ok = True
     if args.config_name:
-        from dapo_verl.adapter.doctor import describe_run
-        from dapo_verl.rehearsal.run import RehearsalError, compose_recipe
+        from dapo_verl.rehearsal.run import RehearsalError
 
         try:
-            config, entry = compose_recipe(args.config_name, args.overrides)
+            found, config, entry = config_checks(args.config_name, args.overrides)
         except RehearsalError as err:
-            print(f"dapo-verl doctor: {err}", file=sys.stderr)
-            return 2
-        checks += describe_run(config, entry[2])
+            return _fail("doctor", err)
+        config_ok = all(check.ok for check in found)
+        checks += found + (describe_run(config, entry) if config is not None and entry else [])
     for check in checks:
-        print(f"[{'ok' if check.ok else 'FAIL'}] {check.name}: {check.message}")
+        print(f"{check.tag} {check.name}: {check.message}")
         if check.fix:
             print(f"       fix: {check.fix}")
-    healthy = all(check.ok for check in checks)
-    print("verl sees dapo_verl." if healthy else "verl does not see dapo_verl; see the fixes above.")
-    return 0 if healthy else 1
+    print("verl sees dapo_verl." if plugin_ok else "verl does not see dapo_verl; see the fixes above.")
+    if args.config_name:
+        failed = sum(not check.ok for check in checks if check.name == "config")
+        print(f"{args.config_name} passes every check a run makes before it starts." if config_ok else
+              f"{args.config_name} would be refused at start-up: {failed} problem(s) above, one per line.")
+    return 0 if plugin_ok and config_ok else 1
 
 
 def _cmd_compare(args: argparse.Namespace) -> int:
@@ -185,6 +197,8 @@ def _cmd_compare(args: argparse.Namespace) -> int:
         return _fail("compare", err)
     print(report.to_markdown(), end="")
     print(f"\nWrote {', '.join(str(path) for path in report.files.values())}")
+    for warning in report.warnings:
+        print(f"dapo-verl compare: warning: {warning}", file=sys.stderr)
     return 0
 
 
@@ -231,6 +245,7 @@ def _cmd_ablate(args: argparse.Namespace) -> int:
 
 
 def _cmd_rehearse(args: argparse.Namespace) -> int:
+    from dapo_verl.preflight import ConfigRefused
     from dapo_verl.rehearsal.report import summary_lines
     from dapo_verl.rehearsal.run import RehearsalError, RehearsalOptions, rehearse
 
@@ -239,9 +254,8 @@ def _cmd_rehearse(args: argparse.Namespace) -> int:
                                overlap=not args.sequential, engine=args.engine)
     try:
         result = rehearse(options)
-    except RehearsalError as err:
-        print(f"dapo-verl rehearse: {err}", file=sys.stderr)
-        return 2
+    except (RehearsalError, ConfigRefused) as err:
+        return _fail("rehearse", err)
     report = result.report
     assert report is not None  # rehearse() writes it before it returns
     print("\n".join(summary_lines(report)))

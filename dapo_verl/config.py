@@ -94,6 +94,9 @@ VERL_LOSS_AGG_MODES: dict[str, LossAggregation | None] = {
 
 _Section = TypeVar("_Section")
 
+MAX_SEED = 2**32 - 1
+"""Largest ``data.seed``: the sampler derives a torch seed per epoch from it, which must fit in 64 bits."""
+
 
 def verl_key(path: str, *, verl_native: bool) -> dict[str, Any]:
     """Field metadata: the dotted key of a config field in a verl Hydra config, and whether verl has it."""
@@ -342,7 +345,7 @@ class SamplerConfig:
     """Share of the prompt pool that must be exhausted for stop_when_exhausted to end the run. Range (0, 1]."""
 
     seed: int = field(default=0, metadata=verl_key("data.seed", verl_native=True))
-    """Seed of the sampler's prompt order and skip draws."""
+    """Seed of the sampler's prompt order and skip draws. Range [0, 2**32 - 1]."""
 
     def __post_init__(self) -> None:
         require_bool(self, "enable", "skip_uninformative", "revisit_informative", "stop_when_exhausted")
@@ -379,7 +382,8 @@ class SamplerConfig:
                         fix="3 means solved (or failed) 3 times in a row.")
         require_number(self, "exhausted_pool_fraction", low=0.0, high=1.0, low_open=True,
                         fix="0.9 stops when 9 prompts in 10 are exhausted.")
-        require_number(self, "seed", low=0, integer=True, fix="Use a non-negative integer seed.")
+        require_number(self, "seed", low=0, high=MAX_SEED, integer=True,
+                        fix=f"Use an integer seed from 0 to {MAX_SEED} (each epoch's prompt order is seeded from it).")
 
     @property
     def prompts_per_round(self) -> int:

@@ -8,23 +8,31 @@ Like ``verl.trainer.main_ppo`` it validates the config and starts Ray with a Tas
 * ``trainer.use_v1=false``: verl's legacy TaskRunner, building :class:`~dapo_verl.adapter.trainer.DapoRayTrainer`
   (verl deprecates the legacy trainer).
 
-``--help`` and ``--cfg job`` show the resolved configuration without starting anything.
+``--help`` and ``--cfg job`` show the resolved configuration without starting anything. Before Hydra starts the
+job, :func:`preflight` checks the command line's config (every job of a multirun) with the one pre-flight
+check (:mod:`dapo_verl.preflight` and :mod:`dapo_verl.adapter.preflight`); a config a run would refuse gets one
+line per problem on stderr and exit status 2, under ``--cfg job`` too (the recipes' ``--dry-run``).
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-import warnings
-from collections.abc import Iterator
+import sys
+from collections.abc import Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 import hydra
+from hydra.errors import HydraException
 from omegaconf import DictConfig
 
-from dapo_verl.config import DapoConfig, clip_higher_inert_reason
+from dapo_verl.adapter.preflight import DAPO_ENTRY, check_verl_config, compose_and_check
+from dapo_verl.adapter.preflight_dapo import clip_higher_warning, dapo_entry_problems
+from dapo_verl.config import DapoConfig
+from dapo_verl.preflight import ConfigRefused, compose_config_dir, one_line, raise_if_any
 
-__all__ = ["main", "run_dapo", "validate_dapo_config"]
+__all__ = ["main", "preflight", "run_dapo", "validate_dapo_config"]
 
 logger = logging.getLogger(__name__)
 
@@ -32,58 +40,17 @@ logger = logging.getLogger(__name__)
 def validate_dapo_config(config: DictConfig) -> DapoConfig:
     """Check the DAPO-specific parts of a composed config; return the parsed :class:`DapoConfig`.
 
+    The part of :func:`~dapo_verl.adapter.preflight.check_verl_config` that reads no verl module; warns when
+    clip-higher cannot act.
+
     Raises:
-        ValueError: naming the offending key and the fix.
+        ValueError: naming the offending key and the fix (:class:`~dapo_verl.preflight.ConfigRefused`, one
+            problem per line).
     """
     dapo = DapoConfig.from_verl(config)
-    if config.trainer.get("use_v1", False):
-        _check_v1_sampler(config)
-    reward_model = config.reward.get("reward_model", {})
-    colocated_reward_model = reward_model.get("enable", False) and not reward_model.get("enable_resource_pool", False)
-    if dapo.sampler.enable and colocated_reward_model:
-        raise ValueError(
-            "reward.reward_model.enable=true with reward.reward_model.enable_resource_pool=false: a colocated reward "
-            "model scores responses only after generation, so dynamic sampling cannot read "
-            f"algorithm.filter_groups.metric={dapo.sampler.metric} while it samples. Give the reward model its own "
-            "GPUs (reward.reward_model.enable_resource_pool=true), use a rule-based reward, or set "
-            "algorithm.filter_groups.enable=false."
-        )
-    n = config.actor_rollout_ref.rollout.n
-    if n < 2:
-        raise ValueError(f"actor_rollout_ref.rollout.n={n}: group-normalised advantages need >= 2 responses per "
-                         f"prompt. Set actor_rollout_ref.rollout.n (the paper uses 16).")
-    if config.algorithm.adv_estimator == "remax":
-        raise ValueError("algorithm.adv_estimator=remax needs a greedy baseline rollout per prompt, which the batch "
-                         "replenisher does not produce. Use adv_estimator=dapo or grpo.")
-    reason = clip_higher_inert_reason(
-        train_batch_size=dapo.sampler.train_batch_size,
-        ppo_mini_batch_size=config.actor_rollout_ref.actor.ppo_mini_batch_size,
-        ppo_epochs=config.actor_rollout_ref.actor.ppo_epochs,
-    )
-    if reason and dapo.loss.clip_ratio_high != dapo.loss.clip_ratio_low:
-        warnings.warn(reason, stacklevel=2)
+    raise_if_any(dapo_entry_problems(config, dapo))
+    clip_higher_warning(config, dapo)
     return dapo
-
-
-V1_SAMPLER = ("pkg://dapo_verl.adapter.v1_sampler", "DapoReplayBuffer")
-V1_CHECKPOINT_CALLBACK = "dapo_verl.adapter.v1_sampler.DapoCheckpointCallback"
-
-
-def _check_v1_sampler(config: DictConfig) -> None:
-    sampler = config.trainer.v1.sampler.get("custom_sampler") or {}
-    if (sampler.get("path"), sampler.get("name")) != V1_SAMPLER:
-        raise ValueError(
-            f"trainer.v1.sampler.custom_sampler is {{path: {sampler.get('path')}, name: {sampler.get('name')}}}; "
-            f"python -m dapo_verl.main runs dapo_verl's batch replenisher as v1's sampler ({{path: {V1_SAMPLER[0]}, "
-            f"name: {V1_SAMPLER[1]}}}, as dapo/base.yaml sets). To use verl's built-in filter_groups instead, run "
-            f"python -m verl.trainer.main_ppo with loss_mode=dapo."
-        )
-    if config.trainer.get("checkpoint_callback_class") != V1_CHECKPOINT_CALLBACK:
-        raise ValueError(
-            f"trainer.checkpoint_callback_class={config.trainer.get('checkpoint_callback_class')!r}: without "
-            f"{V1_CHECKPOINT_CALLBACK} the sampler's state (prompt history, carried groups, counters) is not saved "
-            f"and a resumed run would repeat or lose groups. Keep dapo/base.yaml's value."
-        )
 
 
 @contextlib.contextmanager
@@ -123,15 +90,13 @@ def _task_runner_class() -> Any:
 def run_dapo(config: DictConfig) -> None:
     """Validate ``config`` and train with Ray workers (needs the GPUs the config asks for)."""
     from verl.trainer.main_ppo import run_ppo
-    from verl.trainer.ppo.utils import need_critic, need_reference_policy
-    from verl.utils.config import validate_config
     from verl.utils.device import auto_set_device
 
     import dapo_verl.adapter.register  # noqa: F401  (the driver process too; the workers get the entry point)
 
     auto_set_device(config)
-    validate_dapo_config(config)
-    validate_config(config=config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config))
+    check_verl_config(config, entry_module=DAPO_ENTRY)  # verl's validate_config among its checks
+    clip_higher_warning(config, DapoConfig.from_verl(config))
     if config.trainer.use_v1:
         from verl.trainer.main_ppo import TaskRunnerV1
 
@@ -142,11 +107,81 @@ def run_dapo(config: DictConfig) -> None:
         run_ppo(config, task_runner_class=_task_runner_class())
 
 
+CONFIG_DIR = Path(__file__).resolve().parent / "configs"
+_HYDRA_INFO_FLAGS = {"-h", "--help", "--hydra-help", "--version", "-i", "--info", "-sc", "--shell-completion",
+                     "--experimental-rerun", "-cp", "--config-path", "-cd", "--config-dir"}
+"""Hydra options after which the pre-flight check is left to Hydra and :func:`run_dapo` (help, another folder)."""
+_HYDRA_VALUED = {"-cn", "--config-name", "-c", "--cfg", "-p", "--package"}
+
+
+def preflight(argv: Sequence[str]) -> list[str]:
+    """Check the command line's configs as :func:`run_dapo` would, before Hydra starts anything.
+
+    Every job of a multirun (``-m``) is checked. With ``--cfg`` (a dry run, as the recipes' ``--dry-run``
+    prints) an unset environment variable is only a note, since the config is printed unresolved.
+
+    Returns:
+        One line per problem (empty when the configs pass).
+    """
+    if _HYDRA_INFO_FLAGS & {arg.split("=", 1)[0] for arg in argv}:
+        return []
+    config_name, overrides, flags = "dapo_trainer", [], set()
+    args = iter(argv)
+    for arg in args:
+        name, has_value, value = arg.partition("=")
+        if name in _HYDRA_VALUED:
+            value = value if has_value else next(args, "")
+            config_name = value if name in ("-cn", "--config-name") else config_name
+            flags.add(name)
+        elif arg.startswith("-"):
+            flags.add(arg)
+        else:
+            overrides.append(arg)
+    if not (CONFIG_DIR / f"{config_name}.yaml").is_file():
+        return []  # Hydra names the missing config itself
+    dry_run = bool({"-c", "--cfg"} & flags) and "--resolve" not in flags
+    lines = []
+    jobs = _multirun_jobs(overrides) if {"-m", "--multirun"} & flags else [overrides]
+    for number, job in enumerate(jobs):
+        where = f"job {number} ({' '.join(job)}): " if len(jobs) > 1 else ""
+        try:
+            compose_and_check(lambda j=job: compose_config_dir(str(CONFIG_DIR), config_name, j),
+                              entry_module=DAPO_ENTRY, unset_env_is_problem=not dry_run)
+        except ConfigRefused as refused:
+            lines += [where + line for line in refused.lines()]
+    return lines
+
+
+def _multirun_jobs(overrides: Sequence[str]) -> list[list[str]]:
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parsed = OverridesParser.create().parse_overrides(list(overrides))
+    return [list(job) for job in BasicSweeper.split_arguments(parsed, None)[0]]
+
+
 @hydra.main(config_path="configs", config_name="dapo_trainer", version_base=None)
 def main(config: DictConfig) -> None:
-    """Hydra entry point."""
-    run_dapo(config)
+    """Hydra entry point: one line per problem and exit status 2 for a config a run would refuse."""
+    try:
+        run_dapo(config)
+    except ConfigRefused as refused:
+        _exit_with(refused.lines())
+
+
+def _exit_with(lines: Sequence[str]) -> None:
+    for line in lines:
+        print(f"python -m dapo_verl.main: {line}", file=sys.stderr)
+    sys.exit(2)
 
 
 if __name__ == "__main__":
+    try:
+        problems = preflight(sys.argv[1:])
+    except ConfigRefused as refused:  # a multirun sweep Hydra cannot parse
+        problems = refused.lines()
+    except HydraException as err:
+        problems = [one_line(err)]
+    if problems:
+        _exit_with(problems)
     main()

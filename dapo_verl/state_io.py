@@ -10,15 +10,23 @@ temporary file in the same directory (``.<name>.<random>.tmp``), which is flushe
 into place, so a crash mid-write leaves the previous file intact and at most a stale temporary file.
 The temporary file is created private (``tempfile`` uses mode 0600) and given the mode the umask allows
 before it is renamed, so the result is as readable as any file the user creates (:func:`apply_umask`).
+
+A write that fails -- a full disk, a read-only file system, whatever the writer -- raises an :class:`OSError`
+that names the file being written (not its temporary name), whichever library did the writing: safetensors
+reports I/O failures as its own ``SafetensorError`` and torch as ``RuntimeError``, and :func:`os_errors_named`
+turns those into the ``OSError`` they stand for, so the command line reports them on one line.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import hashlib
 import json
 import os
+import re
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +34,8 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-__all__ = ["CorruptStateError", "apply_umask", "atomic_write", "current_umask", "load_state", "save_state"]
+__all__ = ["CorruptStateError", "apply_umask", "atomic_write", "current_umask", "load_state", "os_errors_named",
+           "save_state"]
 
 _FORMAT = "dapo_verl.state/2"
 _LEGACY_FORMAT = "dapo_verl.state/1"  # checksum over the tensors only
@@ -120,25 +129,56 @@ def apply_umask(path: str | os.PathLike[str], *, directory: bool = False) -> Non
     os.chmod(path, (0o777 if directory else 0o666) & ~current_umask())
 
 
+_ERRNO_IN_TEXT = re.compile(r"os error (\d+)|\[Errno (\d+)\]")
+_WRITE_FAILED = re.compile(r"failed writing|write failed|I/O error", re.IGNORECASE)
+
+
+@contextlib.contextmanager
+def os_errors_named(path: str | os.PathLike[str]) -> Iterator[None]:
+    """Re-raise a failed write inside the block as an :class:`OSError` naming ``path``.
+
+    An ``OSError`` keeps its errno and gets ``path`` as its file name (a temporary name means nothing to the
+    user); safetensors' ``SafetensorError`` and torch's ``RuntimeError`` that report an I/O failure become the
+    ``OSError`` of the errno they quote (``EIO`` when they quote none). Other errors pass unchanged.
+    """
+    try:
+        yield
+    except OSError as err:
+        if err.errno is None:
+            raise
+        raise OSError(err.errno, err.strerror or os.strerror(err.errno), str(path)) from None
+    except (SafetensorError, RuntimeError) as err:
+        text = str(err)
+        quoted = _ERRNO_IN_TEXT.search(text)
+        if quoted is None and not _WRITE_FAILED.search(text):
+            raise
+        code = int(quoted.group(1) or quoted.group(2)) if quoted else errno.EIO
+        raise OSError(code, os.strerror(code), str(path)) from None
+
+
 def atomic_write(path: str | os.PathLike[str], write: Callable[[str], None]) -> Path:
     """Call ``write(tmp)`` on a temporary file beside ``path``, flush it to disk and rename it over ``path``.
 
     The temporary file is named ``.<name>.<random>.tmp``; a crash leaves at most that file, never a
-    half-written ``path``. Returns ``path``.
+    half-written ``path``, and a failed write removes it. Returns ``path``.
+
+    Raises:
+        OSError: naming ``path`` when the write fails (:func:`os_errors_named`).
     """
     target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-    os.close(fd)
-    try:
-        write(tmp)
-        apply_umask(tmp)  # after writing: a writer may recreate the file (safetensors writes it 0600)
-        with open(tmp, "rb") as handle:
-            os.fsync(handle.fileno())
-        os.replace(tmp, target)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    with os_errors_named(target):
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+        os.close(fd)
+        try:
+            write(tmp)
+            apply_umask(tmp)  # after writing: a writer may recreate the file (safetensors writes it 0600)
+            with open(tmp, "rb") as handle:
+                os.fsync(handle.fileno())
+            os.replace(tmp, target)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
     return target
 
 

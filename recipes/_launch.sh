@@ -4,8 +4,9 @@
 # Both launchers take:  CONFIG [--dry-run] [HYDRA_ARGS...]
 #   CONFIG       a config in dapo_verl/configs, e.g. dapo_qwen2.5_32b (see README, "Run on a cluster")
 #   --dry-run    print the resolved config (python -m dapo_verl.main --config-name CONFIG ... --cfg job) and
-#                the exact command, start nothing. Missing paths are reported too: the config is then printed
-#                with ${oc.env:...} unresolved and the launcher exits with status 2.
+#                the exact command, start nothing. The config is checked as the run checks it (one line per
+#                problem; dapo_verl/adapter/preflight.py). Missing paths are reported too: the config is then
+#                printed with ${oc.env:...} unresolved. Either problem makes the launcher exit with status 2.
 #   HYDRA_ARGS   passed to python -m dapo_verl.main as they are, e.g. a multirun:
 #                -m actor_rollout_ref.actor.clip_ratio_high=0.2,0.28
 
@@ -106,7 +107,9 @@ print_configs() {
     while IFS= read -r line; do
         eval "job=($line)"
         echo "# Config: $(shell_join "$PYTHON" -m dapo_verl.main --config-name "$CONFIG" "${job[@]}" --cfg job "${resolve[@]}")"
-        "$PYTHON" -m dapo_verl.main --config-name "$CONFIG" "${job[@]}" --cfg job "${resolve[@]}"
+        if ! "$PYTHON" -m dapo_verl.main --config-name "$CONFIG" "${job[@]}" --cfg job "${resolve[@]}"; then
+            PROBLEMS+=("the config ${CONFIG} ${job[*]} would be refused at start-up; the lines above say why.")
+        fi
     done <<<"$jobs"
 }
 

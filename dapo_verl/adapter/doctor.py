@@ -5,6 +5,11 @@ verl loads plugins inside ``import verl`` and swallows their errors, so a broken
 version, the ``verl.plugins`` entry point, the ``VERL_USE_EXTERNAL_PLUGINS`` policy, what a *fresh*
 process sees after ``import verl`` (as a Ray worker would), and -- if something is missing -- imports the
 registration module directly so the hidden exception is shown.
+
+``dapo-verl doctor CONFIG_NAME [KEY=VALUE ...]`` also runs the pre-flight check every entry point runs
+(:func:`config_checks`, :mod:`dapo_verl.adapter.preflight`): one ``[FAIL]`` line per problem a run would refuse,
+``[ok]`` for each group of checks that passed, and then, for a config that passed, which trainer, sampler, loss,
+estimator and reward manager it runs (``[info]``: described, not checked).
 """
 
 from __future__ import annotations
@@ -14,13 +19,19 @@ import os
 import subprocess
 import sys
 import traceback
+from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, entry_points, version
 from typing import Any
 
 from packaging.version import Version
 
-__all__ = ["Check", "describe_run", "run_checks"]
+from dapo_verl.adapter.preflight import DAPO_ENTRY, VERL_ENTRY, compose_and_check
+from dapo_verl.adapter.preflight_dapo import dapo_entry_problems
+from dapo_verl.config import DapoConfig
+from dapo_verl.preflight import ConfigRefused
+
+__all__ = ["Check", "config_checks", "describe_run", "run_checks"]
 
 ENTRY_POINT_GROUP = "verl.plugins"
 ENTRY_POINT_NAME = "dapo"
@@ -45,12 +56,22 @@ _NAMES = ("dapo", "dapo", "dapo_verl")  # adapter/register.py's names; a test ke
 
 @dataclass(frozen=True)
 class Check:
-    """One doctor finding: ``ok`` and a message; ``fix`` says what to do when not ok."""
+    """One doctor finding: ``ok`` and a message; ``fix`` says what to do when not ok.
+
+    ``checked`` is False for what the doctor only describes (which trainer and sampler run) or could not check;
+    ``dapo-verl doctor`` prints ``[ok]`` only for findings that were checked and passed.
+    """
 
     name: str
     ok: bool
     message: str
     fix: str = ""
+    checked: bool = True
+
+    @property
+    def tag(self) -> str:
+        """``[ok]``, ``[FAIL]`` or, for what was not checked, ``[info]``."""
+        return "[FAIL]" if not self.ok else "[ok]" if self.checked else "[info]"
 
 
 def _verl_version() -> Check:
@@ -134,6 +155,32 @@ def run_checks() -> list[Check]:
     return checks
 
 
+def config_checks(config_name: str, overrides: Sequence[str]) -> tuple[list[Check], Any, str | None]:
+    """The pre-flight check of ``config_name`` with ``overrides`` (:mod:`dapo_verl.adapter.preflight`).
+
+    Returns:
+        ``(checks, config, entry_module)``: one failed :class:`Check` per problem, or one passed check naming
+        every group of checks that ran (and a note for values read from unset environment variables); the
+        composed config and its entry module when it passed, else None for both.
+
+    Raises:
+        dapo_verl.rehearsal.run.RehearsalError: for a config name that is neither a recipe nor ``ppo_trainer``.
+    """
+    from dapo_verl.rehearsal.run import VERL_CONFIG, compose_recipe
+
+    entry = VERL_ENTRY if config_name == VERL_CONFIG else DAPO_ENTRY
+    try:
+        config, findings = compose_and_check(lambda: compose_recipe(config_name, overrides)[0], entry_module=entry,
+                                             unset_env_is_problem=False)
+    except ConfigRefused as refused:
+        return [Check("config", False, problem.message) for problem in refused.problems], None, None
+    checks = [Check("config", True, f"{config_name} passes: {', '.join(findings.checked)}.")]
+    if findings.unset:
+        checks.append(Check("config", True, "not checked here (environment variables unset; the cluster sets them): "
+                            + ", ".join(findings.unset) + ".", checked=False))
+    return checks, config, entry
+
+
 def describe_run(config: Any, entry_module: str) -> list[Check]:
     """Which trainer, sampler, loss, estimator and reward manager ``config`` runs through ``entry_module``.
 
@@ -147,25 +194,23 @@ def describe_run(config: Any, entry_module: str) -> list[Check]:
     ours = (sampler.get("path"), sampler.get("name")) == ("pkg://dapo_verl.adapter.v1_sampler", "DapoReplayBuffer")
     filter_groups = bool(config.algorithm.get("filter_groups", {}).get("enable", False))
     checks = []
-    if entry_module == "dapo_verl.main":
-        if v1:
-            from dapo_verl.main import _check_v1_sampler
-
-            try:
-                _check_v1_sampler(config)
-            except ValueError as err:
-                checks.append(Check("trainer", False, f"verl's v1 trainer ({mode}).", str(err)))
-            else:
-                checks.append(Check("trainer", True, f"verl's v1 trainer ({mode}), verl's default."))
-                checks.append(Check("sampler", True, "dapo_verl's batch replenisher as v1's custom sampler "
-                                    "(DapoReplayBuffer); its state is saved by DapoCheckpointCallback."))
+    if entry_module == DAPO_ENTRY:
+        problems = dapo_entry_problems(config, DapoConfig.from_verl(config)) if v1 else []
+        sampler_problems = [p for p in problems if p.key.startswith("trainer.")]
+        if sampler_problems:
+            checks.append(Check("trainer", False, f"verl's v1 trainer ({mode}).", sampler_problems[0].message))
+        elif v1:
+            checks.append(Check("trainer", True, f"verl's v1 trainer ({mode}), verl's default.", checked=False))
+            checks.append(Check("sampler", True, "dapo_verl's batch replenisher as v1's custom sampler "
+                                "(DapoReplayBuffer); its state is saved by DapoCheckpointCallback.", checked=False))
         else:
             checks.append(Check("trainer", True, "verl's legacy RayPPOTrainer (trainer.use_v1=false; verl deprecates "
-                                "it and plans to remove it)."))
+                                "it and plans to remove it).", checked=False))
             checks.append(Check("sampler", True, "dapo_verl's batch replenisher, driving the legacy trainer's batches "
-                                "(DapoRayTrainer)."))
+                                "(DapoRayTrainer).", checked=False))
     else:
-        checks.append(Check("trainer", True, f"verl's {'v1 trainer (' + str(mode) + ')' if v1 else 'legacy trainer'}."))
+        checks.append(Check("trainer", True, f"verl's {'v1 trainer (' + str(mode) + ')' if v1 else 'legacy trainer'}.",
+                            checked=False))
         if v1 and ours:
             message = "dapo_verl's DapoReplayBuffer (set by hand; python -m dapo_verl.main also checks the config)."
         elif v1 and filter_groups:
@@ -175,10 +220,10 @@ def describe_run(config: Any, entry_module: str) -> list[Check]:
             message = "no dynamic sampling (algorithm.filter_groups.enable=false)."
         else:
             message = "no dynamic sampling: verl's legacy trainer has no filter_groups; use python -m dapo_verl.main."
-        checks.append(Check("sampler", True, message))
+        checks.append(Check("sampler", True, message, checked=False))
     actor, algorithm = config.actor_rollout_ref.actor, config.algorithm
     checks.append(Check("algorithm", True, f"loss_mode={actor.policy_loss.loss_mode}, "
                         f"clip {actor.clip_ratio_low}/{actor.clip_ratio_high}, {actor.loss_agg_mode}, "
                         f"adv_estimator={algorithm.adv_estimator}, reward manager "
-                        f"{config.reward.reward_manager.name}."))
+                        f"{config.reward.reward_manager.name}.", checked=False))
     return checks

@@ -11,9 +11,9 @@ round limit and ``on_shortfall``, carried surplus and its staleness, history ski
   submits the replenisher's prompt ids through the trainer's own ``_submit_batch_to_rollout`` (rows read from
   the trainer's dataset by index, so the prompt identity is the dataset position), waits until verl's agent
   loop has published every group as finished, and reads each response's ``acc``, score, length and truncation
-  from TransferQueue. The trainer's per-step baseline submission (``_add_batch_to_generate``) is switched off:
-  the replenisher submits exactly what it decided, and nothing of it is still generating when ``sample()``
-  returns (replicas may sleep).
+  from TransferQueue (:mod:`dapo_verl.adapter.v1_groups`). The trainer's per-step baseline submission
+  (``_add_batch_to_generate``) is switched off: the replenisher submits exactly what it decided, and nothing of
+  it is still generating when ``sample()`` returns (replicas may sleep).
 * With ``trainer.v1.parameter_sync_step > 1`` the step's groups are served in that many slices; the
   sampler's metrics come with the first slice only, so verl's per-step aggregation never averages a counter.
 * Dropped groups (uninformative, surplus, stale) are cleared from TransferQueue; selected groups' prompt keys
@@ -41,14 +41,11 @@ from __future__ import annotations
 
 import logging
 import os
-import time
 import uuid
 from collections.abc import Collection, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import torch
 import transfer_queue as tq
 from omegaconf import open_dict
 from transfer_queue import KVBatchMeta
@@ -58,6 +55,7 @@ from verl.utils import tensordict_utils as tu
 
 from dapo_verl.adapter.epochs import epoch_divisor
 from dapo_verl.adapter.reward import overlong_metrics
+from dapo_verl.adapter.v1_groups import GroupKeys, GroupKeysCodec, read_round, train_listing, wait_terminal
 from dapo_verl.config import DapoConfig, SurplusPolicy
 from dapo_verl.sampler import BatchReplenisher, GroupResult
 from dapo_verl.state_io import load_state, save_state
@@ -69,44 +67,7 @@ logger = logging.getLogger(__name__)
 SAMPLER_STATE_FILE = "dapo_sampler.safetensors"
 """The replenisher's state inside verl's ``global_step_<k>`` folder (the legacy trainer uses the same name)."""
 
-_TERMINAL = ("finished", "failure")
 _DEFAULT_POLL_S = 0.05
-
-
-@dataclass(frozen=True)
-class GroupKeys:
-    """A group's payload in v1: where its trajectories live in TransferQueue.
-
-    Attributes:
-        uid: The prompt key (``uid``); trajectory keys are ``{uid}_{session}_{output}``.
-        keys: The trajectory keys, in session order.
-        tags: Their TransferQueue tags (``seq_len``, ``min/max_global_steps``, ... -- what the trainer reads).
-    """
-
-    uid: str
-    keys: tuple[str, ...]
-    tags: tuple[dict[str, Any], ...]
-
-
-class _GroupKeysCodec:
-    """Carried payloads as plain data for the sampler's state file (the trajectories stay in TransferQueue)."""
-
-    def encode(self, payload: GroupKeys) -> dict[str, Any]:
-        return {"uid": payload.uid, "keys": list(payload.keys), "tags": [dict(t) for t in payload.tags]}
-
-    def decode(self, data: dict[str, Any]) -> GroupKeys:
-        return GroupKeys(data["uid"], tuple(data["keys"]), tuple(data["tags"]))
-
-
-def _train_listing() -> dict[str, dict]:
-    """TransferQueue's ``train`` partition: key -> tags."""
-    return (tq.kv_list(partition_id="train") or {}).get("train", {})
-
-
-def _session_of(key: str) -> tuple[int, int]:
-    """(session, output) of a trajectory key ``{uid}_{session}_{output}``."""
-    _, session, output = key.rsplit("_", 2)
-    return int(session), int(output)
 
 
 class DapoReplayBuffer(ReplayBufferAsync):
@@ -293,7 +254,7 @@ class DapoReplayBuffer(ReplayBufferAsync):
     def _clear(self, uids: Sequence[str]) -> None:
         if not uids:
             return
-        listing = _train_listing()
+        listing = train_listing()
         wanted = set(uids)
         keys = [key for key in listing if key.split("_")[0] in wanted]
         tq.kv_clear(partition_id="train", keys=keys)
@@ -305,7 +266,7 @@ class DapoReplayBuffer(ReplayBufferAsync):
             return self._replenisher
         config = self.trainer.config
         self._replenisher = BatchReplenisher(self.dapo.sampler, len(self.trainer.train_dataset), self._generate_groups,
-                                             codec=_GroupKeysCodec(), shuffle=bool(config.data.get("shuffle", True)))
+                                             codec=GroupKeysCodec(), shuffle=bool(config.data.get("shuffle", True)))
         if global_steps > 1:
             self._restore(global_steps)
         return self._replenisher
@@ -318,27 +279,10 @@ class DapoReplayBuffer(ReplayBufferAsync):
         """
         uids = self._take_inflight(prompt_ids) or self._submit(prompt_ids)
         self._step_uids.extend(uids)
-        listing = self._wait_terminal(uids)
-        trajectories: dict[str, list[str]] = {uid: [] for uid in uids}
-        for key in listing:
-            head = key.split("_", 1)[0]
-            if head != key and head in trajectories:
-                trajectories[head].append(key)
-        sessions = []
-        for prompt_id, uid in zip(prompt_ids, uids):
-            keys = sorted(trajectories[uid], key=_session_of)
-            if listing[uid].get("status") == "failure" or not keys:
-                raise RuntimeError(f"verl's agent loop failed for prompt {prompt_id} (uid {uid}); see the "
-                                   f"agent-loop worker's log. dapo_verl does not train on failed groups.")
-            final: dict[int, str] = {}
-            for key in keys:  # the last output of each session carries the session's reward (multi-turn loops)
-                final[_session_of(key)[0]] = key
-            sessions.append((keys, [final[s] for s in sorted(final)]))
-        finals = [key for _, last in sessions for key in last]
-        values = tq.kv_batch_get(keys=finals, partition_id="train", select_fields=["extra_fields", "rm_scores"])
-        read = dict(zip(finals, zip(values["extra_fields"], values["rm_scores"], strict=True), strict=True))
-        return [self._group(prompt_id, uid, keys, last, read, listing)
-                for prompt_id, uid, (keys, last) in zip(prompt_ids, uids, sessions)]
+        listing = wait_terminal(uids, self.poll_interval)
+        assert self._replenisher is not None
+        return read_round(prompt_ids, uids, listing, metric=self._replenisher.config.metric,
+                          response_length=int(self.trainer.config.actor_rollout_ref.rollout.response_length))
 
     def _submit(self, prompt_ids: Sequence[int]) -> list[str]:
         """Hand ``prompt_ids`` to verl's agent loop under fresh prompt keys; return the keys."""
@@ -367,46 +311,6 @@ class DapoReplayBuffer(ReplayBufferAsync):
         batch = tu.get_tensordict(batch_dict)
         tu.assign_non_tensor_data(batch, "global_steps", self.trainer.global_steps)
         return batch
-
-    def _wait_terminal(self, uids: list[str]) -> dict[str, dict]:
-        """Poll TransferQueue until every prompt in ``uids`` is finished or failed; return the partition."""
-        pending = set(uids)
-        while True:
-            listing = _train_listing()
-            pending = {uid for uid in pending if listing.get(uid, {}).get("status") not in _TERMINAL}
-            if not pending:
-                return listing
-            time.sleep(self.poll_interval)
-
-    def _group(self, prompt_id: int, uid: str, keys: list[str], finals: list[str],
-               read: dict[str, tuple[Any, torch.Tensor]], listing: dict[str, dict]) -> GroupResult:
-        """One prompt's group from its trajectory ``keys``, the last output of each session (``finals``)
-        and what was read of them."""
-        metric_key = self._replenisher_metric()
-        metric, scores, truncated = [], [], []
-        response_length = int(self.trainer.config.actor_rollout_ref.rollout.response_length)
-        for key in finals:
-            extra, rm = read[key]
-            info = (getattr(extra, "data", extra) or {}).get("reward_extra_info", {})
-            if metric_key not in info:
-                raise ValueError(
-                    f"algorithm.filter_groups.metric={metric_key!r} is not in the reward's extra info (available: "
-                    f"{sorted(info)}); the reward manager must report it per response. Use acc with "
-                    f"reward.reward_manager.name=dapo_verl.")
-            metric.append(float(info[metric_key]))
-            scores.append(float(rm.sum()))
-            length = int(listing[key].get("response_len", 0))
-            truncated.append(bool(info.get("truncated", length >= response_length)))
-        lengths = [int(listing[k].get("response_len", 0)) for k in finals]
-        return GroupResult(
-            prompt_id=int(prompt_id), metric=torch.tensor(metric, dtype=torch.float64),
-            response_lengths=torch.tensor(lengths), truncated=torch.tensor(truncated), scores=torch.tensor(scores),
-            payload=GroupKeys(uid, tuple(keys), tuple(dict(listing[k]) for k in keys)),
-        )
-
-    def _replenisher_metric(self) -> str:
-        assert self._replenisher is not None
-        return self._replenisher.config.metric
 
     # -- checkpoints ----------------------------------------------------------------------------------------
 
@@ -444,7 +348,7 @@ class DapoReplayBuffer(ReplayBufferAsync):
         if not uids:
             return
         planned = self._replenisher.plan_next_round()  # the restored plan, not a new one
-        listing = _train_listing()
+        listing = train_listing()
         if len(uids) == len(planned) and all(uid in listing for uid in uids):
             self._inflight = (tuple(planned), uids)
             return
@@ -459,7 +363,7 @@ class DapoReplayBuffer(ReplayBufferAsync):
         verl saves TransferQueue before it clears the step's trained trajectories, so an async checkpoint holds
         them without their prompt keys.
         """
-        listing = _train_listing()
+        listing = train_listing()
         orphans = [key for key in listing if key.split("_")[0] not in self._live and key.split("_")[0] not in keep]
         if orphans:
             tq.kv_clear(partition_id="train", keys=orphans)

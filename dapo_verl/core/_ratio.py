@@ -12,6 +12,9 @@ advantage) would survive that; it is detected by the same readback, then located
 argument and index if it sits on a valid token), and if it sits only on padding the computation is redone
 selecting the padding away first.
 
+Infinite log-probs on valid tokens are refused (:func:`_infinite_log_probs`): clamping would make them a finite
+ratio and a meaningless loss.
+
 Shape legend: B responses, L padded response length.
 """
 
@@ -140,14 +143,7 @@ def _raise_for_invalid_values(tok: TokenInputs, advantages: Tensor | None) -> No
     fix = "A valid token's log-prob must be a number; check the model's forward pass for overflow."
     logp = tok.logp.detach()
     check_no_nan("logp", logp, where=tok.mask, fix=fix)
-    check_no_nan("old_logp", tok.old_logp, where=tok.mask, fix=fix)
-    undefined = torch.isnan(logp - tok.old_logp) & tok.mask
-    if bool(undefined.any()):
-        index = tuple(int(i) for i in undefined.nonzero()[0])
-        raise ValueError(
-            f"logp and old_logp are both {logp[index].item()} at index {index}, so their difference, the log-ratio, "
-            f"is undefined there. {fix}"
-        )
+    check_no_nan("old_logp", tok.old_logp, where=tok.mask, fix=fix)  # an inf on a valid token was refused before
     if advantages is None:
         return
     valid = tok.mask.any(dim=1) if advantages.ndim == 1 else tok.mask
@@ -164,16 +160,42 @@ def evaluate(tok: TokenInputs, advantages: Tensor | None,
     the result is recomputed masking first and its checks (overflow among them) decide.
     """
     result, nan_or_inf, checks = compute(False)
-    hits = read_flags([*(check.flag for check in tok.checks), nan_or_inf, *(check.flag for check in checks)])
-    for hit, check in zip(hits, tok.checks):  # a non-0/1 mask first: it makes every other check meaningless
+    first = [*tok.checks, _infinite_log_probs(tok)]
+    hits = read_flags([*(check.flag for check in first), nan_or_inf, *(check.flag for check in checks)])
+    for hit, check in zip(hits, first):  # a non-0/1 mask first: it makes every other check meaningless
         if hit:
             check.fail()
-    if hits[len(tok.checks)]:
+    if hits[len(first)]:
         _raise_for_invalid_values(tok, advantages)
         result, _, checks = compute(True)
         run_device_checks(checks)
         return result
-    for hit, check in zip(hits[len(tok.checks) + 1:], checks):
+    for hit, check in zip(hits[len(first) + 1:], checks):
         if hit:
             check.fail()
     return result
+
+
+def _infinite_log_probs(tok: TokenInputs) -> DeviceCheck:
+    """Refuse +-inf log-probs on valid tokens (padding may hold anything).
+
+    The log-ratio clamp would turn them into a finite ratio and a loss that means nothing: ``-inf`` is the
+    log-prob of a token the policy cannot produce, which cannot have been sampled, and ``+inf`` is no log-prob.
+    The flag is two sums (an inf or a NaN anywhere makes one non-finite); only when it is set are the valid
+    positions searched, and an inf or a sum that overflowed on padding alone passes.
+    """
+    logp = tok.logp.detach()
+    flag = ~torch.isfinite(logp.sum() + tok.old_logp.sum())
+
+    def fail() -> None:
+        for name, values in (("logp", logp), ("old_logp", tok.old_logp)):
+            infinite = torch.isinf(values) & tok.mask
+            if bool(infinite.any()):
+                index = tuple(int(i) for i in infinite.nonzero()[0])
+                raise ValueError(
+                    f"{name} is {values[index].item()} at index {index}, a valid token; a log-prob there must be "
+                    f"finite (-inf is a token the policy cannot produce, so it cannot have been sampled; +inf is no "
+                    f"log-prob), and the clamped ratio would hide it. Check the forward pass and the log-prob gather, "
+                    f"or mask the token out.")
+
+    return DeviceCheck(flag, fail)

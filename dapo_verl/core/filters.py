@@ -20,7 +20,7 @@ from enum import IntEnum
 import torch
 from torch import Tensor
 
-from dapo_verl.core._checks import check_no_nan, check_tensor
+from dapo_verl.core._checks import check_finite, check_tensor
 
 __all__ = ["DropReason", "dynamic_group_mask", "group_drop_reasons"]
 
@@ -54,7 +54,8 @@ def _grouped_values(rewards: object) -> Tensor:
         )
     if rewards.dtype == torch.bool or not rewards.is_floating_point():
         rewards = rewards.to(torch.float32)
-    check_no_nan("rewards", rewards, fix="Check the reward function; every response needs a score.")
+    # +-inf is no outcome either: a group [1, inf] would count as informative with an advantage of NaN
+    check_finite("rewards", rewards, fix="Check the reward function; every response needs a finite score.")
     return rewards
 
 
@@ -70,7 +71,7 @@ def dynamic_group_mask(rewards: Tensor) -> Tensor:
 
     Raises:
         TypeError: if ``rewards`` is not a tensor.
-        ValueError: if ``rewards`` is not 2-D, has G < 2, or contains NaN.
+        ValueError: if ``rewards`` is not 2-D, has G < 2, or contains NaN or +-inf.
 
     Example:
         >>> dynamic_group_mask(torch.tensor([[0, 0, 0], [0, 1, 1], [1, 1, 1]]))

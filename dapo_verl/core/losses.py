@@ -75,6 +75,7 @@ __all__ = [
 ]
 
 _ABOVE_EVERY_RATIO = 2 * math.exp(LOG_RATIO_CLAMP)  # added to padded ratios so that a min never picks one
+_LARGEST_RATIO = math.exp(LOG_RATIO_CLAMP)  # no ratio exceeds it: the log-ratio is clamped first
 
 
 class ClippedSurrogate(NamedTuple):
@@ -101,7 +102,10 @@ def _check_clip(clip_low: float, clip_high: float, clip_ratio_c: float | None) -
         clip_ratio_c = check_number("clip_ratio_c", clip_ratio_c, minimum=1.0, min_inclusive=False,
                                     fix="Dual clip needs clip_ratio_c > 1 (as in verl); the published DAPO run "
                                         "uses 10. Pass None to disable it.")
-    return _Clip(clip_low, clip_high, clip_ratio_c)
+        clip_ratio_c = min(clip_ratio_c, _LARGEST_RATIO)
+    # A bound above the largest ratio the log-ratio clamp allows never binds; held there, it stays representable in
+    # float32 (1 + 1e308 is not), and every loss and fraction is the same as with the bound as given.
+    return _Clip(clip_low, min(clip_high, _LARGEST_RATIO), clip_ratio_c)
 
 
 def _surrogate(terms: RatioTerms, clip: _Clip) -> Tensor:

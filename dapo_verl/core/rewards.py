@@ -42,7 +42,8 @@ __all__ = [
 ]
 
 OverlongSchedule = Callable[[Tensor], Tensor]
-"""Maps the buffer fraction x in [0, 1] (elementwise) to a penalty fraction in [0, 1], with s(0)=0, s(1)=1."""
+"""Maps the buffer fraction x in [0, 1] (elementwise) to a penalty fraction in [0, 1], with s(0)=0, s(1)=1.
+Every call is checked: a value that is not finite, lies outside [0, 1], or is not 0 at x=0 raises ValueError."""
 
 OVERLONG_SCHEDULES: Registry[OverlongSchedule] = Registry(
     "overlong schedule",
@@ -135,7 +136,9 @@ def overlong_penalty(
 
     Raises:
         ValueError: if overlong_tokens <= 0, overlong_tokens > max_response_length, the factor is negative,
-            a length is negative, or the schedule is unknown.
+            a length is negative, the schedule is unknown, or it returned a value outside [0, 1], a non-finite
+            one, or a penalty below the buffer.
+        TypeError: if the schedule returned something other than one value per response.
 
     Example:
         >>> overlong_penalty(torch.tensor([10, 16, 18, 20, 25]), 20, 4, 1.0)
@@ -146,7 +149,30 @@ def overlong_penalty(
     ramp = get_overlong_schedule(schedule)
     start = max_response_length - overlong_tokens
     fraction = ((lengths.to(torch.float32) - start) / overlong_tokens).clamp(0.0, 1.0)  # (N,)
-    return 0.0 - float(overlong_penalty_factor) * ramp(fraction).clamp(0.0, 1.0)  # 0 - x keeps +0.0
+    shares = _checked_schedule(schedule, fraction, ramp(fraction))  # (N,)
+    return 0.0 - float(overlong_penalty_factor) * shares  # 0 - x keeps +0.0
+
+
+def _checked_schedule(name: str, fraction: Tensor, shares: object) -> Tensor:
+    """``shares`` if schedule ``name`` kept its contract on ``fraction``: one finite value in [0, 1] per response,
+    0 where the response ends before the buffer (fraction 0). One readback.
+
+    Raises:
+        TypeError, ValueError: naming the schedule, the offending value and the buffer fraction it came from.
+    """
+    fix = f"Fix the function registered with @register_overlong_schedule({name!r})."
+    if not isinstance(shares, Tensor) or shares.shape != fraction.shape:
+        shape = tuple(shares.shape) if isinstance(shares, Tensor) else type(shares).__name__
+        raise TypeError(f"overlong schedule {name!r} returned {shape} for buffer fractions of shape "
+                        f"{tuple(fraction.shape)}; a schedule maps each fraction to one value, elementwise. {fix}")
+    bad = ~torch.isfinite(shares) | (shares < 0) | (shares > 1) | ((fraction == 0) & (shares != 0))  # (N,)
+    if bool(bad.any()):
+        index = int(bad.nonzero()[0])
+        raise ValueError(
+            f"overlong schedule {name!r} returned {shares[index].item()} for buffer fraction "
+            f"{fraction[index].item():g} (response {index}); a schedule must map [0, 1] to finite values in [0, 1] "
+            f"with 0 at 0 -- no penalty before the buffer -- or it changes every shaped reward. {fix}")
+    return shares
 
 
 def reward_overlong_penalty(

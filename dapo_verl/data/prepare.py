@@ -8,7 +8,9 @@ Writes into one output folder:
   ``best@32``/``maj@32``), since verl >= 0.6 groups validation samples by a per-row uid;
 * optionally ``aime-2024-x<N>.parquet``: the same problems repeated N times, for verl's ``val_kwargs.n=1``
   convention (BytedTsinghua-SIA/AIME-2024 style); the key is then ``.../acc/mean@1``, numerically avg@N;
-* ``prepare_data.json``: the counts and options.
+* ``prepare_data.json``: one entry per output file in the folder -- rows, the input it was made from, options,
+  deduplication counts and when it was written. A later run into the same folder replaces the entries of the
+  files it rewrites and keeps the others, so no earlier run's counts or provenance are lost.
 
 Nothing in the output folder changes until everything has been read, converted and checked: the files are
 first written beside their targets under temporary names (``.<name>.<random>.tmp``), each is read back and
@@ -30,6 +32,7 @@ import logging
 import os
 import re
 import tempfile
+import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -66,6 +69,8 @@ logger = logging.getLogger(__name__)
 TRAIN_FILE = "train.parquet"
 AIME_FILE = "aime-2024.parquet"
 REPORT_FILE = "prepare_data.json"
+MANIFEST_FORMAT = "dapo_verl.prepare_data/2"
+"""``prepare_data.json``'s format: one entry per output file (rows, input, options, dedup counts, time)."""
 AIME_2024_PROBLEMS = 30
 _DEFAULT_ABILITY = "MATH"
 _DEFAULT_STYLE = "rule-lighteval/MATH_v2"
@@ -236,7 +241,8 @@ def prepare_data(*, out_dir: str | os.PathLike[str], dapo_math: str | os.PathLik
         except ValueError as err:
             raise ValueError(f"{files[name].name} would not be a valid verl dataset, so nothing was written: "
                              f"{err}") from None
-    return _write_outputs(tables, files, train_stats, aime_stats, options)
+    inputs = {"train": dapo_math, "aime": aime, "aime_repeated": aime}
+    return _write_outputs(tables, files, train_stats, aime_stats, options, inputs)
 
 
 def _output_files(out: Path, *, dapo_math: str | os.PathLike[str] | None, aime: str | os.PathLike[str] | None,
@@ -265,10 +271,12 @@ def _output_files(out: Path, *, dapo_math: str | os.PathLike[str] | None, aime: 
 
 
 def _write_outputs(tables: dict[str, pa.Table], files: dict[str, Path], train_stats: DedupStats | None,
-                   aime_stats: DedupStats | None, options: PrepareOptions) -> PreparedData:
+                   aime_stats: DedupStats | None, options: PrepareOptions,
+                   inputs: dict[str, Any]) -> PreparedData:
     """Write every output under a temporary name, check it, then rename them all into place."""
     out = files["report"].parent
     out.mkdir(parents=True, exist_ok=True)
+    earlier = _earlier_entries(files["report"])  # read before anything is written: a bad manifest stops the run
     staged: dict[Path, Path] = {}
     try:
         rows = {}
@@ -278,7 +286,7 @@ def _write_outputs(tables: dict[str, pa.Table], files: dict[str, Path], train_st
             rows[name] = check_verl_schema(staged[files[name]])
         prepared = PreparedData(files, train_stats, aime_stats, options, rows)
         staged[files["report"]] = _stage(files["report"])
-        staged[files["report"]].write_text(json.dumps(_report(prepared), indent=2) + "\n")
+        staged[files["report"]].write_text(json.dumps(_manifest(prepared, inputs, earlier), indent=2) + "\n")
         for target, tmp in staged.items():
             _apply_umask(tmp)
             os.replace(tmp, target)
@@ -302,14 +310,42 @@ def _stage(target: Path) -> Path:
     return Path(tmp)
 
 
-def _report(prepared: PreparedData) -> dict[str, Any]:
-    return {
-        "options": asdict(prepared.options),
-        "files": {name: str(path) for name, path in prepared.files.items()},
-        "rows": prepared.rows,
-        "train": prepared.train.as_dict() if prepared.train else None,
-        "aime": prepared.aime.as_dict() if prepared.aime else None,
-    }
+def _manifest(prepared: PreparedData, inputs: dict[str, Any], earlier: dict[str, Any]) -> dict[str, Any]:
+    """``prepare_data.json``: one entry per output file in the folder, this run's replacing those it rewrote.
+
+    Each entry holds the file's rows, the input it was made from, the options, the deduplication counts and when
+    it was written; an earlier run's entry stays as long as its file is there and this run did not rewrite it.
+    """
+    written = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    outputs = {name: entry for name, entry in earlier.items() if (prepared.files["report"].parent / name).exists()}
+    for name, rows in prepared.rows.items():
+        stats = prepared.train if name == "train" else prepared.aime
+        outputs[prepared.files[name].name] = {
+            "rows": rows, "input": str(Path(inputs[name]).expanduser()), "options": asdict(prepared.options),
+            "dedup": stats.as_dict() if stats else None, "written": written}
+    return {"format": MANIFEST_FORMAT, "outputs": dict(sorted(outputs.items()))}
+
+
+def _earlier_entries(path: Path) -> dict[str, Any]:
+    """The per-file entries of an existing ``prepare_data.json`` (an older flat manifest converted); {} if none.
+
+    Raises:
+        ValueError: if the file exists but cannot be read as a manifest; nothing has been written then.
+    """
+    if not path.exists():
+        return {}
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        if data.get("format") == MANIFEST_FORMAT:
+            return dict(data["outputs"])
+        rows, options = data["rows"], data["options"]  # the flat manifest written before per-file entries
+        return {Path(file).name: {"rows": rows.get(name), "input": None, "options": options,
+                                  "dedup": data.get("train" if name == "train" else "aime"), "written": None}
+                for name, file in data["files"].items() if name != "report"}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
+        raise ValueError(f"{path} is not a prepare-data manifest ({' '.join(str(err).split())[:120]}); rewriting it "
+                         f"would lose what it records about the files beside it. Move it aside, or pass another "
+                         f"--out.") from None
 
 
 def _stats_lines(title: str, stats: DedupStats) -> list[str]:

@@ -4,13 +4,14 @@ The primary config is ``configs/local.yaml``: it composes ``dapo_defaults`` (eve
 from :mod:`dapo_verl.config`), ``local_defaults`` (the keys of :mod:`dapo_verl.local.config`, registered
 here from the dataclass defaults so they have a single home) and its own overrides for the embedded
 experiment. Command-line overrides use Hydra's ``key=value`` grammar. A key the composed config does not
-hold is refused before Hydra sees it, ``+key`` and ``++key`` included, with the closest valid key: the
-local backend reads only its own keys, so an added key would be ignored without a word.
+hold is refused before Hydra sees it, ``+key`` and ``++key`` included, with the closest valid key (the
+local backend reads only its own keys, so an added key would be ignored without a word), and so is a deletion
+(``~key``), which would train with an internal default the saved config does not show; the override checks are
+:mod:`dapo_verl.preflight`'s, shared with every other entry point.
 """
 
 from __future__ import annotations
 
-import difflib
 import functools
 import logging
 from collections.abc import Collection, Mapping, Sequence
@@ -20,14 +21,12 @@ from typing import Any
 
 from hydra import compose, initialize_config_dir
 from hydra.core.config_store import ConfigStore
-from hydra.core.override_parser.overrides_parser import OverridesParser
-from hydra.errors import HydraException
 from omegaconf import OmegaConf
-from omegaconf.errors import OmegaConfBaseException
 
 from dapo_verl.config import DapoConfig, clip_higher_inert_reason
 from dapo_verl.local.config import LocalRunConfig, defaults_tree, read_run_config
 from dapo_verl.local.tasks import make_task
+from dapo_verl.preflight import ConfigRefused, KnownKeys, Problem, compose_checked
 
 __all__ = ["CONFIG_DIR", "PRIMARY_CONFIG", "RunSpec", "changed_keys", "compose_run", "flatten_keys"]
 
@@ -74,22 +73,18 @@ def compose_run(overrides: Sequence[str] = (), *, out_dir: str | Path | None = N
     Raises:
         ValueError: for an override Hydra cannot apply or any invalid value, naming the key and the fix.
     """
-    known = _known_keys(config_name)
-    try:
-        _check_override_keys(overrides, known, config_name)
-        composed = _compose(config_name, overrides)
-    except (HydraException, OmegaConfBaseException) as err:
-        raise ValueError(
-            f"Cannot compose configs/{config_name}.yaml with overrides {list(overrides)}: "
-            f"{' '.join(str(err).split()).rstrip('.')}. Use key=value with "
-            f"an existing key (see `dapo-verl train --print-config`)."
-        ) from None
+    composed = compose_checked(lambda given: _compose(config_name, given), overrides,
+                               label=f"the local backend's config (configs/{config_name}.yaml)", additions=False,
+                               unknown_why=_UNKNOWN_WHY, known=_known_keys(config_name))
     if out_dir is not None:
         composed.trainer.default_local_dir = str(out_dir)
     cfg: dict[str, Any] = OmegaConf.to_container(composed, resolve=True)  # type: ignore[assignment]
+    known = _known_keys(config_name)
     extra = sorted(set(flatten_keys(cfg)) - known.leaves)
     if extra:
-        raise ValueError(_unknown_key_message(extra[0], f"in overrides {list(overrides)}", known, config_name))
+        raise ConfigRefused([Problem(key, f"{key} (in overrides {list(overrides)}) is not a key of the local backend's "
+                                          f"config (configs/{config_name}.yaml); {known.hint(key)} {_UNKNOWN_WHY}")
+                             for key in extra])
     spec = RunSpec(cfg=cfg, dapo=DapoConfig.from_verl(cfg), run=read_run_config(cfg))
     check_run(spec)
     return spec
@@ -101,37 +96,14 @@ def _compose(config_name: str, overrides: Sequence[str]) -> Any:
         return compose(config_name=config_name, overrides=list(overrides))
 
 
-@dataclass(frozen=True)
-class _KnownKeys:
-    leaves: frozenset[str]
-    """Every dotted key of the composed config without overrides."""
-    nodes: frozenset[str]
-    """Every section above them (``local``, ``local.model``, ...), which an override may replace whole."""
+_UNKNOWN_WHY = ("The local backend reads only its own keys, so an added key (+key) would be ignored. Use one of the "
+                "keys `dapo-verl train --print-config` lists.")
 
 
 @functools.lru_cache(maxsize=4)
-def _known_keys(config_name: str) -> _KnownKeys:
+def _known_keys(config_name: str) -> KnownKeys:
     """The keys of ``configs/<config_name>.yaml`` as composed without overrides (cached per process)."""
-    leaves = frozenset(flatten_keys(OmegaConf.to_container(_compose(config_name, ()), resolve=False)))  # type: ignore[arg-type]
-    nodes = frozenset(".".join(key.split(".")[:n]) for key in leaves for n in range(1, key.count(".") + 1))
-    return _KnownKeys(leaves, nodes)
-
-
-def _check_override_keys(overrides: Sequence[str], known: _KnownKeys, config_name: str) -> None:
-    """Refuse an override whose key the config does not hold, whatever its ``+``, ``++`` or ``~`` prefix."""
-    for override in OverridesParser.create().parse_overrides(list(overrides)):
-        key = override.key_or_group
-        if key.startswith("hydra.") or key in known.leaves or key in known.nodes:
-            continue
-        raise ValueError(_unknown_key_message(key, f"in override {override.input_line!r}", known, config_name))
-
-
-def _unknown_key_message(key: str, where: str, known: _KnownKeys, config_name: str) -> str:
-    close = difflib.get_close_matches(key, sorted(known.leaves | known.nodes), n=1, cutoff=0.6)
-    hint = f"did you mean {close[0]}?" if close else "no key of it is close."
-    return (f"{key} ({where}) is not a key of the local backend's config (configs/{config_name}.yaml); {hint} "
-            f"The local backend reads only its own keys, so an added key (+key) would be ignored. Use one of the keys "
-            f"`dapo-verl train --print-config` lists.")
+    return KnownKeys.of(_compose(config_name, ()))
 
 
 def check_run(spec: RunSpec) -> None:

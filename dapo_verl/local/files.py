@@ -19,7 +19,7 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from dapo_verl.state_io import apply_umask, atomic_write
+from dapo_verl.state_io import apply_umask, atomic_write, os_errors_named
 
 __all__ = ["TMP_SUFFIX", "remove_stale_temporaries", "replace_directory", "write_text_atomically"]
 
@@ -45,13 +45,19 @@ def replace_directory(path: str | os.PathLike[str], fill: Callable[[Path], None]
     rename a directory over a non-empty one, so the old directory is first renamed aside
     (to a temporary name) and deleted after the swap; a crash in between leaves the new or the old
     directory plus a temporary one, never a half-written ``path``.
+
+    Raises:
+        OSError: naming ``path`` when a write fails (:func:`~dapo_verl.state_io.os_errors_named`); the old
+            directory is left as it was.
     """
     target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=_temporary_name(target), suffix=TMP_SUFFIX, dir=target.parent))
+    with os_errors_named(target):
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=_temporary_name(target), suffix=TMP_SUFFIX, dir=target.parent))
     try:
         apply_umask(tmp, directory=True)
-        fill(tmp)
+        with os_errors_named(target):
+            fill(tmp)
         for entry in tmp.rglob("*"):
             apply_umask(entry, directory=entry.is_dir())  # writers such as safetensors create files 0600
         old = None

@@ -14,8 +14,8 @@ cadence, paths). A difference is refused by :func:`refuse_changes` with the keys
 two ways forward: another ``--out``, or ``--allow-config-change`` to continue this run under the new
 values, recorded in ``history.jsonl``. ``config.yaml`` is never rewritten to describe a run it did not
 train. The same check applies to a checkpoint taken from another run (``trainer.resume_from_path``, or a
-``state.safetensors`` copied in). Keys that change the model or the prompts (:data:`STRUCTURAL_PREFIXES`)
-cannot be continued at all.
+``state.safetensors`` copied in). Keys that change the model, the prompts or the held-out split
+(:data:`STRUCTURAL_PREFIXES`, ``data.seed`` among them) cannot be continued at all.
 
 **The history.** ``history.jsonl`` gets one JSON line per start (fresh or resumed from step N, with any
 accepted change) and one per end (finished, or stopped by Ctrl-C), so the life of a directory stays
@@ -42,7 +42,7 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from dapo_verl.local.compose import flatten_keys
-from dapo_verl.state_io import apply_umask
+from dapo_verl.state_io import apply_umask, os_errors_named
 
 __all__ = [
     "CONFIG_FILE", "FREE_KEYS", "HISTORY_FILE", "LOCK_FILE", "STRUCTURAL_PREFIXES", "ConfigChange",
@@ -62,8 +62,10 @@ FREE_KEYS = frozenset({
 })
 """Keys a run may change when it continues: none changes what a step computes (the cache holds the same model)."""
 
-STRUCTURAL_PREFIXES = ("local.model.", "local.task.")
-"""Keys no run can continue under: the checkpoint's weights or prompt ids would not fit."""
+STRUCTURAL_PREFIXES = ("local.model.", "local.task.", "data.seed")
+"""Keys no run can continue under, even with ``--allow-config-change``: the checkpoint's weights or prompt ids
+would not fit (``local.model.*``, ``local.task.*``), or the held-out split and the prompt order the checkpoint's
+sampler state refers to would move under it (``data.seed`` seeds the task's split)."""
 
 
 class RunDirectoryBusy(RuntimeError):
@@ -193,8 +195,8 @@ def refuse_changes(run_dir: Path, changes: Sequence[ConfigChange], *, source: st
     if structural and step is not None:
         raise ValueError(
             f"{run_dir} holds a run whose {source} differs in a key no run can continue under ({listed}): "
-            f"{', '.join(structural)} changes the model or the prompts the checkpoint was trained on. Train into a "
-            f"new directory (--out)."
+            f"{', '.join(structural)} changes the model, the prompts or the held-out split the checkpoint was "
+            f"trained and evaluated on, so --allow-config-change cannot accept it. Train into a new directory (--out)."
         )
     if allowed:
         return
@@ -210,7 +212,7 @@ def append_history(run_dir: Path, event: str, **fields: Any) -> None:
     """Append one ``{"time", "event", ...}`` line to ``history.jsonl``."""
     record = {"time": time.strftime("%Y-%m-%d %H:%M:%S"), "event": event, **fields}
     path = Path(run_dir) / HISTORY_FILE
-    with path.open("a", encoding="utf-8") as handle:
+    with os_errors_named(path), path.open("a", encoding="utf-8") as handle:
         handle.write(json.dumps(record, default=str) + "\n")
 
 

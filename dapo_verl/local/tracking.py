@@ -7,9 +7,10 @@ class is not imported because the local backend must not import verl or ray (STY
 formats are reproduced instead.
 
 On resume the JSONL file is cut back to the checkpoint's step (rewritten atomically) and TensorBoard is
-told to purge later events, so a resumed run's logs read as one uninterrupted run. A process killed while
-appending a line leaves that line cut short; :func:`read_history` drops such a last line with a warning
-(its step is recomputed after the resume), while a damaged line before it is an error.
+told to purge later events, so a resumed run's logs read as one uninterrupted run; a log that lacks a step
+before the checkpoint's (:func:`missing_steps`) is refused by the resume rather than continued with a gap. A
+process killed while appending a line leaves that line cut short; :func:`read_history` drops such a last line
+with a warning (its step is recomputed after the resume), while a damaged line before it is an error.
 """
 
 from __future__ import annotations
@@ -24,8 +25,9 @@ from typing import Any
 from torch.utils.tensorboard import SummaryWriter
 
 from dapo_verl.local.files import write_text_atomically
+from dapo_verl.state_io import os_errors_named
 
-__all__ = ["MetricsLog", "read_history"]
+__all__ = ["MetricsLog", "missing_steps", "read_history"]
 
 logger = logging.getLogger(__name__)
 
@@ -66,6 +68,16 @@ def read_history(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
     return records
 
 
+def missing_steps(path: str | os.PathLike[str], step: int) -> list[int]:
+    """The training steps 1..``step`` that ``path`` (a run's ``metrics.jsonl``) holds no record of.
+
+    Every training step logs one record before its checkpoint is written, so a checkpoint at ``step`` whose log
+    lacks a step below it means the log was truncated or edited.
+    """
+    logged = {record["step"] for record in read_history(path)}
+    return [s for s in range(1, step + 1) if s not in logged]
+
+
 def _plain(value: Any) -> float | None:
     number = float(value)
     return number if math.isfinite(number) else None  # JSON has no NaN; verl's orjson writes null too
@@ -94,8 +106,9 @@ class MetricsLog:
         """Record ``data`` (metric name -> number) for ``step``."""
         values = {k: _plain(v) for k, v in data.items()}
         record: dict[str, Any] = {"step": int(step), "data": values}
-        self._file.write(json.dumps(record) + "\n")
-        self._file.flush()
+        with os_errors_named(self.jsonl_path):  # a line cut short by a full disk is dropped when the run resumes
+            self._file.write(json.dumps(record) + "\n")
+            self._file.flush()
         for key, value in values.items():
             if value is not None:
                 self.writer.add_scalar(key, value, step)

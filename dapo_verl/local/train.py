@@ -42,7 +42,10 @@ would have (``dapo_verl.reliability.faults`` checks this by injecting crashes). 
 One run directory, one writer, one configuration (:mod:`.rundir`): a run holds the directory's lock, so a
 second run on it is refused; a run whose configuration differs from the one the directory's checkpoint
 (or ``config.yaml``) records is refused unless ``allow_config_change`` (``--allow-config-change``), and
-then the change is recorded in ``history.jsonl`` and ``summary.json``.
+then the change is recorded in ``history.jsonl`` and ``summary.json``. A finished run started again with the
+same length changes nothing it recorded: the call returns the recorded result and writes nothing; a shorter
+length is refused. A checkpoint whose ``metrics.jsonl`` lacks earlier steps is refused rather than continued
+with a gap.
 
 Ctrl-C (SIGINT) stops the run at the next step boundary: the step is finished, logged and checkpointed,
 and :class:`RunInterrupted` is raised; running the same command again continues from that step. A second
@@ -89,11 +92,11 @@ from dapo_verl.local.rundir import (
     run_directory_lock,
 )
 from dapo_verl.local.tasks import make_task
-from dapo_verl.local.tracking import MetricsLog
+from dapo_verl.local.tracking import MetricsLog, missing_steps, read_history
 from dapo_verl.local.warm_start import warm_start
 from dapo_verl.sampler import BatchReplenisher
 
-__all__ = ["RunInterrupted", "RunResult", "progress_postfix", "run", "run_spec", "summary_lines"]
+__all__ = ["RunFinished", "RunInterrupted", "RunResult", "progress_postfix", "run", "run_spec", "summary_lines"]
 
 logger = logging.getLogger(__name__)
 
@@ -218,7 +221,11 @@ def run_spec(spec: RunSpec, *, progress: bool = False, allow_config_change: bool
     """Train an already composed :class:`~dapo_verl.local.compose.RunSpec` (arguments and errors as :func:`run`)."""
     with run_directory_lock(spec.run.trainer.default_local_dir), _torch_settings(spec.run.local.num_threads), \
             _quiet_partial_batches(), _stop_requests() as stop:
-        return _Trainer(spec, allow_config_change=allow_config_change, stop=stop).fit(progress=progress)
+        try:
+            return _Trainer(spec, allow_config_change=allow_config_change, stop=stop).fit(progress=progress)
+        except RunFinished as finished:
+            logger.info("%s", finished)
+            return finished.result
 
 
 class _StopRequest:
@@ -298,6 +305,57 @@ def _due(step: int, freq: int, last: int) -> bool:
     return freq > 0 and (step % freq == 0 or step == last)
 
 
+class RunFinished(RuntimeError):
+    """The run directory holds a finished run of the requested length: nothing to train, and nothing was written
+    (:func:`run_spec` returns :attr:`result`).
+
+    Attributes:
+        result: The finished run's outcome, read from its ``summary.json`` and ``metrics.jsonl``.
+    """
+
+    def __init__(self, message: str, result: RunResult) -> None:
+        super().__init__(message)
+        self.result = result
+
+
+def _refuse_gaps(run_dir: Path, step: int) -> None:
+    """Refuse to continue from checkpoint ``step`` when ``metrics.jsonl`` lacks some of the steps before it."""
+    missing = missing_steps(run_dir / "metrics.jsonl", step)
+    if missing:
+        shown = ", ".join(map(str, missing[:5])) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
+        raise ValueError(
+            f"{run_dir / 'metrics.jsonl'} lacks step(s) {shown} of the {step} its checkpoint at step {step} trained "
+            f"(the file was truncated or edited); continuing would leave a silent gap in the run's metrics. Restore "
+            f"the file, or train into a new directory (--out).")
+
+
+def _check_not_finished(run_dir: Path, step: int, total: int) -> None:
+    """Raise :class:`RunFinished` (nothing to do) or ValueError (a shorter run asked for) for a finished run."""
+    summary = run_dir / "summary.json"
+    if step < total or not summary.exists():
+        return
+    if step > total:
+        raise ValueError(
+            f"{run_dir} holds a run trained for {step} steps, more than trainer.total_training_steps={total}; its "
+            f"results and config.yaml describe {step} steps and are left as they are. Ask for "
+            f"trainer.total_training_steps={step} (nothing to train) or more, or train into a new directory (--out).")
+    recorded = json.loads(summary.read_text())
+    paths = {name: run_dir / rel for name, rel in _OUTPUTS.items()}
+    result = RunResult(run_dir=run_dir, task=recorded["task"], heldout=recorded["heldout"],
+                       history=read_history(paths["metrics"]), initial_accuracy=recorded["initial_accuracy"],
+                       final_accuracy=recorded["final_accuracy"], final_exact=recorded["final_exact"],
+                       steps=recorded["steps"], wall_s=recorded["wall_s"], resumed_from=recorded["resumed_from"],
+                       model_built=recorded["model_built"], paths=paths)
+    raise RunFinished(f"{run_dir} already holds this run, finished at step {step} ({summary}); nothing to train and "
+                      f"nothing was rewritten. Raise trainer.total_training_steps to train further, or pass another "
+                      f"--out.", result)
+
+
+_OUTPUTS = {"config": "config.yaml", "metrics": "metrics.jsonl", "tensorboard": "tensorboard",
+            "plot": "plots/training_curves.png", "checkpoints": "checkpoints", "model": "model",
+            "summary": "summary.json"}
+
+
 class _Trainer:
     """One local run: set-up, the training loop and the outputs."""
 
@@ -353,6 +411,11 @@ class _Trainer:
         source = f"checkpoint at step {point.step} ({point.path})" if point else "config.yaml"
         refuse_changes(self.run_dir, changes, source=source, step=point.step if point else None,
                        allowed=self.allow_config_change)
+        if point is not None and point.path.resolve().is_relative_to((self.run_dir / "checkpoints").resolve()):
+            # this directory's own checkpoint: its log holds every step before it (one taken from another run's
+            # directory starts this directory's log at its step)
+            _refuse_gaps(self.run_dir, point.step)
+            _check_not_finished(self.run_dir, point.step, self.spec.run.trainer.total_training_steps)
         if changes:
             logger.warning("Continuing %s with a changed configuration, as --allow-config-change asked: %s. Recorded "
                            "in history.jsonl and summary.json.", self.run_dir, "; ".join(map(str, changes)))
@@ -479,15 +542,7 @@ class _Trainer:
         key = f"val-core/{self.task.name}"
         vals = [r for r in history if f"{key}/acc/mean@1" in r["data"]]
         exact_key = f"val-aux/{self.task.name}/exact/mean@1"
-        paths = {
-            "config": self.run_dir / "config.yaml",
-            "metrics": self.run_dir / "metrics.jsonl",
-            "tensorboard": self.run_dir / "tensorboard",
-            "plot": self.run_dir / "plots" / "training_curves.png",
-            "checkpoints": self.run_dir / "checkpoints",
-            "model": self.run_dir / "model",
-            "summary": self.run_dir / "summary.json",
-        }
+        paths = {name: self.run_dir / rel for name, rel in _OUTPUTS.items()}
         title = f"dapo-verl train: task {self.task.name}, seed {self.spec.seed}"
         plot_history(history, paths["plot"], task=self.task.name, title=title)
         replace_directory(paths["model"], self._save_model)

@@ -192,9 +192,9 @@ def compose_recipe(config_name: str, overrides: Sequence[str]) -> tuple[DictConf
 
     Raises:
         RehearsalError: for a config name that is neither under ``configs/`` nor ``ppo_trainer``.
+        dapo_verl.preflight.ConfigRefused: for overrides Hydra or the config would refuse (one problem each).
     """
-    from hydra import compose, initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
+    from dapo_verl.preflight import compose_config_dir
 
     searchpath: list[str] = []
     if config_name == VERL_CONFIG:
@@ -206,9 +206,7 @@ def compose_recipe(config_name: str, overrides: Sequence[str]) -> tuple[DictConf
         names = sorted(p.stem for p in CONFIG_DIR.glob("*.yaml") if p.stem not in ("dapo_defaults", "local"))
         raise RehearsalError(f"No config named {config_name!r}. Rehearse one of {', '.join(names)}, or {VERL_CONFIG} "
                              f"(verl's own trainer, e.g. with the loss_mode=dapo overrides of an existing setup).")
-    GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=config_dir, version_base=None):
-        config = compose(config_name=config_name, overrides=[*searchpath, *overrides])
+    config = compose_config_dir(config_dir, config_name, overrides, fixed_overrides=searchpath)
     return config, entry
 
 
@@ -542,13 +540,18 @@ def rehearse(options: RehearsalOptions, echo: Callable[[str], None] = print) -> 
         RehearsalError: when the rehearsal cannot start (unknown config, bad options, unusable ``--out``, a
             rehearsal still running in ``--out``). A failing verl run does not raise: its error is in the result and
             the report.
+        dapo_verl.preflight.ConfigRefused: for a config a run would refuse (one problem each), before anything
+            is written.
     """
+    from dapo_verl.adapter.preflight import check_verl_config
+
     _check(options)
     try:
         engine = choose_engine(options.engine)
     except (ValueError, EngineUnavailable) as err:
         raise RehearsalError(str(err)) from None
     config, entry = compose_recipe(options.config_name, options.overrides)
+    check_verl_config(config, entry_module=entry[2], unset_env_is_problem=False)  # the recipe's paths are replaced
     out = options.out_dir.resolve()
     with _own_out(out, options.overwrite):
         result = _rehearse_in(out, options, config, entry, engine, echo)

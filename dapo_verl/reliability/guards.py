@@ -5,8 +5,9 @@ Each check returns a :class:`GuardResult`: attempts, how many were handled as pr
 * :func:`concurrent_writers` -- a real ``dapo-verl train`` holds a run directory while a second one starts on
   it: the second must exit 2 naming the holder's pid, and write nothing. The holder is then SIGKILLed and a
   third run must take over the lock it left, resume from its checkpoint and finish.
-* :func:`changed_reruns` -- a finished run is started again with a changed setting (clip_ratio_high, data.seed,
-  the model size) and with a checkpoint copied in from another seed: each must be refused naming the key,
+* :func:`changed_reruns` -- a finished run is started again with a changed setting (clip_ratio_high; data.seed
+  and the model size even with ``--allow-config-change``) and with a checkpoint copied in from another seed: each
+  must be refused naming the key,
   with ``config.yaml``, ``summary.json`` and ``metrics.jsonl`` byte for byte unchanged; the change accepted with
   ``--allow-config-change`` must continue and be recorded in ``history.jsonl``.
 * :func:`failed_prepare_data` -- ``dapo-verl prepare-data`` over earlier good outputs with a bad row, a disk that
@@ -22,9 +23,6 @@ Each check returns a :class:`GuardResult`: attempts, how many were handled as pr
 
 from __future__ import annotations
 
-import contextlib
-import errno
-import io
 import json
 import logging
 import os
@@ -38,8 +36,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["GUARD_CHECKS", "GuardResult", "changed_reruns", "concurrent_writers", "damaged_model_cache",
-           "failed_prepare_data", "interrupted_by_sigint"]
+__all__ = ["GUARD_CHECKS", "GuardResult", "changed_reruns", "cli_command", "concurrent_writers", "damaged_model_cache",
+           "failed_prepare_data", "interrupted_by_sigint", "one_line_error", "write_problems"]
 
 logger = logging.getLogger(__name__)
 
@@ -82,11 +80,16 @@ def _tiny(steps: int, cache: Path, seed: int = 0) -> list[str]:
     return tiny_overrides(steps=steps, seed=seed, cache_dir=cache)
 
 
+def cli_command(*args: str) -> list[str]:
+    """The command line that runs ``dapo-verl ARGS...`` as a user would, with this interpreter."""
+    return [sys.executable, "-m", "dapo_verl.cli", *args]
+
+
 def _train_command(out: Path, overrides: Sequence[str], *flags: str) -> list[str]:
-    return [sys.executable, "-m", "dapo_verl.cli", "train", "--out", str(out), *flags, *overrides]
+    return cli_command("train", "--out", str(out), *flags, *overrides)
 
 
-def _one_line(stderr: str) -> str | None:
+def one_line_error(stderr: str) -> str | None:
     """The last stderr line when it is a ``dapo-verl ...:`` error and no traceback was printed, else None."""
     lines = [line for line in stderr.strip().splitlines() if line.strip()]
     if not lines or "Traceback" in stderr or not lines[-1].startswith("dapo-verl "):
@@ -132,7 +135,7 @@ def concurrent_writers(work: Path) -> GuardResult:
     try:
         busy = _wait_for(lambda: read_marker(out) is not None, holder)
         second = subprocess.run(_train_command(out, overrides), capture_output=True, text=True, timeout=_TIMEOUT_S)
-        line = _one_line(second.stderr) or ""
+        line = one_line_error(second.stderr) or ""
         result.attempt("a second writer", [f for ok, f in [
             (busy and holder.poll() is None, "the first run was not running when the second started"),
             (second.returncode == 2, f"exit status {second.returncode}, not 2"),
@@ -185,7 +188,7 @@ def changed_reruns(work: Path) -> GuardResult:
     changes = {"actor_rollout_ref.actor.clip_ratio_high": "0.2", "data.seed": "1", "local.model.hidden_size": "32"}
     for key, value in changes.items():
         overrides = [o for o in base if not o.startswith(f"{key}=")] + [f"{key}={value}"]
-        allow = key.startswith("local.model.")  # no flag lets another model size continue
+        allow = key != "actor_rollout_ref.actor.clip_ratio_high"  # no flag lets another model or split continue
         result.attempt(f"re-run with {key}={value}", _refused_keeping_outputs(
             out, key, lambda o=overrides, a=allow: run(o, out, allow_config_change=a)))
     other = run(_tiny(4, cache, seed=1), work / "other")
@@ -207,7 +210,7 @@ def changed_reruns(work: Path) -> GuardResult:
 # -- prepare-data ----------------------------------------------------------------------------------------
 
 
-def _write_problems(path: Path, problems: Sequence[tuple[bytes, bytes]]) -> Path:
+def write_problems(path: Path, problems: Sequence[tuple[bytes, bytes]]) -> Path:
     """A plain problem/answer parquet whose strings are written byte for byte (invalid UTF-8 included)."""
     import numpy as np
     import pyarrow as pa
@@ -224,42 +227,34 @@ def _write_problems(path: Path, problems: Sequence[tuple[bytes, bytes]]) -> Path
     return path
 
 
-def _prepare(args: Sequence[str]) -> tuple[int, str]:
-    from dapo_verl.cli import main
+_FULL_DISK_AFTER_ONE_FILE = """
+import errno, os, runpy, sys
+import pyarrow.parquet as pq
+real, written = pq.write_table, []
+def write(table, where, *args, **kwargs):
+    if written:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(where))
+    written.append(where)
+    real(table, where, *args, **kwargs)
+pq.write_table = write
+sys.argv = ["dapo-verl", *sys.argv[1:]]
+runpy.run_module("dapo_verl.cli", run_name="__main__")
+"""
+"""``python -m dapo_verl.cli`` with a disk that fills after the first parquet file is written."""
 
-    err = io.StringIO()
-    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
-        code = main(["prepare-data", *args])
-    return code, err.getvalue()
 
-
-def _full_disk_after_one_file() -> contextlib.AbstractContextManager[None]:
-    import pyarrow.parquet as pq
-
-    real, written = pq.write_table, []
-
-    def write(table: Any, where: Any, *args: Any, **kwargs: Any) -> None:
-        if written:
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(where))
-        written.append(where)
-        real(table, where, *args, **kwargs)
-
-    @contextlib.contextmanager
-    def patched() -> Any:
-        pq.write_table = write
-        try:
-            yield
-        finally:
-            pq.write_table = real
-
-    return patched()
+def _prepare(args: Sequence[str], *, full_disk: bool = False) -> tuple[int, str]:
+    """Run ``dapo-verl prepare-data`` as a user would, in a process of its own; return its status and stderr."""
+    start = [sys.executable, "-c", _FULL_DISK_AFTER_ONE_FILE] if full_disk else cli_command()
+    done = subprocess.run([*start, "prepare-data", *args], capture_output=True, text=True, timeout=_TIMEOUT_S)
+    return done.returncode, done.stderr
 
 
 def failed_prepare_data(work: Path) -> GuardResult:
     """``prepare-data`` failing four ways over an earlier run's good outputs."""
     result, started = GuardResult("failed prepare-data"), time.perf_counter()
     good = [(f"Problem {i}: what is {i} + {i}?".encode(), str(2 * i).encode()) for i in range(40)]
-    train, aime = _write_problems(work / "in" / "train.parquet", good), _write_problems(work / "in" / "aime.parquet",
+    train, aime = write_problems(work / "in" / "train.parquet", good), write_problems(work / "in" / "aime.parquet",
                                                                                          good[:30])
     out = work / "out"
     code, err = _prepare(["--dapo-math", str(train), "--aime", str(aime), "--out", str(out)])
@@ -268,22 +263,19 @@ def failed_prepare_data(work: Path) -> GuardResult:
         return result
     before = {p.name: p.read_bytes() for p in out.iterdir()}
     inputs = {p: p.read_bytes() for p in (train, aime)}
-    bad_row = _write_problems(work / "bad" / "train.parquet", [*good[:5], (b"Problem X: blank", b""), *good[6:]])
-    non_utf8 = _write_problems(work / "bad" / "latin1.parquet", [*good[:7], (b"Probl\xe8me 7", b"14"), *good[8:]])
-    attempts: dict[str, tuple[list[str], str, contextlib.AbstractContextManager[Any]]] = {
-        "a bad row": (["--dapo-math", str(bad_row), "--aime", str(aime), "--out", str(out)], "ground_truth",
-                      contextlib.nullcontext()),
+    bad_row = write_problems(work / "bad" / "train.parquet", [*good[:5], (b"Problem X: blank", b""), *good[6:]])
+    non_utf8 = write_problems(work / "bad" / "latin1.parquet", [*good[:7], (b"Probl\xe8me 7", b"14"), *good[8:]])
+    attempts: dict[str, tuple[list[str], str, bool]] = {
+        "a bad row": (["--dapo-math", str(bad_row), "--aime", str(aime), "--out", str(out)], "ground_truth", False),
         "a disk full after the first file": (["--dapo-math", str(train), "--aime", str(aime), "--out", str(out),
-                                              "--conflicts", "drop"], "No space left", _full_disk_after_one_file()),
+                                              "--conflicts", "drop"], "No space left", True),
         "--out on the inputs' folder": (["--dapo-math", str(train), "--out", str(train.parent)], "would overwrite",
-                                        contextlib.nullcontext()),
-        "text that is not UTF-8": (["--dapo-math", str(non_utf8), "--out", str(out)], "row 7",
-                                   contextlib.nullcontext()),
+                                        False),
+        "text that is not UTF-8": (["--dapo-math", str(non_utf8), "--out", str(out)], "row 7", False),
     }
-    for what, (args, words, context) in attempts.items():
-        with context:
-            code, err = _prepare(args)
-        line = _one_line(err) or ""
+    for what, (args, words, full_disk) in attempts.items():
+        code, err = _prepare(args, full_disk=full_disk)
+        line = one_line_error(err) or ""
         result.attempt(what, [f for ok, f in [
             (code == 2, f"exit status {code}, not 2"), (words in line, f"the message lacks {words!r}: {err!r}"),
             ({p.name: p.read_bytes() for p in out.iterdir()} == before, "earlier outputs changed"),
@@ -367,7 +359,7 @@ def interrupted_by_sigint(work: Path, *, points: Sequence[int] = (3, 9)) -> Guar
         _wait_for(lambda p=point: _metric_lines(out) >= p + 1, process)
         process.send_signal(signal.SIGINT)
         _, stderr = process.communicate(timeout=_TIMEOUT_S)
-        line = _one_line(stderr) or ""
+        line = one_line_error(stderr) or ""
         stopped = json.loads((out / "history.jsonl").read_text().splitlines()[-1]).get("step")
         result.attempt(f"Ctrl-C after step {point}", [f for ok, f in [
             (process.returncode == 2, f"exit status {process.returncode}, not 2; {stderr[-300:]!r}"),

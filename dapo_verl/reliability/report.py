@@ -3,8 +3,10 @@
 The checks (each documented in its module): fuzzing of every public entry point (:mod:`.fuzz`), a long
 adversarial run of the sampler (:mod:`.stress`), crash-and-resume of the local backend (:mod:`.faults`),
 refusal of planted pickles by every loader (:func:`safe_loading`), same-seed determinism
-(:mod:`.determinism`), and the guards around a run's outputs (:mod:`.guards`: concurrent writers, changed
-re-runs, failed ``prepare-data``, a damaged model cache, Ctrl-C). Every count is seeded or fixed, so the
+(:mod:`.determinism`), the guards around a run's outputs (:mod:`.guards`: concurrent writers, changed
+re-runs, failed ``prepare-data``, a damaged model cache, Ctrl-C), and the refusals of what a run would refuse or
+mislabel (:mod:`.refusals`: the pre-flight check, reports over bad input, silently different runs, errors at the
+edges). Every count is seeded or fixed, so the
 table is the same on every run of the same code; ``dapo-verl reliability --write`` puts it into
 ``docs/reliability.md`` between :data:`TABLE_START` and :data:`TABLE_END`, and ``--check`` (run by CI
 through ``tests/e2e/test_reliability_report.py``) fails when that page no longer matches what the checks
@@ -26,6 +28,7 @@ from dapo_verl.reliability.determinism import DeterminismResult, run_determinism
 from dapo_verl.reliability.faults import FAULT_KINDS, FaultResult, run_fault_injection
 from dapo_verl.reliability.fuzz import FUZZ_TARGETS, FuzzResult, run_fuzz
 from dapo_verl.reliability.guards import GUARD_CHECKS, GuardResult
+from dapo_verl.reliability.refusals import REFUSAL_CHECKS
 from dapo_verl.reliability.stress import STRESS_CONFIGS, StressResult, run_stress
 
 __all__ = ["TABLE_END", "TABLE_START", "ReliabilityReport", "render_markdown", "run_all", "safe_loading"]
@@ -132,7 +135,7 @@ def run_all() -> ReliabilityReport:
         safe = timed("safe loading", safe_loading, work / "safe")
         determinism = timed("determinism", run_determinism, seed=0, work_dir=work / "determinism")
         guards = []
-        for name, check in GUARD_CHECKS.items():
+        for name, check in {**GUARD_CHECKS, **REFUSAL_CHECKS}.items():
             folder = work / "guards" / name.replace(" ", "_")
             folder.mkdir(parents=True)
             guards.append(timed(name, check, folder))
@@ -151,6 +154,7 @@ def render_markdown(report: ReliabilityReport) -> str:
     fuzz_failures = sum(len(r.failures) for r in report.fuzz)
     token_counts = sum(r.drawn["bad:num_valid_tokens"] for r in report.fuzz)
     overflow = sum(r.drawn["overflow"] for r in report.fuzz)
+    preflight = sum(r.tried for r in report.fuzz if r.target.startswith("doctor/rehearse"))
     stress_steps = sum(r.steps for r in report.stress)
     stress_checks = sum(r.invariant_checks for r in report.stress)
     stress_violations = sum(len(r.violations) for r in report.stress)
@@ -165,7 +169,9 @@ def render_markdown(report: ReliabilityReport) -> str:
          f"{_n(fuzz_tried)} seeded cases over {len(FUZZ_TARGETS)} entry points, each with its expected outcome: "
          f"random shapes (empty included), dtypes, masks, NaN/inf/huge values at padded and valid positions, "
          f"{_n(overflow)} values that overflow float32, {_n(token_counts)} bad `num_valid_tokens`, group size 1, "
-         f"invalid settings and config values (DAPO and local keys), faulty generate callbacks",
+         f"invalid settings and config values (DAPO and local keys), {_n(preflight)} `doctor`/`rehearse` override "
+         f"sets (misspelt or deleted keys, unknown names, values out of range, broken grammar), faulty generate "
+         f"callbacks and damaged sampler states",
          f"{_n(fuzz_ok)} correct results (accepted config values read back unchanged), {_n(fuzz_errors)} clear "
          f"errors naming the offending argument or key exactly, {fuzz_failures} failures (crash, error naming "
          f"another argument, invalid input accepted, valid input refused, NaN/inf in a loss or gradient, broken "
@@ -211,8 +217,9 @@ _GUARD_ROWS = {
         "over and its run resumed from its checkpoint"),
     "changed re-runs": (
         "Changed re-runs",
-        "a finished run started again with clip_ratio_high, data.seed or the model size changed, with a checkpoint "
-        "copied in from another seed, and with a change allowed by `--allow-config-change`",
+        "a finished run started again with clip_ratio_high changed, with data.seed or the model size changed (and "
+        "`--allow-config-change`), with a checkpoint copied in from another seed, and with a change allowed by "
+        "`--allow-config-change`",
         "each change refused naming the key, config.yaml, summary.json and metrics.jsonl byte for byte unchanged; "
         "the allowed change continued and recorded in history.jsonl"),
     "failed prepare-data": (
@@ -226,6 +233,32 @@ _GUARD_ROWS = {
         "the cached initial model with a flipped byte, truncated, without its checksums, with a stray file, with "
         "a planted pickle",
         "each detected and rebuilt to the same weights; the pickle never ran"),
+    "pre-flight refusals": (
+        "Pre-flight refusals (`dapo_verl.reliability.refusals`)",
+        "overrides a run refuses -- misspelt, added (+) and deleted (~) keys, a loss and a rollout engine verl does "
+        "not know, a group of one -- given to `dapo-verl doctor`, the recipes' dry run (`python -m dapo_verl.main "
+        "--cfg job`), `rehearse` and `train`; `doctor` on `dapo_trainer` as shipped",
+        "each refused with a non-zero exit, one line per problem naming its key and no `[ok]` for the config, "
+        "nothing written; `dapo_trainer` passes every check, verl's validate_config included"),
+    "honest reports": (
+        "Reports over bad input",
+        "`compare` of a run whose accuracy went NaN; `prepare-data` twice into one folder; a finished run started "
+        "again (same length, shorter); a resume after metrics.jsonl lost steps",
+        "the final value reported missing and flagged, never the last finite one; the first manifest entry kept; "
+        "nothing rewritten (the shorter run refused); the gap refused, the directory byte for byte unchanged"),
+    "silent changes": (
+        "Silently different runs",
+        "a deletion (`~data.train_batch_size`); `data.seed` changed under a checkpoint with "
+        "`--allow-config-change`; +-inf log-probs and rewards given to the core API; overlong schedules returning "
+        "NaN, values above 1 or a penalty before the buffer",
+        "each refused naming the key, argument or schedule; the run directory unchanged"),
+    "edge errors": (
+        "Errors at the edges",
+        "a checkpoint write failing under a 1 MiB file-size limit (the kernel's EFBIG); `toy --out` naming a file; a "
+        "seed beyond 2**32 - 1; clip bounds of 1e308; generate callbacks returning None, dicts, lists, negative "
+        "lengths; `load_state_dict(None)` and a state without its stream",
+        "each one line and exit 2 (the API: an error naming the argument), no file half-written and the run "
+        "continued afterwards; the 1e308 run trained; the sampler unchanged by the refused loads"),
     "SIGINT": (
         "Ctrl-C (SIGINT)",
         "a real `dapo-verl train` interrupted twice before its first regular checkpoint, then run to the end",

@@ -85,6 +85,8 @@ class Report:
                  "| metric | arm | n | final | final min–max | run mean | run mean min–max |",
                  "|---|---|---|---|---|---|---|"]
         lines += [_markdown_row(row) for row in self.rows]
+        if self.warnings:
+            lines += ["", "## Warnings", "", *(f"- {_cell(w)}" for w in self.warnings)]
         lines += ["", "## Runs", "", "| arm | run | format | steps | metrics |", "|---|---|---|---|---|"]
         for label, runs in self.arms.items():
             lines += [f"| {_cell(label)} | {_cell(run.path)} | {run.format.value} | {_step_range(run)} | "
@@ -109,8 +111,26 @@ class Report:
                 "final": dataclasses.asdict(row.final), "run_mean": dataclasses.asdict(row.run_mean),
                 "runs": row.runs, "per_run": {path: dataclasses.asdict(v) for path, v in row.per_run.items()}}
         data = {"last_frac": self.last_frac, "rule": _rule_text(self.last_frac), "metrics": list(self.metrics),
-                "not_logged": list(self.not_logged), "arms": arms}
+                "not_logged": list(self.not_logged), "warnings": self.warnings, "arms": arms}
         return data | ({"analysis": dict(self.analysis)} if self.analysis else {})
+
+    @property
+    def warnings(self) -> list[str]:
+        """One line per run whose final value of a reported metric is missing: not finite at the end, or never
+        logged by that run while another run of the report logged it (each such run counts out of ``n``)."""
+        runs = {str(run.path): run for arm_runs in self.arms.values() for run in arm_runs}
+        lines = []
+        for row in self.rows:
+            for path, value in row.per_run.items():
+                if value.nonfinite_step is not None:
+                    last = f"; its last finite value was at step {value.last_step}" if value.last_step is not None \
+                        else ""
+                    lines.append(f"{path}: {row.metric} is NaN, inf or null at step {value.nonfinite_step}, so it "
+                                 f"has no final value (reported as n/a{last}).")
+                elif value.points == 0:
+                    lines.append(f"{path}: never logged {row.metric}, which another run of the report logged (its "
+                                 f"log holds steps {_step_range(runs[path])}).")
+        return lines
 
 
 def _rule_text(last_frac: float) -> str:

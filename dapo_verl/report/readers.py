@@ -39,7 +39,7 @@ import math
 import re
 from array import array
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
@@ -91,6 +91,8 @@ class RunLog:
             a metric was not logged at that step.
         logged: Every metric name the run logged with a finite value at least once, kept in ``table`` or
             not; None means the columns of ``table``.
+        nonfinite: Kept metric -> the steps at which it was logged as NaN, inf or null (verl writes NaN as
+            null) and no finite value replaced it; ``table`` holds NaN there, as where it was not logged.
     """
 
     path: Path
@@ -98,6 +100,7 @@ class RunLog:
     format: LogFormat
     table: pd.DataFrame
     logged: frozenset[str] | None = None
+    nonfinite: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
 
     @property
     def metrics(self) -> list[str]:
@@ -144,6 +147,7 @@ class _Columns:
         self.steps: dict[str, array] = {}
         self.values: dict[str, array] = {}
         self.logged: set[str] = set()
+        self.nonfinite_steps: dict[str, array] = {}
         self._kept: dict[str, bool] = {}
 
     def add(self, step: int, data: Mapping[str, Any]) -> None:
@@ -158,9 +162,16 @@ class _Columns:
             if kept:
                 self.steps.setdefault(key, array("q")).append(step)
                 self.values.setdefault(key, array("d")).append(value)
+                if math.isnan(value):
+                    self.nonfinite_steps.setdefault(key, array("q")).append(step)
 
     def __len__(self) -> int:
         return len(self.record_steps)
+
+    def nonfinite(self, table: pd.DataFrame) -> dict[str, tuple[int, ...]]:
+        """Per kept metric, the steps whose final value (later values win) is not finite."""
+        return {key: tuple(sorted({int(s) for s in steps if math.isnan(table.at[int(s), key])}))
+                for key, steps in self.nonfinite_steps.items() if key in table.columns}
 
     def table(self) -> pd.DataFrame:
         """The step x metric float table: later values win, steps ascending and unique."""
@@ -446,4 +457,5 @@ def load_run(path: str | Path, keep: MetricFilter | None = None) -> RunLog:
     columns.logged.update(str(c) for c in table.columns if str(c) in RATIO_METRICS and table[c].notna().any())
     logger.info("read %s (%s): %d steps, %d metrics (%d kept)", source, fmt.value, len(table), len(columns.logged),
                 table.shape[1])
-    return RunLog(path=Path(path), source=source, format=fmt, table=table, logged=frozenset(columns.logged))
+    return RunLog(path=Path(path), source=source, format=fmt, table=table, logged=frozenset(columns.logged),
+                  nonfinite=columns.nonfinite(table))

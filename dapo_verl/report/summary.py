@@ -4,7 +4,9 @@ Per run and metric (only the steps where the run logged the metric count):
 
 * ``final`` -- for a validation metric (key starting ``val-``), the last logged value (the evaluation of
   the final policy); for a training metric, the mean of the last ``ceil(last_frac * n)`` of its ``n``
-  logged values (at least one), because per-step training metrics are noisy.
+  logged values (at least one), because per-step training metrics are noisy. When that value, or one in
+  that window, was logged as NaN, inf or null, ``final`` is None and ``nonfinite_step`` names the step: an
+  earlier finite value is never presented as the final one.
 * ``run_mean`` -- the mean of every logged value over the whole run (for validation metrics this includes
   an evaluation of the initial policy at step 0 when one was logged).
 
@@ -160,16 +162,20 @@ class RunValue:
     """One run's summary of one metric; None fields when the run never logged it.
 
     Attributes:
-        final: The final value (see the module docstring).
-        run_mean: The mean over the whole run.
-        last_step: The last step at which the metric was logged.
-        points: How many values were logged.
+        final: The final value (see the module docstring); None when it is not finite.
+        run_mean: The mean over the whole run (of the finite values).
+        last_step: The last step at which the metric was logged with a finite value.
+        points: How many finite values were logged.
+        nonfinite_step: The step of a NaN, inf or null value that makes the final value undefined (the last
+            value of a validation metric, or one in a training metric's final window), else None. The report
+            flags it rather than presenting an earlier finite value as the final one.
     """
 
     final: float | None
     run_mean: float | None
     last_step: int | None
     points: int
+    nonfinite_step: int | None = None
 
 
 def run_value(run: RunLog, key: str, *, last_frac: float = DEFAULT_LAST_FRAC) -> RunValue:
@@ -181,11 +187,16 @@ def run_value(run: RunLog, key: str, *, last_frac: float = DEFAULT_LAST_FRAC) ->
     if not 0.0 < last_frac <= 1.0:
         raise ValueError(f"last_frac (--last-frac) must be in (0, 1], got {last_frac}.")
     values = run.series(key)
+    bad = run.nonfinite.get(key, ())
+    logged = sorted({*(int(step) for step in values.index), *bad})  # every step that logged it, finite or not
+    tail = 1 if is_validation_metric(key) else max(1, math.ceil(last_frac * len(logged) - 1e-9))
+    spoiled = [step for step in logged[-tail:] if step in set(bad)]
     if values.empty:
-        return RunValue(final=None, run_mean=None, last_step=None, points=0)
-    tail = 1 if is_validation_metric(key) else max(1, math.ceil(last_frac * len(values) - 1e-9))
-    return RunValue(final=float(values.iloc[-tail:].mean()), run_mean=float(values.mean()),
-                    last_step=int(values.index[-1]), points=len(values))
+        return RunValue(final=None, run_mean=None, last_step=None, points=0,
+                        nonfinite_step=spoiled[-1] if spoiled else None)
+    final = None if spoiled else float(values.loc[logged[-tail]:].mean())
+    return RunValue(final=final, run_mean=float(values.mean()), last_step=int(values.index[-1]), points=len(values),
+                    nonfinite_step=spoiled[-1] if spoiled else None)
 
 
 @dataclass(frozen=True)

@@ -39,6 +39,7 @@ import torch
 
 from dapo_verl.config import RefillStrategy, SamplerConfig, ShortfallPolicy, SurplusPolicy
 from dapo_verl.core import DropReason, group_drop_reasons
+from dapo_verl.sampler.contracts import check_state, checked_groups, restoring
 from dapo_verl.sampler.sizing import (
     budget_can_fill,
     estimate_sample_size,
@@ -222,7 +223,7 @@ class BatchReplenisher:
         number of prompts requested."""
         prompt_ids, revisited = planned or self._choose_round(target - len(batch), budget_left)
         self.counters["prompts_revisited"] += revisited
-        groups = self._validated(prompt_ids, self.generate(prompt_ids))
+        groups = checked_groups(prompt_ids, self.generate(prompt_ids))  # the callback contract (.contracts)
         self.counters["gen_rounds"] += 1
         self.counters["prompts_requested"] += len(prompt_ids)
         reasons = self._reasons(groups)
@@ -251,38 +252,6 @@ class BatchReplenisher:
     def _reasons(self, groups: Sequence[GroupResult]) -> list[DropReason]:
         metric = torch.stack([g.metric.detach().to("cpu", torch.float32) for g in groups])  # (P, G)
         return [DropReason(int(code)) for code in group_drop_reasons(metric)]
-
-    def _validated(self, prompt_ids: list[int], groups: Sequence[GroupResult]) -> list[GroupResult]:
-        groups = list(groups)
-        if len(groups) != len(prompt_ids):
-            raise ValueError(
-                f"generate returned {len(groups)} groups for {len(prompt_ids)} prompts; it must return one "
-                f"GroupResult per requested prompt id, in order."
-            )
-        for prompt_id, group in zip(prompt_ids, groups):
-            if group.prompt_id != prompt_id:
-                raise ValueError(
-                    f"generate returned a group for prompt {group.prompt_id} where prompt {prompt_id} was "
-                    f"requested; return groups in the order of prompt_ids."
-                )
-            size = group.metric.shape
-            if group.metric.ndim != 1 or size[0] < 2:
-                raise ValueError(
-                    f"prompt {prompt_id}: metric has shape {tuple(size)}; expected (G,) with G >= 2 responses. "
-                    f"Set rollout.n >= 2."
-                )
-            for name in ("response_lengths", "truncated"):
-                if getattr(group, name).shape != size:
-                    raise ValueError(
-                        f"prompt {prompt_id}: {name} has shape {tuple(getattr(group, name).shape)} but metric has "
-                        f"{tuple(size)}; report one value per response."
-                    )
-            if group.metric.is_floating_point() and not bool(torch.isfinite(group.metric).all()):
-                raise ValueError(
-                    f"prompt {prompt_id}: metric holds {group.metric.tolist()}; the filter metric (raw correctness) "
-                    f"must be a finite number for every response. Check the reward function."
-                )
-        return groups
 
     # -- carry, drop, shortfall ---------------------------------------------------------------------
 
@@ -447,13 +416,17 @@ class BatchReplenisher:
         """Restore :meth:`state_dict` (the prompt source must be the same size).
 
         Version 1 states (before measured skipping) are read too: everything is restored except the prompt
-        histories, which start afresh because version 1 did not record a streak's kind.
+        histories, which start afresh because version 1 did not record a streak's kind. The state is checked
+        first, and a load that fails leaves the sampler as it was (:mod:`.contracts`).
+
+        Raises:
+            TypeError, ValueError: naming what is wrong with ``state``.
         """
-        if state.get("version") not in _READABLE_VERSIONS:
-            raise ValueError(
-                f"Sampler state version {state.get('version')!r} is not one of {list(_READABLE_VERSIONS)}; it was "
-                f"written by another dapo_verl release. Resume with the release that wrote it or start a fresh run."
-            )
+        check_state(state, _READABLE_VERSIONS)
+        with restoring(self.state_dict, self._restore):
+            self._restore(state)
+
+    def _restore(self, state: dict[str, Any]) -> None:
         self.counters = {k: state["counters"].get(k, 0) for k in _COUNTERS}
         self.dropped = {k: int(state["dropped"][k]) for k in DROP_REASONS}
         self.keep_rate_estimate = state["keep_rate_estimate"]

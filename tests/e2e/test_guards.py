@@ -15,9 +15,10 @@ def _held(result):
 
 
 def test_every_guard_check_has_a_row_in_the_reliability_table():
+    from dapo_verl.reliability.refusals import REFUSAL_CHECKS
     from dapo_verl.reliability.report import _GUARD_ROWS
 
-    assert set(GUARD_CHECKS) == set(_GUARD_ROWS)
+    assert set(GUARD_CHECKS) | set(REFUSAL_CHECKS) == set(_GUARD_ROWS)
 
 
 def test_failed_prepare_data_leaves_earlier_outputs_and_inputs_alone(tmp_path):

@@ -89,6 +89,19 @@ def test_dry_run_of_a_multirun_shows_every_arm_and_names_missing_paths(paths):
                             "actor_rollout_ref.actor.clip_ratio_high=0.2,0.28"]
 
 
+def test_dry_run_checks_the_config_as_the_run_will_and_names_each_problem(paths):
+    result = _run(SINGLE_NODE, paths, "dapo_qwen2.5_math_1.5b", "--dry-run",
+                  "actor_rollout_ref.actor.policy_loss.loss_mode=dapoo", "actor_rollout_ref.actor.clip_ratio_hihg=0.3")
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    problems = [line for line in result.stderr.splitlines() if line.startswith("python -m dapo_verl.main: ")]
+    assert len(problems) == 2
+    assert any("did you mean actor_rollout_ref.actor.clip_ratio_high?" in line for line in problems)
+    assert any("loss_mode='dapoo' is not registered in verl" in line and "Did you mean dapo?" in line
+               for line in problems)
+    assert "would be refused at start-up; the lines above say why." in result.stderr
+    assert "# Command:" in result.stdout  # the command is still shown
+
+
 def test_ray_dry_run_prints_the_job_submission(paths):
     result = _run(RAY, paths, "dapo_qwen2.5_32b", "--dry-run")
     assert result.returncode == 0, result.stderr

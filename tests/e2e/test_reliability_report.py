@@ -49,6 +49,10 @@ def test_default_fault_injection_survives_every_fault(report):
     ("SIGINT", 3),  # Ctrl-C stops with a checkpoint; the run ends as if uninterrupted
     ("failed prepare-data", 4),
     ("damaged model cache", 5),
+    ("pre-flight refusals", 5),  # doctor, the dry run, rehearse and train refuse what a run refuses
+    ("honest reports", 4),  # compare, prepare-data, re-runs and resumes never report ok over bad input
+    ("silent changes", 4),  # deletions, a moved held-out split, inf inputs, bad schedules: refused
+    ("edge errors", 5),  # a failed checkpoint write, toy --out, seeds, clip bounds, sampler contracts
 ])
 def test_every_guard_held(report, name, tried):
     (result,) = [g for g in report.guards if g.name == name]

@@ -129,6 +129,65 @@ def test_another_model_size_cannot_continue_even_when_changes_are_allowed(finish
     assert "local.model.hidden_size=64 there, 32 now" in line and "new directory" in line
 
 
+@pytest.mark.parametrize("key", ["data.seed", "local.task.heldout_size"])
+def test_a_change_of_the_held_out_split_cannot_continue_even_when_changes_are_allowed(finished, tmp_path, cache,
+                                                                                    capsys, key):
+    out = _copy(finished, tmp_path)
+    before = {name: (out / name).read_bytes() for name in ("config.yaml", "summary.json", "metrics.jsonl")}
+    value = {"data.seed": "5", "local.task.heldout_size": "60"}[key]
+    overrides = [o for o in _tiny(cache, steps=6) if not o.startswith(key + "=")] + [f"{key}={value}"]
+    assert main(["train", "--out", str(out), "--allow-config-change", *overrides]) == 2
+    line = _one_line_error(capsys)
+    assert f"{key}=" in line and "held-out split" in line and "cannot accept it" in line
+    assert {name: (out / name).read_bytes() for name in before} == before
+
+
+def _snapshot(out):
+    return {str(p.relative_to(out)): p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()}
+
+
+def test_a_finished_run_started_again_changes_nothing_it_recorded(finished, tmp_path, cache, capsys):
+    out = _copy(finished, tmp_path)
+    before = _snapshot(out)
+    result = run(_tiny(cache), out)
+    assert _snapshot(out) == before  # summary.json (wall time, resumed_from), history, model: byte for byte
+    assert (result.steps, result.resumed_from, result.final_accuracy) == (4, finished[1].resumed_from,
+                                                                         finished[1].final_accuracy)
+    assert main(["train", "--out", str(out), *_tiny(cache, steps=3)]) == 2  # a shorter run would relabel it
+    line = _one_line_error(capsys)
+    assert "trained for 4 steps, more than trainer.total_training_steps=3" in line
+    assert _snapshot(out) == before
+
+
+def test_a_gap_in_the_metrics_log_is_refused_at_resume(finished, tmp_path, cache, capsys):
+    out = _copy(finished, tmp_path)
+    lines = (out / "metrics.jsonl").read_text().splitlines(keepends=True)
+    (out / "metrics.jsonl").write_text("".join(lines[:2]))  # steps 0 and 1 of 4 left
+    before = _snapshot(out)
+    assert main(["train", "--out", str(out), *_tiny(cache, steps=6)]) == 2
+    line = _one_line_error(capsys)
+    assert "metrics.jsonl lacks step(s) 2, 3, 4 of the 4 its checkpoint at step 4 trained" in line
+    assert _snapshot(out) == before
+
+
+def test_a_full_disk_inside_the_checkpoint_writer_is_one_line_naming_the_file(tmp_path, cache, capsys, monkeypatch):
+    from safetensors import SafetensorError
+
+    from dapo_verl import state_io
+
+    def full(*args, **kwargs):  # what safetensors raises when the disk fills while it writes
+        raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+
+    out = tmp_path / "run"
+    monkeypatch.setattr(state_io, "save_file", full)
+    assert main(["train", "--out", str(out), *_tiny(cache)]) == 2
+    line = _one_line_error(capsys)
+    assert "No space left on device" in line and "global_step_2/state.safetensors" in line
+    assert not list((out / "checkpoints").rglob("*.tmp")) and not list((out / "checkpoints").rglob("state.*"))
+    monkeypatch.undo()
+    assert run(_tiny(cache), out).steps == 4
+
+
 def test_every_start_says_whether_it_resumed_or_started_fresh(tmp_path, cache, caplog):
     out = tmp_path / "run"
     with caplog.at_level(logging.INFO, logger="dapo_verl.local.train"):

@@ -6,8 +6,8 @@ own agent-loop worker code on an event loop in a background thread (``benchmarks
 submitted prompt goes ``pending`` (written by verl's ``_submit_batch_to_rollout``) -> ``running`` -> its n
 trajectories ``{uid}_{session}_0`` with verl's tags -> ``finished``, and only the correctness draw is
 simulated (a seeded per-prompt pass rate). The trainer around the buffer is a verl ``PPOTrainer`` built without
-workers: verl's ``_build_replay_buffer``, ``_init_dataloader``, ``step()``, ``_save_checkpoint`` and
-``_load_checkpoint`` run as they are, and ``_step_once`` only samples.
+workers (``benchmarks/v1_trainer.py``): verl's ``_build_replay_buffer``, ``_init_dataloader``, ``step()``,
+``_save_checkpoint`` and ``_load_checkpoint`` run as they are, and ``_step_once`` only samples.
 """
 
 from __future__ import annotations
@@ -23,14 +23,8 @@ pytestmark = [pytest.mark.verl, pytest.mark.slow]
 ray = pytest.importorskip("ray")
 tq = pytest.importorskip("transfer_queue")
 
-from benchmarks.v1_rollout import (  # noqa: E402
-    SimulatedRollout,
-    SimulatedTrainer,
-    StepRecord,
-    clear_all,
-    compose_v1_config,
-    train_keys,
-)
+from benchmarks.v1_rollout import SimulatedRollout, clear_all, train_keys  # noqa: E402
+from benchmarks.v1_trainer import SimulatedTrainer, StepRecord, compose_v1_config  # noqa: E402
 from dapo_verl.adapter.v1_sampler import SAMPLER_STATE_FILE, DapoReplayBuffer  # noqa: E402
 from dapo_verl.sampler import ShortfallError  # noqa: E402
 from dapo_verl.sampler.simulation import drifting_pass_rates  # noqa: E402

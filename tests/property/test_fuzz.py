@@ -4,16 +4,16 @@ from __future__ import annotations
 
 import pytest
 
-from dapo_verl.reliability.fuzz import FUZZ_TARGETS, run_fuzz
+from dapo_verl.reliability.fuzz import CASE_SHARE, FUZZ_TARGETS, cases_for, run_fuzz
 
 
 def _check(results, cases):
     assert [r.target for r in results] == list(FUZZ_TARGETS)
     for result in results:
-        assert result.tried == cases
+        assert result.tried == cases_for(result.target, cases)
         assert result.correct + result.clear_errors == result.tried, result.failures[:5]
         assert result.correct > 0 and result.clear_errors > 0  # both paths are exercised
-        assert result.slowest_s < 5.0  # no case hangs
+        assert result.slowest_s < (60.0 if result.target in CASE_SHARE else 5.0)  # no case hangs
 
 
 def test_fuzz_quick():

@@ -29,3 +29,27 @@ def test_ctrl_c_while_train_sets_up_says_the_run_continues(monkeypatch, capsys):
     err = capsys.readouterr().err.strip()
     assert "Traceback" not in err and len(err.splitlines()) == 1
     assert err.startswith("dapo-verl train: interrupted by Ctrl-C.") and "last checkpoint" in err
+
+
+def test_toy_out_naming_a_file_is_one_line(tmp_path, capsys):
+    file = tmp_path / "notes.txt"
+    file.write_text("mine")
+    assert main(["toy", "--out", str(file)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "Traceback" not in err and len(err.splitlines()) == 1
+    assert err.startswith("dapo-verl toy: File exists") and "not a file" in err and file.read_text() == "mine"
+
+
+@pytest.mark.parametrize("seed", ["99999999999999999999", "4294967296", "-1"])
+def test_a_seed_the_run_cannot_use_is_one_line_naming_data_seed(capsys, seed):
+    assert main(["train", f"data.seed={seed}", "--print-config"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"dapo-verl train: data.seed={seed} must lie in [0, 4294967295]")
+
+
+def test_a_deletion_is_refused_naming_the_key_and_its_value(capsys):
+    assert main(["train", "~data.train_batch_size", "--print-config"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == ("dapo-verl train: ~data.train_batch_size (16 in the config) deletes the key, so the run would read "
+                   "an internal default in place of the config's value and its saved config would not say so. Set "
+                   "data.train_batch_size=VALUE instead (null where the key takes null).")

@@ -312,8 +312,46 @@ def test_cli_prepare_data_writes_files_and_prints_counts(dapo_file, byted_file, 
     for message in _messages(repeated):
         counts[message[0]["content"]] = counts.get(message[0]["content"], 0) + 1
     assert (repeated.num_rows, set(counts.values()), len(counts)) == (960, {32}, 30)
-    report = json.loads((out / "prepare_data.json").read_text())
-    assert report["train"]["conflict_rows_dropped"] == 2 and report["options"]["dedup_key"] == "uuid"
+    report = json.loads((out / "prepare_data.json").read_text())["outputs"]
+    assert report["train.parquet"]["dedup"]["conflict_rows_dropped"] == 2
+    assert report["train.parquet"]["options"]["dedup_key"] == "uuid"
+    assert report["train.parquet"]["input"] == str(dapo_file) and report["aime-2024-x32.parquet"]["rows"] == 960
+
+
+def test_a_second_run_into_the_folder_keeps_the_entries_of_the_files_it_did_not_rewrite(dapo_file, byted_file,
+                                                                                        tmp_path, capsys):
+    out = tmp_path / "out"
+    assert cli.main(["prepare-data", "--dapo-math", str(dapo_file), "--out", str(out), "--conflicts", "drop"]) == 0
+    first = json.loads((out / "prepare_data.json").read_text())["outputs"]["train.parquet"]
+    assert cli.main(["prepare-data", "--aime", str(byted_file), "--out", str(out)]) == 0
+    outputs = json.loads((out / "prepare_data.json").read_text())["outputs"]
+    assert set(outputs) == {"train.parquet", "aime-2024.parquet"}
+    assert outputs["train.parquet"] == first  # counts, input and options of the first run, untouched
+    assert outputs["aime-2024.parquet"]["input"] == str(byted_file) and outputs["aime-2024.parquet"]["rows"] == 30
+    assert cli.main(["prepare-data", "--dapo-math", str(dapo_file), "--out", str(out)]) == 0
+    again = json.loads((out / "prepare_data.json").read_text())["outputs"]
+    assert again["train.parquet"]["options"]["conflicts"] == "keep" and again["aime-2024.parquet"] == \
+        outputs["aime-2024.parquet"]
+
+
+def test_an_earlier_flat_manifest_is_converted_and_an_unreadable_one_stops_the_run(dapo_file, byted_file, tmp_path,
+                                                                                  capsys):
+    out = tmp_path / "out"
+    assert cli.main(["prepare-data", "--aime", str(byted_file), "--out", str(out)]) == 0
+    flat = {"options": {"dedup_key": "prompt"}, "files": {"aime": str(out / "aime-2024.parquet"),
+                                                          "report": str(out / "prepare_data.json")},
+            "rows": {"aime": 30}, "train": None, "aime": {"rows_in": 30}}
+    (out / "prepare_data.json").write_text(json.dumps(flat))
+    assert cli.main(["prepare-data", "--dapo-math", str(dapo_file), "--out", str(out)]) == 0
+    outputs = json.loads((out / "prepare_data.json").read_text())["outputs"]
+    assert outputs["aime-2024.parquet"] == {"rows": 30, "input": None, "options": {"dedup_key": "prompt"},
+                                            "dedup": {"rows_in": 30}, "written": None}
+    (out / "prepare_data.json").write_text("{not json")
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    capsys.readouterr()
+    assert cli.main(["prepare-data", "--dapo-math", str(dapo_file), "--out", str(out)]) == 2
+    assert "is not a prepare-data manifest" in capsys.readouterr().err
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
 
 
 def test_cli_reports_bad_input_without_a_traceback(tmp_path, capsys):

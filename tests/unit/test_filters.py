@@ -48,7 +48,8 @@ def test_drop_reasons_name_the_cause():
     (torch.zeros(4), r"rewards has shape \(4,\) but must be \(P, G\)"),
     (torch.zeros(2, 2, 2), r"must be \(P, G\)"),
     (torch.zeros(3, 1), "G=1 responses per prompt, but dynamic sampling needs G >= 2"),
-    (torch.tensor([[0.0, math.nan]]), r"rewards contains NaN \(first at index \(0, 1\)"),
+    (torch.tensor([[0.0, math.nan]]), r"rewards contains NaN or inf \(first at index \(0, 1\)"),
+    (torch.tensor([[1.0, math.inf]]), r"rewards contains NaN or inf \(first at index \(0, 1\): inf\)"),
 ])
 def test_bad_rewards_are_rejected_with_the_fix(rewards, match):
     with pytest.raises(ValueError, match=match):

@@ -355,12 +355,39 @@ def test_nan_and_inf_on_padding_give_the_clean_result_and_zero_gradient(gen):
     assert torch.all(poisoned.grad[~mask] == 0) and torch.isfinite(poisoned.grad).all()
 
 
-def test_equal_infinities_at_a_valid_position_are_an_undefined_log_ratio(gen):
+def test_equal_infinities_at_a_valid_position_are_refused(gen):
     logp, old, adv, mask = _batch(gen)
     both = logp.detach().clone()
     both[0, 0], old[0, 0] = -math.inf, -math.inf
-    with pytest.raises(ValueError, match=r"logp and old_logp are both -inf at index \(0, 0\)"):
+    with pytest.raises(ValueError, match=r"logp is -inf at index \(0, 0\), a valid token"):
         dapo_loss(both, old, adv, mask)
+
+
+@pytest.mark.parametrize("value", [math.inf, -math.inf])
+@pytest.mark.parametrize("name", ["logp", "old_logp"])
+def test_an_infinite_log_prob_on_a_valid_token_is_refused_and_on_padding_ignored(gen, name, value):
+    logp, old, adv, mask = _batch(gen)
+    tensors = {"logp": logp.detach().clone(), "old_logp": old.clone()}
+    valid, padded = mask.nonzero()[0].tolist(), (~mask).nonzero()[0].tolist()
+    tensors[name][tuple(valid)] = value
+    with pytest.raises(ValueError, match=rf"^{name} is {value} at index \({valid[0]}, {valid[1]}\), a valid token"):
+        dapo_loss(tensors["logp"], tensors["old_logp"], adv, mask)
+    with pytest.raises(ValueError, match=rf"^{name} is {value}"):
+        clip_diagnostics(tensors["logp"], tensors["old_logp"], adv, mask)
+    tensors = {"logp": logp.detach().clone(), "old_logp": old.clone()}
+    tensors[name][tuple(padded)] = value
+    reference = dapo_loss(logp.detach(), old, adv, mask)
+    assert torch.equal(dapo_loss(tensors["logp"], tensors["old_logp"], adv, mask), reference)
+
+
+@pytest.mark.parametrize(("high", "dual"), [(1e308, None), (0.28, 1e308), (1e9, 5e8)])
+def test_clip_bounds_beyond_the_largest_ratio_never_bind_and_never_overflow(gen, high, dual):
+    logp, old, adv, mask = _batch(gen, dtype=torch.float32)
+    loose = clipped_surrogate_with_diagnostics(logp, old, adv, mask, clip_high=high, clip_ratio_c=dual)
+    held = clipped_surrogate_with_diagnostics(logp, old, adv, mask, clip_high=min(high, math.exp(20)),
+                                              clip_ratio_c=None if dual is None else min(dual, math.exp(20)))
+    assert torch.equal(loose.loss_matrix, held.loss_matrix)
+    assert loose.diagnostics == held.diagnostics
 
 
 def test_one_host_synchronisation_per_call_and_no_boolean_indexing(gen):

@@ -221,6 +221,40 @@ def test_metrics_missing_in_some_runs_or_arms_show_as_na(tmp_path):
                                                               "entropy.png", "clip_fractions.png"}
 
 
+@pytest.mark.parametrize("bad", [None, "NaN", "Infinity"])
+def test_a_final_value_that_went_non_finite_is_missing_and_flagged_never_the_last_finite_one(tmp_path, capsys, bad):
+    records = training_run([1, 2, 3, 4, 5, 6, 7, 8, 9, 10], acc=[0.1, 0.3, 0.5])
+    records.append((10, {ACC: bad}))  # verl's orjson writes NaN as null; the local backend as well
+    records.append((10, {"actor/entropy": bad}))
+    path = tmp_path / "nan" / "metrics.jsonl"
+    path.parent.mkdir()
+    path.write_text("".join(json.dumps({"step": s, "data": d}).replace('"NaN"', "NaN").replace('"Infinity"',
+                                                                                              "Infinity") + "\n"
+                            for s, d in records))
+    run = load_run(path)
+    acc, entropy = run_value(run, ACC), run_value(run, "actor/entropy", last_frac=0.2)
+    assert (acc.final, acc.nonfinite_step, acc.last_step) == (None, 10, 5)  # not 0.3, step 5's value
+    assert (entropy.final, entropy.nonfinite_step) == (None, 10)
+    assert run_value(run, "actor/entropy", last_frac=0.2).run_mean == pytest.approx(5.0)  # steps 1-9
+    assert main(["compare", str(path.parent), str(write_jsonl(tmp_path / "ok" / "metrics.jsonl", training_run(
+        [1.0] * 10, acc=[0.1, 0.2, 0.4]))), "--out", str(tmp_path / "out")]) == 0
+    out, err = capsys.readouterr()
+    assert f"| `{ACC}` | nan | 0/1 | n/a |" in out
+    assert "## Warnings" in out and f"{ACC} is NaN, inf or null at step 10, so it has no final value" in out
+    assert "dapo-verl compare: warning:" in err
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert any("is NaN, inf or null at step 10" in w for w in report["warnings"])
+
+
+def test_a_run_missing_a_metric_others_logged_is_flagged(tmp_path):
+    runs = {"a": [write_jsonl(tmp_path / "a.jsonl", training_run([1.0] * 4, acc=[0.1]))],
+            "b": [write_jsonl(tmp_path / "b.jsonl", [(s, {ACC: 0.2}) for s in (0, 5)])]}
+    report = build_report(runs)
+    assert any(w.endswith("never logged actor/entropy, which another run of the report logged (its log holds "
+                          "steps 0–5 (2)).") for w in report.warnings)
+    assert not any("a.jsonl" in w for w in report.warnings)
+
+
 def test_default_metrics_pick_the_largest_n_accuracy_of_each_source_and_requests_may_be_globs():
     available = ["val-core/aime/acc/mean@32", "val-core/aime/acc/mean@4", "val-core/math/acc/mean@1",
                  "val-core/math/acc/maj@1/mean", "val-aux/aime/score/mean@32", "actor/entropy", "actor/pg_clipfrac"]

@@ -84,6 +84,37 @@ def test_unknown_schedule_lists_known_names_and_how_to_register():
         get_overlong_schedule("quad")
 
 
+@pytest.fixture
+def schedule_named(monkeypatch):
+    """Register a schedule for one test; the registry is restored afterwards."""
+    monkeypatch.setattr(OVERLONG_SCHEDULES, "_entries", dict(OVERLONG_SCHEDULES._entries))
+
+    def register(name, function):
+        OVERLONG_SCHEDULES.register(name, function)
+        return name
+
+    return register
+
+
+@pytest.mark.parametrize(("function", "words"), [
+    (lambda x: x * float("nan"), "returned nan for buffer fraction 0"),
+    (lambda x: 1.5 * x, "returned 1.5 for buffer fraction 1"),
+    (lambda x: -x, "returned -0.5 for buffer fraction 0.5"),
+    (lambda x: x + 0.1, r"returned 0\.1\d* for buffer fraction 0 "),  # a penalty before the buffer
+    (lambda x: torch.full_like(x, float("inf")), "returned inf"),
+])
+def test_a_schedule_that_leaves_0_to_1_or_penalises_before_the_buffer_is_refused(schedule_named, function, words):
+    name = schedule_named("mine", function)
+    with pytest.raises(ValueError, match=rf"overlong schedule 'mine' {words}.*@register_overlong_schedule\('mine'\)"):
+        reward_overlong_penalty(torch.ones(3), torch.tensor([5, 18, 30]), 20, 4, 1.0, schedule=name)
+
+
+def test_a_schedule_must_return_one_value_per_response(schedule_named):
+    name = schedule_named("summed", lambda x: x.sum())
+    with pytest.raises(TypeError, match=r"overlong schedule 'summed' returned \(\) for buffer fractions of shape"):
+        overlong_penalty(torch.tensor([5, 18]), 20, 4, 1.0, schedule=name)
+
+
 def test_registry_rules():
     registry = Registry[object]("thing", "Register things.")
     marker = object()
