@@ -14,7 +14,8 @@ from typing import Any
 
 from dapo_verl.adapter.weight_probe import weight_sync_check
 from dapo_verl.rehearsal.engine import Engine
-from dapo_verl.rehearsal.run import RehearsalResult, RunRecord
+from dapo_verl.rehearsal.processes import RunRecord
+from dapo_verl.rehearsal.run import RehearsalResult
 
 __all__ = ["REQUIRED_METRICS", "ROLLOUT_DIFF_LIMIT", "ROLLOUT_METRICS", "build_report", "read_jsonl", "write_report"]
 

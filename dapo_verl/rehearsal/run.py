@@ -18,7 +18,8 @@ The rollout engine is verl's own vLLM rollout whenever vLLM's CPU build is insta
 segments and semaphores that run's processes recorded and left behind, and only those.
 
 The first run trains ``steps`` steps with a checkpoint before the last one; the second run resumes from that
-checkpoint and trains the last step again. :mod:`.report` compares the two and summarises what verl logged.
+checkpoint and trains the last step again (:mod:`.processes` launches both and follows them). :mod:`.report`
+compares the two and summarises what verl logged.
 Start-up (Ray, then verl's trainer, TransferQueue, workers, rollout replica and agent loop, each a process that
 imports verl, one after another) is most of a rehearsal's time and keeps one of 2 cores busy, so the second run
 starts together with the first, in a Ray cluster of its own, and waits at verl's checkpoint load
@@ -35,15 +36,9 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import json
-import os
-import re
 import shutil
-import signal
-import subprocess
 import sys
 import tempfile
-import threading
-import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -51,7 +46,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from dapo_verl.adapter import cpu_leftovers, cpu_vllm, resume_barrier
+from dapo_verl.adapter import resume_barrier
 from dapo_verl.rehearsal.data import RehearsalData, prepare_files
 from dapo_verl.rehearsal.engine import (
     VLLM_ENVIRONMENT,
@@ -63,6 +58,7 @@ from dapo_verl.rehearsal.engine import (
     write_private_site,
 )
 from dapo_verl.rehearsal.plan import Change, RehearsalShape, override_keys, rehearsal_changes, select
+from dapo_verl.rehearsal.processes import Resume, RunRecord, kill_leftovers, launch_once_more_if_ray_did_not_start
 
 __all__ = ["RehearsalError", "RehearsalOptions", "RehearsalResult", "compose_recipe", "rehearse"]
 
@@ -70,13 +66,9 @@ CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 VERL_CONFIG = "ppo_trainer"
 """verl's own trainer config: rehearsed through ``verl.trainer.main_ppo`` (the existing-setup user's path)."""
 
-PLUGIN_MODULE = "dapo_verl.adapter.cpu_plugin"
 MAX_OWN_MODEL_PARAMETERS = 30_000_000
 """A recipe's ``model.path`` is rehearsed as is when it is a local model up to this size; else the stand-in."""
 
-RAY_START_TIMEOUT = "The current node timed out during startup"
-_STEP_LINE = re.compile(r"\bstep:(\d+) - ")
-_ERROR_LINE = re.compile(r"^(?:\S+\s)?([A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt)(?::\s.*)?)$")
 
 
 class RehearsalError(RuntimeError):
@@ -123,24 +115,6 @@ class RehearsalOptions:
     timeout_s: float = 900.0
     overwrite: bool = False
     engine: str | None = None
-
-
-@dataclass
-class RunRecord:
-    """One verl process of the rehearsal (``error``/``first_error``: the last and the first exception it printed;
-    ``records``: its record folder; ``leftovers_removed``: the ``/dev/shm`` entries its processes left, removed
-    after it ended, with their sizes)."""
-
-    name: str
-    command: list[str]
-    returncode: int
-    wall_s: float
-    log: Path
-    metrics: Path
-    error: str = ""
-    first_error: str = ""
-    records: Path | None = None
-    leftovers_removed: list[tuple[str, int]] = field(default_factory=list)
 
 
 @dataclass
@@ -286,227 +260,6 @@ def _own_out(out: Path, overwrite: bool) -> Iterator[None]:
         yield
 
 
-def _environment(metrics: Path, extra: dict[str, str] | None = None) -> dict[str, str]:
-    env = dict(os.environ)
-    env.pop("CUDA_VISIBLE_DEVICES", None)  # Ray refuses num_gpus when it is set (even to "")
-    modules = [m for m in env.get("VERL_USE_EXTERNAL_MODULES", "").split(",") if m and m != PLUGIN_MODULE]
-    env.update({
-        "VERL_PLATFORM": "cpu",
-        "VERL_ENGINE_DEVICE": "cuda",  # verl registers its FSDP engine for cuda/npu; the cpu platform runs it
-        "VERL_USE_EXTERNAL_MODULES": ",".join([PLUGIN_MODULE, *modules]),
-        "VERL_FILE_LOGGER_PATH": str(metrics),
-        "OMP_NUM_THREADS": "1",
-        "TOKENIZERS_PARALLELISM": "false",
-        "HF_HUB_OFFLINE": "1",
-        "RAY_AUTH_MODE": "disabled",
-        "RAY_DEDUP_LOGS": "0",
-        "HYDRA_FULL_ERROR": "1",
-        "PYTHONUNBUFFERED": "1",
-        **(extra or {}),
-    })
-    return env
-
-
-def _kill_leftovers(marker: str) -> None:
-    """Stop the run's processes still alive: the private Ray cluster's (their command lines name its temporary
-    directory) and those the run's processes started (vLLM's engine processes; their environment names it)."""
-    own = str(os.getpid())
-    for pid_dir in Path("/proc").glob("[0-9]*"):
-        if pid_dir.name == own:
-            continue
-        try:
-            if any(marker in (pid_dir / part).read_bytes().decode(errors="replace") for part in ("cmdline", "environ")):
-                os.kill(int(pid_dir.name), signal.SIGKILL)
-        except (OSError, ValueError):
-            continue
-
-
-_NOT_A_MESSAGE = re.compile(r"^(Traceback|File |During handling|The above exception|Error executing|Set the environment"
-                            r"|For further information|[\^~]+$)")
-
-
-def _errors(log: Path) -> tuple[str, str]:
-    """The first and the last exception verl's run printed (Ray prefixes stripped), or the log's last line.
-
-    The last is where the run stopped; the first is usually the cause when one process's failure brings down
-    the others (an actor that died in its constructor, then every call to it). A message that goes on over the
-    next lines (pydantic's validation errors name the field there) keeps up to three of them, joined by " / ".
-    """
-    lines = [re.sub(r"^\x1b\[\d+m\(.*?\)\x1b\[\d+m\s*", "", line).rstrip() for line in
-             log.read_text(errors="replace").splitlines()]
-    found = []
-    for i, line in enumerate(lines):
-        match = _ERROR_LINE.match(line.strip())
-        if not match or match.group(1).startswith(("UserWarning", "FutureWarning", "DeprecationWarning")):
-            continue
-        message = [match.group(1)]
-        for following in lines[i + 1:i + 4]:
-            text = following.strip()
-            if not text or _NOT_A_MESSAGE.match(text) or _ERROR_LINE.match(text):
-                break
-            message.append(text)
-        found.append(" / ".join(message))
-    if found:
-        return found[0], found[-1]
-    last = next((line for line in reversed(lines) if line.strip()), "(empty log)")
-    return last, last
-
-
-def _launch(name: str, command: list[str], run_dir: Path, timeout_s: float, ray_dir: str, steps: int,
-            echo: Callable[[str], None], on_step: Callable[[int], None] | None = None,
-            on_start: Callable[[subprocess.Popen], None] | None = None,
-            env: dict[str, str] | None = None) -> RunRecord:
-    """Run one verl process to its end (or ``timeout_s``); ``on_step`` hears each step verl's console logged.
-
-    The run's processes record into ``run_dir/engine`` (:mod:`dapo_verl.adapter.cpu_vllm`) and keep their sockets
-    in ``ray_dir``; what they left in ``/dev/shm`` is removed once they have ended.
-    """
-    run_dir.mkdir(parents=True, exist_ok=True)
-    log, metrics, records = run_dir / "log.txt", run_dir / "metrics.jsonl", run_dir / "engine"
-    if records.exists():  # a second start of the same run (Ray missed its window) begins a fresh record
-        shutil.rmtree(records)
-    records.mkdir()
-    env = {**(env or {}), cpu_vllm.RECORD_ENV: str(records), cpu_vllm.SOCKET_ENV: ray_dir}
-    echo(f"[{name}] {' '.join(command[:4])} ... ({len(command) - 4} overrides); log: {log}")
-    start = time.perf_counter()
-    with open(log, "w") as sink:
-        sink.write(" ".join(command) + "\n\n")
-        sink.flush()
-        process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                   env=_environment(metrics, env), start_new_session=True, bufsize=1)
-        if on_start is not None:
-            on_start(process)
-        assert process.stdout is not None
-        deadline = start + timeout_s
-        try:
-            for line in process.stdout:
-                sink.write(line)
-                step = _STEP_LINE.search(line)
-                if step:
-                    echo(f"[{name}] step {step.group(1)}/{steps} logged ({time.perf_counter() - start:.0f} s)")
-                    if on_step is not None:
-                        on_step(int(step.group(1)))
-                if time.perf_counter() > deadline:
-                    raise subprocess.TimeoutExpired(command, timeout_s)
-            returncode = process.wait()
-        except (subprocess.TimeoutExpired, KeyboardInterrupt):
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
-            returncode = -signal.SIGKILL
-            sink.write(f"\n[dapo-verl rehearse] stopped after {time.perf_counter() - start:.0f} s\n")
-        finally:
-            _kill_leftovers(ray_dir)
-    record = RunRecord(name, command, returncode, time.perf_counter() - start, log, metrics, records=records,
-                       leftovers_removed=cpu_leftovers.remove_recorded(records))
-    if returncode != 0:
-        record.first_error, record.error = _errors(log)
-    echo(f"[{name}] {'finished' if returncode == 0 else 'FAILED'} in {record.wall_s:.0f} s")
-    if record.leftovers_removed:
-        size = sum(n for _, n in record.leftovers_removed) / 2**20
-        echo(f"[{name}] removed {len(record.leftovers_removed)} shared-memory entries ({size:.0f} MiB) its "
-             f"processes left in {cpu_leftovers.SHM_ROOT}")
-    return record
-
-
-def _launch_once_more_if_ray_did_not_start(*args: Any, echo: Callable[[str], None], **hooks: Any) -> RunRecord:
-    """:func:`_launch`, repeated once when Ray's local node missed its fixed 30 s start-up window.
-
-    Ray gives the raylet 30 s to register (``ray/_private/node.py``); a machine busy with other work can miss it.
-    Nothing of the recipe has run by then, so a second start is the same run.
-    """
-    record = _launch(*args, echo=echo, **hooks)
-    if record.returncode != 0 and RAY_START_TIMEOUT in record.error:
-        echo(f"[{args[0]}] Ray's local node did not start within its 30 s window (a busy machine); starting again")
-        record = _launch(*args, echo=echo, **hooks)
-    return record
-
-
-def _checkpointed_step(checkpoints: Path) -> int:
-    """The step verl's tracker file says was last checkpointed under ``checkpoints`` (0 before any)."""
-    try:
-        return int((checkpoints / "latest_checkpointed_iteration.txt").read_text().strip() or 0)
-    except (OSError, ValueError):
-        return 0
-
-
-class _Resume:
-    """The resume run, in a thread: started with the first run (or after it), released once its checkpoint is on
-    disk.
-
-    Args:
-        launch: Runs the resume process to its end (given ``on_start``, which records the process).
-        checkpoints: The first run's checkpoint folder.
-        step: The checkpointed step the resume starts from.
-        barrier: The file whose existence lets the resume run load the checkpoint
-            (:mod:`dapo_verl.adapter.resume_barrier`).
-        timeout_s: How long to wait for verl's tracker file to name ``step`` once the step was logged.
-    """
-
-    def __init__(self, launch: Callable[..., RunRecord], checkpoints: Path, step: int, barrier: Path,
-                 timeout_s: float) -> None:
-        self._launch, self._checkpoints, self._step = launch, checkpoints, step
-        self.barrier, self._timeout_s = barrier, timeout_s
-        self._thread: threading.Thread | None = None
-        self._record: RunRecord | None = None
-        self._error: BaseException | None = None
-        self._process: subprocess.Popen | None = None
-        self._stopped = threading.Event()
-
-    def start(self) -> None:
-        """Start the resume run now; it starts up and then waits for :attr:`barrier`."""
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="rehearsal-resume", daemon=True)
-            self._thread.start()
-
-    def _run(self) -> None:
-        try:
-            self._record = self._launch(on_start=self._started)
-        except BaseException as err:  # re-raised by result() in the main thread
-            self._error = err
-
-    def _started(self, process: subprocess.Popen) -> None:
-        self._process = process
-        if self._stopped.is_set():
-            os.killpg(process.pid, signal.SIGKILL)
-
-    def on_step(self, step: int) -> None:
-        """The first run logged ``step`` (verl saves before it logs): release the resume run once the tracker
-        file names the checkpointed step (an asynchronous save may still be writing when the step is logged)."""
-        if step == self._step:
-            threading.Thread(target=self._release_when_saved, name="rehearsal-release", daemon=True).start()
-
-    def _release_when_saved(self) -> None:
-        deadline = time.monotonic() + self._timeout_s
-        while _checkpointed_step(self._checkpoints) < self._step:
-            if self._stopped.wait(0.2) or time.monotonic() > deadline:
-                return
-        self.release()
-
-    def release(self) -> None:
-        """Let the resume run load the checkpoint (idempotent)."""
-        self.barrier.touch()
-
-    def result(self) -> RunRecord | None:
-        """Release the resume run (starting it if it was not started with the first), wait for it, and return its
-        record (None only if its launch returned none)."""
-        self.release()
-        self.start()
-        assert self._thread is not None
-        while self._thread.is_alive():
-            self._thread.join(0.5)  # short joins keep Ctrl-C responsive
-        if self._error is not None:
-            raise self._error
-        return self._record
-
-    def stop(self) -> None:
-        """Stop the resume run, if it is running (the first run failed or the rehearsal was interrupted)."""
-        self._stopped.set()
-        if self._process is not None and self._process.poll() is None:
-            os.killpg(self._process.pid, signal.SIGKILL)
-        if self._thread is not None:
-            self._thread.join()
-
-
 def _plan(options: RehearsalOptions, config: DictConfig, out: Path, run: str, ray_dir: str,
           data: RehearsalData, model_path: str, replaced: bool, engine: Engine) -> list[Change]:
     prompt_key = select(config, "data.prompt_key", "prompt")
@@ -575,7 +328,7 @@ def _rehearse_in(out: Path, options: RehearsalOptions, config: DictConfig, entry
     # One private Ray cluster per run (the two overlap); short paths: Ray's socket paths must fit in 107 bytes.
     ray_dirs = [tempfile.mkdtemp(prefix="dvr-"), tempfile.mkdtemp(prefix="dvr-")]
     site = Path(tempfile.mkdtemp(prefix="dvr-site-"))
-    resume: _Resume | None = None
+    resume: Resume | None = None
     try:
         changes = _plan(options, config, out, "run1", ray_dirs[0], data, model_path, replaced, engine.engine)
         environment = dict(VLLM_ENVIRONMENT) if engine.engine is Engine.VLLM else {}
@@ -592,12 +345,12 @@ def _rehearse_in(out: Path, options: RehearsalOptions, config: DictConfig, entry
         user = list(options.overrides)
         if options.resume:
             barrier = Path(ray_dirs[1]) / "checkpoint-ready"
-            resume = _Resume(_resume_launcher(options, entry, changes, out, ray_dirs[1], barrier, echo,
+            resume = Resume(_resume_launcher(options, entry, changes, out, ray_dirs[1], barrier, echo,
                                               engine_env(ray_dirs[1])),
                              out / "run1" / "checkpoints", options.steps - 1, barrier, options.timeout_s)
             if options.overlap:
                 resume.start()
-        first = _launch_once_more_if_ray_did_not_start(
+        first = launch_once_more_if_ray_did_not_start(
             "run1", [*entry, *user, *(c.override() for c in changes)], out / "run1", options.timeout_s, ray_dirs[0],
             options.steps, echo=echo, on_step=resume.on_step if resume else None, env=engine_env(ray_dirs[0]))
         result.runs.append(first)
@@ -609,7 +362,7 @@ def _rehearse_in(out: Path, options: RehearsalOptions, config: DictConfig, entry
         if resume is not None:
             resume.stop()
         for ray_dir in ray_dirs:
-            _kill_leftovers(ray_dir)
+            kill_leftovers(ray_dir)
             shutil.rmtree(ray_dir, ignore_errors=True)
         shutil.rmtree(site, ignore_errors=True)
     return result
@@ -632,7 +385,7 @@ def _resume_launcher(options: RehearsalOptions, entry: list[str], changes: list[
     env = {**engine_env, resume_barrier.ENV: str(barrier), resume_barrier.TIMEOUT_ENV: str(options.timeout_s)}
 
     def launch(**hooks: Any) -> RunRecord:
-        return _launch_once_more_if_ray_did_not_start("run2 (resume)", command, out / "run2", 2 * options.timeout_s,
+        return launch_once_more_if_ray_did_not_start("run2 (resume)", command, out / "run2", 2 * options.timeout_s,
                                                       ray_dir, options.steps, echo=echo, env=env, **hooks)
 
     return launch

@@ -1,6 +1,6 @@
 """The rehearsal's resume run starts with the first run and loads the checkpoint only once it is on disk.
 
-:class:`dapo_verl.rehearsal.run._Resume` is driven here with a stand-in launch (no verl process): its release
+:class:`dapo_verl.rehearsal.processes.Resume` is driven here with a stand-in launch (no verl process): its release
 rules alone. :mod:`dapo_verl.adapter.resume_barrier` is driven on stand-in classes; its import hook on verl's
 own trainer classes is in tests/integration/test_rehearsal_isolation.py, and the real runs in
 tests/e2e/test_rehearse_*.py.
@@ -16,18 +16,18 @@ from pathlib import Path
 import pytest
 
 from dapo_verl.adapter import resume_barrier
-from dapo_verl.rehearsal.run import RunRecord, _checkpointed_step, _Resume
+from dapo_verl.rehearsal.processes import Resume, RunRecord, checkpointed_step
 
 
 def _record(tmp_path: Path) -> RunRecord:
     return RunRecord("run2 (resume)", ["python"], 0, 1.0, tmp_path / "log.txt", tmp_path / "metrics.jsonl")
 
 
-def _resume(tmp_path: Path, launch) -> _Resume:
-    return _Resume(launch, tmp_path / "checkpoints", step=2, barrier=tmp_path / "ready", timeout_s=30)
+def _resume(tmp_path: Path, launch) -> Resume:
+    return Resume(launch, tmp_path / "checkpoints", step=2, barrier=tmp_path / "ready", timeout_s=30)
 
 
-def test_the_resume_starts_at_once_and_is_released_when_verls_tracker_names_the_checkpointed_step(tmp_path):
+def test_the_resume_starts_at_once_and_is_released_when_verls_tracker_names_thecheckpointed_step(tmp_path):
     (tmp_path / "checkpoints").mkdir()
     released = threading.Event()
 
@@ -80,11 +80,11 @@ def test_an_error_in_the_resume_thread_reaches_the_caller(tmp_path):
 
 
 def test_the_tracker_file_reads_zero_until_verl_writes_a_number(tmp_path):
-    assert _checkpointed_step(tmp_path) == 0
+    assert checkpointed_step(tmp_path) == 0
     (tmp_path / "latest_checkpointed_iteration.txt").write_text("")
-    assert _checkpointed_step(tmp_path) == 0
+    assert checkpointed_step(tmp_path) == 0
     (tmp_path / "latest_checkpointed_iteration.txt").write_text("2\n")
-    assert _checkpointed_step(tmp_path) == 2
+    assert checkpointed_step(tmp_path) == 2
 
 
 def test_the_barrier_makes_load_checkpoint_wait_for_the_file_then_runs_verls_code(tmp_path):
