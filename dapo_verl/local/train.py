@@ -56,12 +56,8 @@ from __future__ import annotations
 
 import json
 import logging
-import signal
-import threading
 import time
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
-from dataclasses import dataclass, field
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -81,6 +77,7 @@ from dapo_verl.local.config import ResumeMode
 from dapo_verl.local.files import remove_stale_temporaries, replace_directory, write_text_atomically
 from dapo_verl.local.model import default_cache_dir, describe, load_or_build, quiet_hf_progress
 from dapo_verl.local.plots import plot_history
+from dapo_verl.local.results import OUTPUTS, RunFinished, RunResult, check_not_finished, refuse_gaps, summary_lines
 from dapo_verl.local.rollout import Rollout
 from dapo_verl.local.rundir import (
     accepted_changes,
@@ -91,51 +88,15 @@ from dapo_verl.local.rundir import (
     refuse_changes,
     run_directory_lock,
 )
+from dapo_verl.local.session import StopRequest, device, quiet_partial_batches, stop_requests, torch_settings
 from dapo_verl.local.tasks import make_task
-from dapo_verl.local.tracking import MetricsLog, missing_steps, read_history
+from dapo_verl.local.tracking import MetricsLog
 from dapo_verl.local.warm_start import warm_start
 from dapo_verl.sampler import BatchReplenisher
 
 __all__ = ["RunFinished", "RunInterrupted", "RunResult", "progress_postfix", "run", "run_spec", "summary_lines"]
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass
-class RunResult:
-    """What a local run produced.
-
-    Attributes:
-        run_dir: The run directory.
-        task: The task name (the ``<task>`` in validation metric keys).
-        heldout: Whether evaluation prompts are held out (False: the task is too small, all prompts are used).
-        history: Every ``metrics.jsonl`` record, ``{"step": int, "data": {key: value}}``, in order.
-        initial_accuracy: Held-out greedy accuracy of the untrained model (step 0), if evaluated.
-        final_accuracy: Held-out greedy accuracy after the last evaluation.
-        final_exact: Held-out share of exact responses (answer then EOS) after the last evaluation.
-        steps: The last training step.
-        wall_s: Seconds this call took, model building included.
-        resumed_from: The checkpoint step this call continued from, or None for a fresh start.
-        model_built: Whether the initial model was built (False: loaded from the cache).
-        paths: ``config``, ``metrics``, ``tensorboard``, ``plot``, ``checkpoints``, ``model``, ``summary``.
-    """
-
-    run_dir: Path
-    task: str
-    heldout: bool
-    history: list[dict[str, Any]]
-    initial_accuracy: float | None
-    final_accuracy: float | None
-    final_exact: float | None
-    steps: int
-    wall_s: float
-    resumed_from: int | None
-    model_built: bool
-    paths: dict[str, Path] = field(default_factory=dict)
-
-    def series(self, key: str) -> list[tuple[int, float]]:
-        """``(step, value)`` of every record holding ``key``."""
-        return [(r["step"], r["data"][key]) for r in self.history if r["data"].get(key) is not None]
 
 
 class RunInterrupted(RuntimeError):
@@ -177,24 +138,6 @@ def run(overrides: Sequence[str] = (), out_dir: str | Path | None = None, *, pro
                     allow_config_change=allow_config_change)
 
 
-def summary_lines(result: RunResult) -> list[str]:
-    """What a finished run tells its user: the accuracy change, the wall time and where every output went."""
-    where = "held-out" if result.heldout else "all-prompt (task too small to hold prompts out)"
-
-    def fmt(value: float | None) -> str:
-        return "n/a" if value is None else f"{value:.2f}"
-
-    lines = [
-        f"Task {result.task}: {where} greedy accuracy {fmt(result.initial_accuracy)} -> {fmt(result.final_accuracy)} "
-        f"(answer then EOS: {fmt(result.final_exact)}) after {result.steps} steps in {result.wall_s:.0f} s"
-        + (f", resumed from step {result.resumed_from}." if result.resumed_from else "."),
-        "",
-    ]
-    lines += [f"  {name:<12} {path}" for name, path in result.paths.items()]
-    lines += ["", f"TensorBoard: tensorboard --logdir {result.paths['tensorboard']}"]
-    return lines
-
-
 def progress_postfix(history: Sequence[dict[str, Any]], task: str) -> dict[str, str]:
     """The progress bar's figures: each metric's latest defined value, ``-`` only before it was ever logged.
 
@@ -219,8 +162,8 @@ def progress_postfix(history: Sequence[dict[str, Any]], task: str) -> dict[str, 
 
 def run_spec(spec: RunSpec, *, progress: bool = False, allow_config_change: bool = False) -> RunResult:
     """Train an already composed :class:`~dapo_verl.local.compose.RunSpec` (arguments and errors as :func:`run`)."""
-    with run_directory_lock(spec.run.trainer.default_local_dir), _torch_settings(spec.run.local.num_threads), \
-            _quiet_partial_batches(), _stop_requests() as stop:
+    with run_directory_lock(spec.run.trainer.default_local_dir), torch_settings(spec.run.local.num_threads), \
+            quiet_partial_batches(), stop_requests() as stop:
         try:
             return _Trainer(spec, allow_config_change=allow_config_change, stop=stop).fit(progress=progress)
         except RunFinished as finished:
@@ -228,144 +171,21 @@ def run_spec(spec: RunSpec, *, progress: bool = False, allow_config_change: bool
             return finished.result
 
 
-class _StopRequest:
-    """Set by the first Ctrl-C; the training loop stops at the next step boundary."""
-
-    requested = False
-
-
-@contextmanager
-def _stop_requests() -> Iterator[_StopRequest]:
-    """Turn the first SIGINT into a stop request and a second one into KeyboardInterrupt, for the run's duration.
-
-    Signal handlers belong to the main thread; elsewhere (a run in a thread) Ctrl-C keeps Python's default.
-    """
-    stop = _StopRequest()
-    if threading.current_thread() is not threading.main_thread():
-        yield stop
-        return
-
-    def handler(signum: int, frame: Any) -> None:
-        if stop.requested:
-            raise KeyboardInterrupt
-        stop.requested = True
-        logger.warning("Ctrl-C: stopping after this step, once its checkpoint is written (Ctrl-C again stops at "
-                       "once and loses the steps since the last checkpoint).")
-
-    previous = signal.signal(signal.SIGINT, handler)
-    try:
-        yield stop
-    finally:
-        signal.signal(signal.SIGINT, previous)
-
-
-@contextmanager
-def _torch_settings(threads: int) -> Iterator[None]:
-    """Fix thread count and deterministic algorithms for the run; restore the caller's settings after."""
-    saved = (torch.get_num_threads(), torch.are_deterministic_algorithms_enabled(),
-             torch.is_deterministic_algorithms_warn_only_enabled())
-    torch.set_num_threads(threads)
-    torch.use_deterministic_algorithms(True, warn_only=True)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(saved[0])
-        torch.use_deterministic_algorithms(saved[1], warn_only=saved[2])
-
-
-class _BelowWarning(logging.Filter):
-    """Drops records below WARNING (the sampler's line per partial batch; the run summarises them once)."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return record.levelno >= logging.WARNING
-
-
-@contextmanager
-def _quiet_partial_batches() -> Iterator[None]:
-    """Silence the sampler's per-step partial-batch lines: ``dapo/sampler/partial`` and the run's summary have them."""
-    sampler_logger = logging.getLogger("dapo_verl.sampler.replenisher")
-    quiet = _BelowWarning()
-    sampler_logger.addFilter(quiet)
-    try:
-        yield
-    finally:
-        sampler_logger.removeFilter(quiet)
-
-
-def _device(name: str) -> torch.device:
-    if name == "cuda" and not torch.cuda.is_available():
-        raise ValueError("local.device='cuda' but torch sees no GPU. Set local.device=cpu (or auto).")
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
-
-
 def _due(step: int, freq: int, last: int) -> bool:
     """verl's schedule: every ``freq`` steps and at the last step; never when ``freq`` is -1."""
     return freq > 0 and (step % freq == 0 or step == last)
 
 
-class RunFinished(RuntimeError):
-    """The run directory holds a finished run of the requested length: nothing to train, and nothing was written
-    (:func:`run_spec` returns :attr:`result`).
-
-    Attributes:
-        result: The finished run's outcome, read from its ``summary.json`` and ``metrics.jsonl``.
-    """
-
-    def __init__(self, message: str, result: RunResult) -> None:
-        super().__init__(message)
-        self.result = result
-
-
-def _refuse_gaps(run_dir: Path, step: int) -> None:
-    """Refuse to continue from checkpoint ``step`` when ``metrics.jsonl`` lacks some of the steps before it."""
-    missing = missing_steps(run_dir / "metrics.jsonl", step)
-    if missing:
-        shown = ", ".join(map(str, missing[:5])) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
-        raise ValueError(
-            f"{run_dir / 'metrics.jsonl'} lacks step(s) {shown} of the {step} its checkpoint at step {step} trained "
-            f"(the file was truncated or edited); continuing would leave a silent gap in the run's metrics. Restore "
-            f"the file, or train into a new directory (--out).")
-
-
-def _check_not_finished(run_dir: Path, step: int, total: int) -> None:
-    """Raise :class:`RunFinished` (nothing to do) or ValueError (a shorter run asked for) for a finished run."""
-    summary = run_dir / "summary.json"
-    if step < total or not summary.exists():
-        return
-    if step > total:
-        raise ValueError(
-            f"{run_dir} holds a run trained for {step} steps, more than trainer.total_training_steps={total}; its "
-            f"results and config.yaml describe {step} steps and are left as they are. Ask for "
-            f"trainer.total_training_steps={step} (nothing to train) or more, or train into a new directory (--out).")
-    recorded = json.loads(summary.read_text())
-    paths = {name: run_dir / rel for name, rel in _OUTPUTS.items()}
-    result = RunResult(run_dir=run_dir, task=recorded["task"], heldout=recorded["heldout"],
-                       history=read_history(paths["metrics"]), initial_accuracy=recorded["initial_accuracy"],
-                       final_accuracy=recorded["final_accuracy"], final_exact=recorded["final_exact"],
-                       steps=recorded["steps"], wall_s=recorded["wall_s"], resumed_from=recorded["resumed_from"],
-                       model_built=recorded["model_built"], paths=paths)
-    raise RunFinished(f"{run_dir} already holds this run, finished at step {step} ({summary}); nothing to train and "
-                      f"nothing was rewritten. Raise trainer.total_training_steps to train further, or pass another "
-                      f"--out.", result)
-
-
-_OUTPUTS = {"config": "config.yaml", "metrics": "metrics.jsonl", "tensorboard": "tensorboard",
-            "plot": "plots/training_curves.png", "checkpoints": "checkpoints", "model": "model",
-            "summary": "summary.json"}
-
-
 class _Trainer:
     """One local run: set-up, the training loop and the outputs."""
 
-    def __init__(self, spec: RunSpec, *, allow_config_change: bool, stop: _StopRequest) -> None:
+    def __init__(self, spec: RunSpec, *, allow_config_change: bool, stop: StopRequest) -> None:
         self.spec, dapo, run = spec, spec.dapo, spec.run
         self.allow_config_change, self.stop = allow_config_change, stop
         self.started = time.perf_counter()
         self.run_dir = Path(run.trainer.default_local_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        self.device = _device(run.local.device)
+        self.device = device(run.local.device)
         self.task = make_task(run.local.task.name, heldout_size=run.local.task.heldout_size, seed=spec.seed)
         if dapo.max_response_length < self.task.answer_length + 1:
             raise ValueError(
@@ -414,8 +234,8 @@ class _Trainer:
         if point is not None and point.path.resolve().is_relative_to((self.run_dir / "checkpoints").resolve()):
             # this directory's own checkpoint: its log holds every step before it (one taken from another run's
             # directory starts this directory's log at its step)
-            _refuse_gaps(self.run_dir, point.step)
-            _check_not_finished(self.run_dir, point.step, self.spec.run.trainer.total_training_steps)
+            refuse_gaps(self.run_dir, point.step)
+            check_not_finished(self.run_dir, point.step, self.spec.run.trainer.total_training_steps)
         if changes:
             logger.warning("Continuing %s with a changed configuration, as --allow-config-change asked: %s. Recorded "
                            "in history.jsonl and summary.json.", self.run_dir, "; ".join(map(str, changes)))
@@ -542,7 +362,7 @@ class _Trainer:
         key = f"val-core/{self.task.name}"
         vals = [r for r in history if f"{key}/acc/mean@1" in r["data"]]
         exact_key = f"val-aux/{self.task.name}/exact/mean@1"
-        paths = {name: self.run_dir / rel for name, rel in _OUTPUTS.items()}
+        paths = {name: self.run_dir / rel for name, rel in OUTPUTS.items()}
         title = f"dapo-verl train: task {self.task.name}, seed {self.spec.seed}"
         plot_history(history, paths["plot"], task=self.task.name, title=title)
         replace_directory(paths["model"], self._save_model)

@@ -51,7 +51,8 @@ LOCAL_MODULES = ["dapo_verl.local", "dapo_verl.local.config", "dapo_verl.local.c
                  "dapo_verl.local.model", "dapo_verl.local.rollout", "dapo_verl.local.actor",
                  "dapo_verl.local.checkpoint", "dapo_verl.local.tracking", "dapo_verl.local.plots",
                  "dapo_verl.local.files", "dapo_verl.local.train", "dapo_verl.local.arms",
-                 "dapo_verl.local.ablation_report", "dapo_verl.local.ablate",
+                 "dapo_verl.local.ablation_report", "dapo_verl.local.ablate", "dapo_verl.local.session",
+                 "dapo_verl.local.results", "dapo_verl.local.warm_start", "dapo_verl.local.powered_test",
                  "dapo_verl.preflight"]  # the pre-flight check's verl-free half, which dapo-verl train uses
 
 

@@ -1,0 +1,92 @@
+"""The process around a local run: Ctrl-C as a stop request, torch's settings, the sampler's quiet lines, the device.
+
+Each is a context manager that :func:`dapo_verl.local.train.run_spec` holds for the run and that restores what it
+changed, so a run in a notebook or a test leaves the process as it found it.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+
+__all__ = ["StopRequest", "device", "quiet_partial_batches", "stop_requests", "torch_settings"]
+
+logger = logging.getLogger("dapo_verl.local.train")  # the run's own messages, under the name users filter on
+
+
+class StopRequest:
+    """Set by the first Ctrl-C; the training loop stops at the next step boundary."""
+
+    requested = False
+
+
+@contextmanager
+def stop_requests() -> Iterator[StopRequest]:
+    """Turn the first SIGINT into a stop request and a second one into KeyboardInterrupt, for the run's duration.
+
+    Signal handlers belong to the main thread; elsewhere (a run in a thread) Ctrl-C keeps Python's default.
+    """
+    stop = StopRequest()
+    if threading.current_thread() is not threading.main_thread():
+        yield stop
+        return
+
+    def handler(signum: int, frame: Any) -> None:
+        if stop.requested:
+            raise KeyboardInterrupt
+        stop.requested = True
+        logger.warning("Ctrl-C: stopping after this step, once its checkpoint is written (Ctrl-C again stops at "
+                       "once and loses the steps since the last checkpoint).")
+
+    previous = signal.signal(signal.SIGINT, handler)
+    try:
+        yield stop
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+@contextmanager
+def torch_settings(threads: int) -> Iterator[None]:
+    """Fix thread count and deterministic algorithms for the run; restore the caller's settings after."""
+    saved = (torch.get_num_threads(), torch.are_deterministic_algorithms_enabled(),
+             torch.is_deterministic_algorithms_warn_only_enabled())
+    torch.set_num_threads(threads)
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(saved[0])
+        torch.use_deterministic_algorithms(saved[1], warn_only=saved[2])
+
+
+class _BelowWarning(logging.Filter):
+    """Drops records below WARNING (the sampler's line per partial batch; the run summarises them once)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno >= logging.WARNING
+
+
+@contextmanager
+def quiet_partial_batches() -> Iterator[None]:
+    """Silence the sampler's per-step partial-batch lines: ``dapo/sampler/partial`` and the run's summary have them."""
+    sampler_logger = logging.getLogger("dapo_verl.sampler.replenisher")
+    quiet = _BelowWarning()
+    sampler_logger.addFilter(quiet)
+    try:
+        yield
+    finally:
+        sampler_logger.removeFilter(quiet)
+
+
+def device(name: str) -> torch.device:
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ValueError("local.device='cuda' but torch sees no GPU. Set local.device=cpu (or auto).")
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
