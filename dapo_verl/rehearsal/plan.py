@@ -101,6 +101,7 @@ class RehearsalShape:
         checkpoint_dir: ``trainer.default_local_dir`` of the run.
         ray_temp_dir: The private Ray directory of the run (a short path: Ray's socket names must fit 107 bytes).
         engine: ``vllm`` (verl's own vLLM rollout on vLLM's CPU build) or ``stand-in`` (the CPU replica).
+        max_positions: The model's ``max_position_embeddings`` (None when its config does not say).
     """
 
     model_path: str
@@ -115,6 +116,7 @@ class RehearsalShape:
     checkpoint_dir: str
     ray_temp_dir: str
     engine: str = "stand-in"
+    max_positions: int | None = None
 
 
 def select(config: DictConfig, key: str, default: Any = None) -> Any:
@@ -212,13 +214,27 @@ def _scale(p: _Planner, shape: RehearsalShape) -> None:
     _lengths(p, shape)
 
 
+def _lengths_given_fit(p: _Planner, shape: RehearsalShape, prompt: int, response: int) -> bool:
+    """Whether lengths given with the overrides fit the rehearsal model's context (``max_position_embeddings``).
+
+    Sizes given on the command line are kept, but a user's usual ``data.max_response_length=20480`` is a cluster
+    value that neither the stand-in's 4096 positions nor a CPU can hold: such lengths are scaled like the recipe's.
+    """
+    given = {"data.max_prompt_length", "data.max_response_length"} & p.user_keys
+    return not given or shape.max_positions is None or prompt + response <= shape.max_positions
+
+
 def _lengths(p: _Planner, shape: RehearsalShape) -> None:
     old_prompt = int(p.get("data.max_prompt_length"))
     old_response = int(p.get("data.max_response_length"))
     new_prompt = min(old_prompt, shape.max_prompt_length)
     new_response = min(old_response, shape.max_response_length)
-    p.set("data.max_prompt_length", new_prompt, "the longest rehearsal prompt, rounded up to 64", "scale")
-    p.set("data.max_response_length", new_response, "response budget", "scale")
+    fit = _lengths_given_fit(p, shape, old_prompt, old_response)
+    given = "" if fit else (f"; the given {old_prompt} + {old_response} tokens exceed the model's "
+                            f"{shape.max_positions} positions, so they count as a cluster value")
+    p.set("data.max_prompt_length", new_prompt, "the longest rehearsal prompt, rounded up to 64" + given, "scale",
+          keep_given=fit)
+    p.set("data.max_response_length", new_response, "response budget" + given, "scale", keep_given=fit)
     old_total, new_total = old_prompt + old_response, new_prompt + new_response
     for key in ("actor_rollout_ref.actor.ppo_max_token_len_per_gpu",
                 "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu",

@@ -260,6 +260,12 @@ def _own_out(out: Path, overwrite: bool) -> Iterator[None]:
         yield
 
 
+def _max_positions(model_path: str) -> int | None:
+    """The model's ``max_position_embeddings`` from its ``config.json`` (None when absent)."""
+    value = json.loads((Path(model_path) / "config.json").read_text()).get("max_position_embeddings")
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
 def _plan(options: RehearsalOptions, config: DictConfig, out: Path, run: str, ray_dir: str,
           data: RehearsalData, model_path: str, replaced: bool, engine: Engine) -> list[Change]:
     prompt_key = select(config, "data.prompt_key", "prompt")
@@ -269,6 +275,7 @@ def _plan(options: RehearsalOptions, config: DictConfig, out: Path, run: str, ra
         max_prompt_length=64 * -(-longest // 64), max_response_length=options.max_response_length,
         train_batch_size=options.train_batch_size, gpus=options.gpus, steps=options.steps,
         checkpoint_dir=str(out / run / "checkpoints"), ray_temp_dir=ray_dir, engine=engine.value,
+        max_positions=_max_positions(model_path),
     )
     return rehearsal_changes(config, shape, override_keys(options.overrides))
 

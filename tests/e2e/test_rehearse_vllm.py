@@ -105,8 +105,9 @@ def test_v1_colocate_async_runs_on_real_vllm_and_resumes(tmp_path):
 
 
 def test_verl_main_ppo_with_the_loss_mode_dapo_overrides_runs_on_real_vllm(tmp_path):
-    report, logged, out = run_rehearsal(tmp_path, "ppo_trainer", *README_OVERRIDES, "actor_rollout_ref.rollout.n=4",
-                                        *SIZES, steps=2)
+    # The user's usual command sets the paper's response budget, which the README's 4096-token buffer must fit.
+    report, logged, out = run_rehearsal(tmp_path, "ppo_trainer", *README_OVERRIDES, "data.max_response_length=20480",
+                                        "actor_rollout_ref.rollout.n=4", *SIZES, steps=2)
     assert report["ok"], report
     assert report["entry"].endswith("verl.trainer.main_ppo")
     trained = assert_real_vllm_ran(report, logged, out, 2)

@@ -195,3 +195,21 @@ def test_a_cluster_overlong_buffer_given_on_the_command_line_is_scaled_to_fit(tm
     config, _ = compose_recipe("ppo_trainer", fits)
     assert "reward.reward_kwargs.overlong_tokens" not in {
         c.key for c in rehearsal_changes(config, _shape(tmp_path), override_keys(fits))}  # a rehearsal size: kept
+
+
+def test_cluster_lengths_given_on_the_command_line_are_scaled_when_the_model_cannot_hold_them(tmp_path):
+    # A user's usual data.max_response_length=20480 cannot fit the stand-in's 4096 positions (vLLM refuses a
+    # max_model_len above them): scaled like the recipe's, with the reason. A length the model holds is kept.
+    cluster = ["data.max_response_length=20480", "+reward.reward_kwargs.overlong_tokens=4096"]
+    config, _ = compose_recipe("ppo_trainer", cluster)
+    shape = _shape(tmp_path, max_positions=4096, engine="vllm")
+    changes = {c.key: c for c in rehearsal_changes(config, shape, override_keys(cluster))}
+    response = changes["data.max_response_length"]
+    assert (response.recipe, response.rehearsal) == (20480, 8)
+    assert "exceed the model's 4096 positions" in response.reason
+    assert changes["actor_rollout_ref.rollout.max_model_len"].rehearsal <= 4096
+    assert changes["reward.reward_kwargs.overlong_tokens"].rehearsal == 2  # 4096 / 20480 of 8 tokens
+    small = ["data.max_response_length=16"]
+    config, _ = compose_recipe("ppo_trainer", small)
+    assert "data.max_response_length" not in {
+        c.key for c in rehearsal_changes(config, _shape(tmp_path, max_positions=4096), override_keys(small))}
