@@ -73,6 +73,7 @@ from typing import Any
 
 import torch
 
+from benchmarks.peers import peer_sampler
 from benchmarks.sampler_report import HEADLINE, check_targets, commit_id, format_table, spread, write_result
 from dapo_verl.config import SamplerConfig
 from dapo_verl.core import DropReason, group_drop_reasons
@@ -132,6 +133,9 @@ class RunRecord:
     partial_steps: int = 0
     shortfall_groups: int = 0
     prompts_skipped: int = 0
+    pool_trained_fraction: float = 0.0
+    pool_solved_fraction: float = 0.0
+    pool_failed_fraction: float = 0.0
 
     def conservation_gap(self) -> int:
         """generated - (trained + carried at the end + dropped); 0 unless a group went missing."""
@@ -151,6 +155,9 @@ class RunRecord:
             "shortfall_groups": float(self.shortfall_groups),
             "carried_share": self.groups_from_carry / max(self.groups_trained, 1),
             "prompts_skipped": float(self.prompts_skipped),
+            "pool_trained_fraction": self.pool_trained_fraction,
+            "pool_solved_fraction": self.pool_solved_fraction,
+            "pool_failed_fraction": self.pool_failed_fraction,
             "responses_generated": float(self.responses_generated),
             "responses_trained": float(self.responses_trained),
             "groups_generated": float(self.groups_generated),
@@ -183,14 +190,16 @@ def _policy(scenario: Scenario, seed: int) -> SimulatedPolicy:
     return SimulatedPolicy(scenario.pass_rates(seed), group_size=scenario.group_size, seed=seed)
 
 
-def run_replenisher(scenario: Scenario, seed: int, **overrides: Any) -> RunRecord:
-    """Run :class:`BatchReplenisher` through the scenario with ``SamplerConfig(**overrides)``."""
+def run_replenisher(scenario: Scenario, seed: int, *, peer: str | None = None, **overrides: Any) -> RunRecord:
+    """Run :class:`BatchReplenisher` through the scenario with ``SamplerConfig(**overrides)`` (``peer``: with that
+    peer's prompt choice, :func:`benchmarks.peers.peer_sampler`)."""
     config = SamplerConfig(**{
         "train_batch_size": scenario.train_batch_size, "max_num_gen_batches": scenario.max_num_gen_batches,
         "on_shortfall": "partial", "seed": seed, **overrides,
     })
     policy = _TimedPolicy(_policy(scenario, seed), seed)
-    sampler = BatchReplenisher(config, scenario.num_prompts, policy)
+    sampler = (peer_sampler(peer, config, scenario.num_prompts, policy) if peer
+               else BatchReplenisher(config, scenario.num_prompts, policy))
     record = RunRecord()
     for step in range(scenario.steps):
         policy.policy.step = step
@@ -209,6 +218,10 @@ def run_replenisher(scenario: Scenario, seed: int, **overrides: Any) -> RunRecor
     record.groups_carried_at_end = len(sampler.carried)
     record.dropped = {reason: count for reason, count in sampler.dropped.items() if count}
     record.prompts_skipped = sampler.stream.prompts_skipped
+    last = batch.metrics
+    record.pool_trained_fraction = last["dapo/sampler/pool_trained_fraction"]
+    record.pool_solved_fraction = last["dapo/sampler/pool_solved_fraction"]
+    record.pool_failed_fraction = last["dapo/sampler/pool_failed_fraction"]
     return record
 
 
@@ -300,6 +313,7 @@ def _recipe(scenario: Scenario, seed: int) -> RunRecord:
 
 _PLAIN = {"skip_uninformative": False, "revisit_informative": False}
 _CARRY = {"surplus": "carry", "max_staleness_steps": 1}
+_STREAK = {"prompt_selection": "streak"}
 
 STRATEGIES: dict[str, tuple[str, Callable[[Scenario, int], RunRecord]]] = {
     _RECIPE: ("verl-recipe: barrier 3x, discard", _recipe),
@@ -308,12 +322,23 @@ STRATEGIES: dict[str, tuple[str, Callable[[Scenario, int], RunRecord]]] = {
         s, seed, refill="adaptive", surplus="discard", **_PLAIN)),
     "adaptive_carry": ("ours: adaptive, carry", lambda s, seed: run_replenisher(
         s, seed, refill="adaptive", **_CARRY, **_PLAIN)),
-    "adaptive_carry_skip": ("ours: adaptive, carry, skip", lambda s, seed: run_replenisher(
-        s, seed, refill="adaptive", **_CARRY, skip_uninformative=True, revisit_informative=False)),
+    "adaptive_carry_skip": ("ours: adaptive, carry, streak skip", lambda s, seed: run_replenisher(
+        s, seed, refill="adaptive", **_CARRY, skip_uninformative=True, revisit_informative=False, **_STREAK)),
     "adaptive_revisit": ("ours: adaptive, discard, revisit", lambda s, seed: run_replenisher(
         s, seed, refill="adaptive", surplus="discard", skip_uninformative=False, revisit_informative=True)),
-    "adaptive_skip_revisit": ("ours: default (adaptive, discard, skip, revisit)", lambda s, seed: run_replenisher(
-        s, seed, refill="adaptive", surplus="discard", skip_uninformative=True, revisit_informative=True)),
+    "adaptive_skip_revisit": ("ours: previous default (adaptive, discard, streak skip, revisit)",
+                              lambda s, seed: run_replenisher(s, seed, refill="adaptive", surplus="discard",
+                                                              skip_uninformative=True, revisit_informative=True,
+                                                              **_STREAK)),
+    "greso": ("GRESO's skip rule (arXiv 2506.02177)", lambda s, seed: run_replenisher(s, seed, peer="greso")),
+    "mopps_math": ("MoPPS, math scripts (arXiv 2507.04632; 16x candidates, no forgetting)",
+                   lambda s, seed: run_replenisher(s, seed, peer="mopps_math")),
+    "mopps_countdown": ("MoPPS, countdown scripts (8x candidates, lambda 0.5)",
+                        lambda s, seed: run_replenisher(s, seed, peer="mopps_countdown")),
+    "predicted_carry": ("ours: adaptive, carry, predicted", lambda s, seed: run_replenisher(
+        s, seed, **_CARRY, revisit_informative=False)),
+    "default": ("**ours: default** (adaptive, discard, predicted, revisit)",
+                lambda s, seed: run_replenisher(s, seed)),
 }
 """Strategy name -> (table label, runner)."""
 

@@ -39,6 +39,7 @@ __all__ = [
     "DapoConfig",
     "LossConfig",
     "OverlongConfig",
+    "PromptSelection",
     "RefillStrategy",
     "SamplerConfig",
     "ShortfallPolicy",
@@ -73,6 +74,20 @@ class SurplusPolicy(StrEnum):
 
     DISCARD = "discard"
     CARRY = "carry"
+
+
+class PromptSelection(StrEnum):
+    """How the sampler chooses prompts when ``skip_uninformative`` is on.
+
+    * ``predicted``: rank candidates by the predicted chance of an informative group (a per-prompt Beta belief
+      over the correct rate, forgotten by training steps; :mod:`dapo_verl.sampler.prediction`) and size each round
+      from the predicted yield of the prompts taken.
+    * ``streak``: pass over prompts after all-correct or all-wrong streaks, in proportion to the informative rate
+      measured per streak length (:mod:`dapo_verl.sampler.history`).
+    """
+
+    PREDICTED = "predicted"
+    STREAK = "streak"
 
 
 class ShortfallPolicy(StrEnum):
@@ -314,6 +329,31 @@ class SamplerConfig:
     where history predicts nothing. On by default (beyond the paper); false visits prompts uniformly.
     """
 
+    prompt_selection: str = field(default="predicted", metadata=verl_key("algorithm.filter_groups.prompt_selection",
+                                                                         verl_native=False))
+    """With skip_uninformative: predicted (rank candidates by the predicted chance of an informative group, size
+    rounds from the predicted yield) or streak (skip after all-correct or all-wrong streaks, the rule before
+    prediction).
+    """
+
+    prediction_half_life_steps: float = field(default=10.0, metadata=verl_key(
+            "algorithm.filter_groups.prediction_half_life_steps", verl_native=False))
+    """prompt_selection=predicted: training steps after which a prompt's own groups count half as much in its
+    predicted correct rate, so the estimate follows the policy as it learns. Range > 0.
+    """
+
+    selection_window: float = field(default=4.0, metadata=verl_key("algorithm.filter_groups.selection_window",
+                                                                    verl_native=False))
+    """prompt_selection=predicted: candidate prompts drawn, in data order, per prompt generated; the rest are passed
+    over until their next visit. Range >= 1 (1 takes prompts in data order).
+    """
+
+    explore_fraction: float = field(default=0.1, metadata=verl_key("algorithm.filter_groups.explore_fraction",
+                                                                    verl_native=False))
+    """prompt_selection=predicted: share of a round's prompts drawn at random among the candidates, whatever their
+    prediction, so no prompt is starved for ever. Range [0, 1].
+    """
+
     skip_keep_base: float = field(default=0.5, metadata=verl_key("algorithm.filter_groups.skip_keep_base",
                                                                   verl_native=False))
     """Deprecated and ignored: skipping follows the informative rate measured for each streak length. Remove the key.
@@ -374,6 +414,11 @@ class SamplerConfig:
             warnings.warn(f"{key_of(self, 'skip_keep_base')}={self.skip_keep_base!r} is deprecated and ignored: "
                           f"skipping now follows the informative rate measured for each streak length, bounded by "
                           f"{key_of(self, 'max_skip_probability')}. Remove the key.", DeprecationWarning, stacklevel=3)
+        require_choice(self, "prompt_selection", PromptSelection)
+        require_number(self, "prediction_half_life_steps", low=0.0, low_open=True,
+                        fix="10 halves a prompt's old evidence every 10 training steps.")
+        require_number(self, "selection_window", low=1.0, fix="4.0 draws 4 candidates per prompt generated.")
+        require_number(self, "explore_fraction", low=0.0, high=1.0, fix="0.1 draws 1 prompt in 10 at random.")
         require_number(self, "max_skip_probability", low=0.0, high=1.0, fix="0.9 keeps 1 in 10 chances.")
         if self.max_skip_probability >= 1.0:
             config_error(key_of(self, "max_skip_probability"), self.max_skip_probability,

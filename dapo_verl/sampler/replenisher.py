@@ -32,17 +32,20 @@ generated response, before filtering), ``keep_rate`` (this step) and ``keep_rate
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 
-from dapo_verl.config import RefillStrategy, SamplerConfig, ShortfallPolicy, SurplusPolicy
+from dapo_verl.config import PromptSelection, RefillStrategy, SamplerConfig, ShortfallPolicy, SurplusPolicy
 from dapo_verl.core import DropReason, group_drop_reasons
 from dapo_verl.sampler.contracts import check_state, checked_groups, restoring
+from dapo_verl.sampler.prediction import SuccessPredictor, successes
 from dapo_verl.sampler.sizing import (
     budget_can_fill,
     estimate_sample_size,
+    max_request_size,
+    predicted_request,
     round_request,
     step_prompt_budget,
     update_keep_rate,
@@ -63,6 +66,7 @@ _COUNTERS = (
     "train_steps", "gen_rounds", "prompts_requested", "groups_generated", "groups_kept", "responses_generated",
     "groups_trained", "responses_trained", "response_tokens_generated", "wasted_response_tokens",
     "truncated_responses", "metric_sum", "score_sum", "score_count", "prompts_revisited",
+    "predicted_groups", "predicted_sum", "prediction_squared_error",
 )
 
 
@@ -104,18 +108,23 @@ class BatchReplenisher:
         self.config = config
         self.generate = generate
         self.codec: PayloadCodec = codec or IdentityCodec()
+        predicts = config.enable and config.skip_uninformative and config.prompt_selection == PromptSelection.PREDICTED
+        self.predictor = SuccessPredictor(half_life_steps=config.prediction_half_life_steps,
+                                          smoothing_groups=estimate_sample_size(config)) if predicts else None
         self.stream = PromptStream(
             num_prompts, seed=config.seed, shuffle=shuffle,
             skip_uninformative=config.skip_uninformative and config.enable,  # without the filter: uniform prompts
             max_skip_probability=config.max_skip_probability, smoothing_groups=estimate_sample_size(config),
             exhausted_streak=config.exhausted_streak,
             revisit_capacity=config.train_batch_size if config.revisit_informative and config.enable else 0,
+            scorer=self.predictor, selection_window=config.selection_window, explore_fraction=config.explore_fraction,
         )
         self.keep_rate_estimate: float | None = None
         self.counters: dict[str, float] = dict.fromkeys(_COUNTERS, 0)
         self.dropped: dict[str, int] = dict.fromkeys(DROP_REASONS, 0)
         self.carried: list[tuple[int, GroupResult]] = []  # (step the group was generated for, group)
         self._planned: tuple[list[int], int] | None = None  # next step's first round: (prompt ids, revisits among them)
+        self._trained_prompts: set[int] = set()  # every prompt a batch held (the pool's coverage)
 
     # -- public API ---------------------------------------------------------------------------------
 
@@ -132,7 +141,7 @@ class BatchReplenisher:
             ValueError: if ``generate`` returns malformed groups.
         """
         before = dict(self.counters), dict(self.dropped)
-        step = self.train_steps + 1
+        step = self._set_step()
         target = self.config.train_batch_size
         batch, staleness = self._take_carried(step, target)
         from_carry = len(batch)
@@ -147,6 +156,7 @@ class BatchReplenisher:
             planned, self._planned = self._planned, None  # only a step's first round can have been planned
             requested += self._run_round(batch, step, target, budget - requested, planned=planned)
         self.counters["train_steps"] = step
+        self._trained_prompts.update(g.prompt_id for g in batch)
         self.counters["groups_trained"] += len(batch)
         self.counters["responses_trained"] += sum(g.group_size for g in batch)
         metrics = self._step_metrics(before, len(batch), from_carry, staleness, partial=len(batch) < target)
@@ -163,13 +173,20 @@ class BatchReplenisher:
         """
         if self._planned is not None:
             return list(self._planned[0])
-        step = self.train_steps + 1
+        step = self._set_step()
         usable = sum(self._fresh(born, step) for born, _ in self.carried)
         missing = self.config.train_batch_size - usable
         if missing <= 0:
             return []
         self._planned = self._choose_round(missing, step_prompt_budget(self.config))
         return list(self._planned[0])
+
+    def _set_step(self) -> int:
+        """The step the next batch is for, told to the predictor (its forgetting counts training steps)."""
+        step = self.train_steps + 1
+        if self.predictor is not None:
+            self.predictor.step = step
+        return step
 
     @property
     def pool_exhausted(self) -> bool:
@@ -214,8 +231,21 @@ class BatchReplenisher:
         revisit = bool(self.stream.revisit_capacity) and self.stream.history.revisits_pay(
             1.0 / self.config.max_oversample_factor)
         revisited_before = self.stream.prompts_revisited
-        prompt_ids, _ = self.stream.take(want, revisit=revisit)
+        prompt_ids, _ = self.stream.take(want, revisit=revisit, size=self._predicted_size(missing, budget_left))
         return prompt_ids, self.stream.prompts_revisited - revisited_before
+
+    def _predicted_size(self, missing: int, budget_left: int) -> Callable[[list[float]], int] | None:
+        """Sizes a round from the predicted yield of the prompts it takes (:func:`predicted_request`), within the
+        bounds the keep rate sets; None where the predictions do not size it (no prediction yet, barrier rounds,
+        or a probe round when the budget cannot be expected to fill the batch)."""
+        predictor, config = self.predictor, self.config
+        if (predictor is None or predictor.group_size is None or self.keep_rate_estimate is None
+                or config.refill == RefillStrategy.BARRIER
+                or not budget_can_fill(config, missing, self.keep_rate_estimate, budget_left)):
+            return None
+        cap = max(1, min(budget_left, max_request_size(config, missing)))
+        calibration = predictor.calibration
+        return lambda predictions: min(cap, predicted_request(config, missing, predictions, calibration))
 
     def _run_round(self, batch: list[GroupResult], step: int, target: int, budget_left: int, *,
                    planned: tuple[list[int], int] | None = None) -> int:
@@ -231,7 +261,10 @@ class BatchReplenisher:
         for group, reason in zip(groups, reasons):
             self._count_generated(group)
             informative = reason == DropReason.KEEP
-            self.stream.record(group.prompt_id, reason)
+            predicted = self.stream.record(group.prompt_id, reason, correct=successes(group.metric),
+                                           group_size=group.group_size)
+            if self.predictor is not None:
+                self._count_prediction(predicted, informative)
             if not informative and self.config.enable:
                 self._drop(group, reason.label)
                 continue
@@ -248,6 +281,15 @@ class BatchReplenisher:
             round_size=self.config.train_batch_size,
         )
         return len(prompt_ids)
+
+    def _count_prediction(self, predicted: float | None, informative: bool) -> None:
+        """Calibration counts: the predicted chance of an informative group against what came back."""
+        if predicted is None:
+            return
+        c = self.counters
+        c["predicted_groups"] += 1
+        c["predicted_sum"] += predicted
+        c["prediction_squared_error"] += (predicted - float(informative)) ** 2
 
     def _reasons(self, groups: Sequence[GroupResult]) -> list[DropReason]:
         metric = torch.stack([g.metric.detach().to("cpu", torch.float32) for g in groups])  # (P, G)
@@ -364,10 +406,24 @@ class BatchReplenisher:
             "carried_staleness_max": float(max(staleness, default=0)),
             "partial": float(partial),
             "history_size": float(self.stream.history_size),
+            **self._prediction_metrics(delta),
             **self._pool_metrics(),
             **dropped,
         }
         return {prefix + k: float(v) for k, v in metrics.items()}
+
+    def _prediction_metrics(self, delta: dict[str, float]) -> dict[str, float]:
+        """How well this step's predictions matched what came back (-1 where nothing was predicted)."""
+        if self.predictor is None:
+            return {}
+        count = delta["predicted_groups"]
+        calibration = self.predictor.calibration
+        return {
+            "predicted_keep_rate": delta["predicted_sum"] / count if count else -1.0,
+            "prediction_brier": delta["prediction_squared_error"] / count if count else -1.0,
+            "prediction_calibration": _or_minus_one(calibration),
+            "predictor_size": float(self.predictor.size),
+        }
 
     def _pool_metrics(self) -> dict[str, float]:
         history = self.stream.history
@@ -377,6 +433,7 @@ class BatchReplenisher:
             "pool_solved_fraction": history.solved_fraction,
             "pool_failed_fraction": history.failed_fraction,
             "pool_exhausted": float(self.pool_exhausted),
+            "pool_trained_fraction": len(self._trained_prompts) / self.stream.num_prompts,
             "keep_rate_no_streak": _or_minus_one(no_streak),
             "keep_rate_streak": _or_minus_one(streak),
             "keep_rate_stream": _or_minus_one(history.stream_rate()),
@@ -410,6 +467,7 @@ class BatchReplenisher:
             ],
             "planned": None if self._planned is None else {"prompt_ids": list(self._planned[0]),
                                                            "revisited": self._planned[1]},
+            "trained_prompts": sorted(self._trained_prompts),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -445,3 +503,4 @@ class BatchReplenisher:
         planned = state.get("planned")  # absent in states written before plan_next_round existed
         self._planned = None if planned is None else ([int(i) for i in planned["prompt_ids"]],
                                                       int(planned["revisited"]))
+        self._trained_prompts = {int(i) for i in state.get("trained_prompts", [])}  # absent before coverage was kept

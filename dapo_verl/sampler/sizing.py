@@ -34,18 +34,33 @@ missing``, :func:`budget_can_fill`), spending it would only buy a partial batch 
 ``budget / train_batch_size`` prompts per group; the step then generates one round of ``gen_batch_size``
 prompts (a probe that keeps the keep-rate estimate and the prompt histories current, and feeds revisits)
 and stops. ``refill=barrier`` keeps verl-recipe's behaviour: fixed rounds up to the round limit.
+
+Predicted yield (``prompt_selection=predicted``): the prompts a round would take are known before it is
+generated, each with its predicted chance q_i of an informative group (:mod:`~dapo_verl.sampler.prediction`),
+so :func:`predicted_request` takes the shortest prefix of them whose kept count reaches the missing groups with
+probability ``single_round_probability``:
+
+    sum c q_i - z sqrt(sum c q_i (1 - c q_i) + (sum c q_i)^2 / N_est) >= m,
+
+with c the predictor's calibration (observed over predicted informative groups) and the last term the error of
+c itself, as above. Where the prompts taken are better than the average, the round is smaller than the keep rate
+alone would ask for, and the margin that discard would throw away shrinks with it. A round does not dilute prompts
+predicted above the scarcity floor ``1 / max_oversample_factor`` with prompts below it to reach the probability:
+it stops at the first one below (the next round draws new candidates); only when even the best candidate is below
+the floor (informative groups are scarce everywhere) does it take as many as the probability needs.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from statistics import NormalDist
 
 from dapo_verl.config import RefillStrategy, SamplerConfig
 
 __all__ = [
-    "budget_can_fill", "estimate_sample_size", "max_request_size", "request_size", "round_request",
-    "step_prompt_budget", "update_keep_rate",
+    "budget_can_fill", "estimate_sample_size", "max_request_size", "predicted_request", "request_size",
+    "round_request", "step_prompt_budget", "update_keep_rate",
 ]
 
 
@@ -97,6 +112,36 @@ def request_size(config: SamplerConfig, missing: int, keep_rate: float | None) -
     wanted = _prompts_needed(missing, p, z, sample_size)
     cap = _prompts_needed(missing, floor, z, math.inf)
     return max(missing, math.ceil(min(wanted, cap)))
+
+
+def predicted_request(config: SamplerConfig, missing: int, predictions: Sequence[float],
+                      calibration: float | None) -> int:
+    """The shortest prefix of ``predictions`` expected to fill ``missing`` groups in one round (module docstring).
+
+    Args:
+        config: The sampler settings (``single_round_probability``, the estimate's sample size).
+        missing: Groups still needed (>= 1).
+        predictions: Predicted chance of an informative group of each prompt the round would take, in order.
+        calibration: Observed over predicted informative groups so far (None: 1).
+
+    Returns:
+        A prefix length in [1, len(predictions)]: all of them when even all are not expected to suffice, fewer when
+        the predictions fall below the scarcity floor first (module docstring).
+    """
+    z = NormalDist().inv_cdf(config.single_round_probability)
+    factor = 1.0 if calibration is None else calibration
+    sample_size = estimate_sample_size(config) if z > 0 else math.inf
+    floor = 1.0 / config.max_oversample_factor
+    mean = spread = 0.0
+    for count, predicted in enumerate(predictions, 1):
+        q = min(1.0, max(0.0, factor * predicted))
+        if q < floor and count > 1 and factor * predictions[0] >= floor:
+            return count - 1
+        mean += q
+        spread += q * (1.0 - q)
+        if mean - z * math.sqrt(spread + mean * mean / sample_size) >= missing:
+            return count
+    return max(1, len(predictions))
 
 
 def step_prompt_budget(config: SamplerConfig) -> int:

@@ -13,18 +13,57 @@ then continues the permutation. A revisit leaves the queue when it is handed out
 it is informative again. A prompt found informative in one round of a step can be re-asked in the next
 round of the same step: the batch then holds two independent groups of it (each normalised on its own),
 which is where the measured gain is largest -- the policy has not moved, so the prompt is still uncertain.
+
+Ranked selection (with a ``scorer``, e.g. the :class:`~dapo_verl.sampler.prediction.SuccessPredictor`): a
+round that wants n prompts draws ``ceil(selection_window * n)`` candidates from the permutation, orders them by
+their score (the predicted chance of an informative group), highest first, and takes a prefix; the candidates
+it does not take are passed over until their next visit (counted as skipped). Exploration: each place of the
+order is, with probability ``explore_fraction``, given to a candidate drawn at random from those left instead of
+the best one, so every visited prompt keeps a chance of at least ``explore_fraction / selection_window`` per
+visit whatever its prediction, and none is starved for ever. The caller may size the prefix from the ordered
+scores (``size``: the replenisher sizes a round from the predicted yield of the prompts it would take).
 """
 
 from __future__ import annotations
 
-from typing import Any
+import math
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
 
 import torch
 
 from dapo_verl.core import DropReason
 from dapo_verl.sampler.history import PromptHistory
 
-__all__ = ["PromptStream"]
+__all__ = ["PromptScorer", "PromptStream"]
+
+
+class PromptScorer(Protocol):
+    """Orders candidate prompts for ranked selection and learns from their groups (module docstring)."""
+
+    step: int
+    """The training step, set by the sampler before each round."""
+
+    @property
+    def ready(self) -> bool:
+        """Whether scores are predictions yet (before, candidates are still ranked, but no score is kept)."""
+        ...
+
+    def scores(self, prompt_ids: Sequence[int]) -> list[float]:
+        """One prediction per prompt (for the sampler's round sizing and calibration)."""
+        ...
+
+    def rank_keys(self, prompt_ids: Sequence[int], generator: torch.Generator) -> list[float]:
+        """One ranking key per prompt, higher chosen first; may draw from ``generator`` (the stream's seeded one)."""
+        ...
+
+    def record(self, prompt_id: int, correct: int, group_size: int, *, predicted: float | None = None) -> None:
+        """Account one generated group of ``prompt_id`` (``predicted``: its score when it was chosen)."""
+        ...
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
 
 _EPOCH_SEED_STRIDE = 1_000_003
 
@@ -41,6 +80,10 @@ class PromptStream:
         smoothing_groups: Groups each streak bucket's measured rate averages over.
         exhausted_streak: Streak length from which a prompt counts as exhausted.
         revisit_capacity: Most prompts waiting to be revisited; 0 never revisits.
+        scorer: Ranks candidates (module docstring: ranked selection); with ``skip_uninformative`` it replaces the
+            per-visit skipping by streak. None: per-visit skipping (or none).
+        selection_window: Ranked selection: candidates drawn per prompt taken (>= 1).
+        explore_fraction: Ranked selection: share of places given to a random candidate, in [0, 1].
     """
 
     def __init__(
@@ -54,6 +97,9 @@ class PromptStream:
         smoothing_groups: float = 512.0,
         exhausted_streak: int = 3,
         revisit_capacity: int = 0,
+        scorer: PromptScorer | None = None,
+        selection_window: float = 4.0,
+        explore_fraction: float = 0.1,
     ) -> None:
         if isinstance(num_prompts, bool) or not isinstance(num_prompts, int) or num_prompts < 1:
             raise ValueError(
@@ -74,8 +120,17 @@ class PromptStream:
         self.prompts_revisited = 0
         self._revisit: dict[int, None] = {}  # prompt ids waiting for a revisit, oldest first (an ordered set)
         self._handed_out: set[int] = set()  # revisits handed out whose group has not been recorded yet
+        self.scorer = scorer
+        self.selection_window = selection_window
+        self.explore_fraction = explore_fraction
+        self._scored: dict[int, float] = {}  # prompts handed out by ranked selection -> their score, until recorded
         self._rng = torch.Generator().manual_seed(seed)
         self._order = self._permutation(0)
+
+    @property
+    def ranks(self) -> bool:
+        """Whether rounds are chosen by ranked selection (a scorer, with skipping on)."""
+        return self.scorer is not None and self.skip_uninformative
 
     def _permutation(self, epoch: int) -> list[int]:
         if not self.shuffle:
@@ -98,15 +153,20 @@ class PromptStream:
             return 0.0
         return 1.0 - self.history.generate_probability(prompt_id)
 
-    def take(self, count: int, *, revisit: bool = False) -> tuple[list[int], int]:
+    def take(self, count: int, *, revisit: bool = False,
+             size: Callable[[list[float]], int] | None = None) -> tuple[list[int], int]:
         """The next ``count`` prompt ids, and how many prompts were skipped to find them.
 
         Args:
             count: Prompts wanted.
             revisit: Re-ask queued prompts first (module docstring).
+            size: Ranked selection only: given the scores of the whole order (revisits first), the number of
+                prompts to take instead of ``count`` (clamped to [1, the candidates drawn]).
 
         After ``num_prompts`` skips in a row the next prompt is taken regardless, so the call always ends.
         """
+        if self.ranks:
+            return self._take_ranked(count, revisit=revisit, size=size)
         ids = self._take_revisits(count) if revisit else []
         skipped = 0
         run = 0
@@ -123,6 +183,55 @@ class PromptStream:
         self.prompts_skipped += skipped
         return ids, skipped
 
+    def _take_ranked(self, count: int, *, revisit: bool,
+                     size: Callable[[list[float]], int] | None) -> tuple[list[int], int]:
+        """Ranked selection (module docstring): revisits first, then the best of the drawn candidates."""
+        assert self.scorer is not None
+        revisits = self._take_revisits(count) if revisit else []
+        wanted = max(count - len(revisits), 0)
+        drawn = min(self.num_prompts - len(revisits), math.ceil(self.selection_window * wanted)) if wanted else 0
+        candidates: list[int] = []
+        taken = set(revisits)
+        while len(candidates) < drawn:  # an epoch boundary can repeat a prompt; skip the repeat
+            prompt_id = self._next_id()
+            if prompt_id not in taken:
+                taken.add(prompt_id)
+                candidates.append(prompt_id)
+        order = revisits + self._ranked(candidates)
+        scores = self.scorer.scores(order)
+        chosen = len(revisits) + min(wanted, len(candidates))
+        if size is not None:
+            chosen = max(1, min(int(size(scores)), len(order)))
+        ids = order[:chosen]
+        if self.scorer.ready:
+            self._scored.update(zip(ids, scores[:chosen]))
+        skipped = len(order) - chosen
+        if size is None and len(ids) < count:  # a pool smaller than the round: some prompts twice, as unranked
+            ids += [self._next_id() for _ in range(count - len(ids))]
+        self.prompts_consumed += len(ids)
+        self.prompts_skipped += skipped
+        return ids, skipped
+
+    def _ranked(self, candidates: list[int]) -> list[int]:
+        """Candidates by ranking key, highest first, each place given to a random one left with
+        ``explore_fraction``."""
+        if not candidates:
+            return []
+        assert self.scorer is not None
+        keys = self.scorer.rank_keys(candidates, self._rng)
+        best = sorted(range(len(candidates)), key=lambda i: (-keys[i], i))  # ties keep the permutation's order
+        left = dict.fromkeys(best)  # indices not placed yet, best first (an ordered set)
+        order = []
+        draws = torch.rand(len(candidates), generator=self._rng).tolist()
+        for draw in draws:
+            if draw < self.explore_fraction:
+                index = list(left)[int(torch.randint(len(left), (), generator=self._rng))]
+            else:
+                index = next(iter(left))
+            del left[index]
+            order.append(index)
+        return [candidates[i] for i in order]
+
     def _take_revisits(self, count: int) -> list[int]:
         due = list(self._revisit)[:count]
         for pid in due:
@@ -131,11 +240,30 @@ class PromptStream:
         self.prompts_revisited += len(due)
         return due
 
-    def record(self, prompt_id: int, reason: DropReason) -> None:
-        """Update a prompt's history after its group was scored (``reason``: the group filter's verdict)."""
+    def record(self, prompt_id: int, reason: DropReason, *, correct: int | None = None,
+               group_size: int | None = None) -> float | None:
+        """Update a prompt's history after its group was scored.
+
+        Args:
+            prompt_id: The prompt.
+            reason: The group filter's verdict.
+            correct: Correct responses in the group, for the scorer (None: the scorer is not told).
+            group_size: G of the group (with ``correct``).
+
+        Returns:
+            The prompt's score when ranked selection took it (its predicted chance of an informative group), else
+            None.
+        """
         revisit = prompt_id in self._handed_out
         self._handed_out.discard(prompt_id)
         self.history.record(prompt_id, reason, revisit=revisit)
+        predicted = self._scored.pop(prompt_id, None)
+        if self.scorer is not None and correct is not None and group_size is not None:
+            self.scorer.record(prompt_id, correct, group_size, predicted=predicted)
+        self._queue_revisit(prompt_id, reason)
+        return predicted
+
+    def _queue_revisit(self, prompt_id: int, reason: DropReason) -> None:
         if reason != DropReason.KEEP or not self.revisit_capacity:
             return
         self._revisit.pop(prompt_id, None)
@@ -166,6 +294,8 @@ class PromptStream:
             "handed_out": sorted(self._handed_out),
             "history": self.history.state_dict(),
             "rng": self._rng.get_state(),
+            "scored": sorted([pid, score] for pid, score in self._scored.items()),
+            **({"scorer": self.scorer.state_dict()} if self.scorer is not None else {}),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -187,5 +317,8 @@ class PromptStream:
         self._revisit = dict.fromkeys(int(pid) for pid in state.get("revisit", []))
         self._handed_out = {int(pid) for pid in state.get("handed_out", [])}
         self.history.load_state_dict(state.get("history", {}))
+        self._scored = {int(pid): float(score) for pid, score in state.get("scored", [])}
+        if self.scorer is not None:  # a state without one (written before ranked selection) starts it afresh
+            self.scorer.load_state_dict(state.get("scorer", {}))
         self._rng.set_state(state["rng"])
         self._order = self._permutation(self.epoch)

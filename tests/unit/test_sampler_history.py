@@ -107,7 +107,7 @@ def test_history_state_round_trip_restores_rates_streaks_and_exhaustion():
 
 
 def _run(skip, rates, steps=40, **overrides):
-    settings = {"revisit_informative": False, **overrides}  # isolate skipping
+    settings = {"revisit_informative": False, "prompt_selection": "streak", **overrides}  # isolate streak skipping
     config = SamplerConfig(train_batch_size=8, seed=1, skip_uninformative=skip, max_num_gen_batches=20, **settings)
     sampler = BatchReplenisher(config, 200, SimulatedPolicy(lambda pid, step: rates[pid % len(rates)], group_size=4))
     for _ in range(steps):
