@@ -31,6 +31,7 @@ jobs share the cores); counts and accuracies are exactly reproducible on CPU.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -39,19 +40,28 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from benchmarks.peers import PEERS, peer_sampler
+
 STRATEGIES: dict[str, list[str]] = {
     "recipe_barrier_discard": ["algorithm.filter_groups.refill=barrier", "algorithm.filter_groups.surplus=discard",
                                "data.gen_batch_size=48", "algorithm.filter_groups.skip_uninformative=false",
                                "algorithm.filter_groups.revisit_informative=false"],
+    "streak_default": ["algorithm.filter_groups.prompt_selection=streak"],
+    "greso": [],
+    "mopps_math": [],
+    "mopps_countdown": [],
     "default": [],
 }
-"""Strategy -> overrides of the default experiment (its train_batch_size is 16, so 3 x 16 = 48)."""
+"""Strategy -> overrides of the default experiment (its train_batch_size is 16, so 3 x 16 = 48). ``greso`` and
+``mopps_*`` run the default experiment with that peer's prompt choice (:mod:`benchmarks.peers`);
+``streak_default`` is the default before prediction (skipping by streak)."""
 
 RECIPE, OURS = "recipe_barrier_discard", "default"
 EARLY_STEPS = 50
@@ -98,6 +108,8 @@ def measure(history: list[dict[str, Any]], *, late_from: int) -> dict[str, Any]:
         **{k: v for k, v in whole.items() if k != "steps"},
         "steps": len(rows),
         "prompts_revisited": int(sum(row.get("dapo/sampler/prompts_revisited") or 0.0 for row in rows)),
+        **{key: rows[-1].get(f"dapo/sampler/{key}") if rows else None
+           for key in ("pool_trained_fraction", "pool_solved_fraction", "pool_failed_fraction")},
         "initial_accuracy": vals[0] if vals else None,
         "final_accuracy": vals[-1] if vals else None,
         "train_s": round(train_s, 2),
@@ -109,15 +121,38 @@ def measure(history: list[dict[str, Any]], *, late_from: int) -> dict[str, Any]:
     }
 
 
+@contextlib.contextmanager
+def _peer_sampler(strategy: str) -> Iterator[None]:
+    """For a peer strategy, the local trainer builds that peer's sampler during the run (and its own after).
+
+    The package has no hook for foreign selection rules, deliberately: a run directory records its config, and a
+    peer is not part of it. So this benchmark swaps the one name the trainer builds its sampler with, for the
+    length of one run without checkpoints.
+    """
+    if strategy not in PEERS:
+        yield
+        return
+    import dapo_verl.local.train as train
+
+    original = train.BatchReplenisher
+    train.BatchReplenisher = lambda config, num_prompts, generate: peer_sampler(  # type: ignore[misc,assignment]
+        strategy, config, num_prompts, generate)
+    try:
+        yield
+    finally:
+        train.BatchReplenisher = original  # type: ignore[misc]
+
+
 def _train(job: tuple[str, int, int, str, str, str]) -> dict[str, Any]:
     """One ``dapo-verl train`` run (in a worker process); returns its measurements."""
     from dapo_verl.local.train import run
 
     strategy, seed, steps, device, cache, out = job
     began = time.perf_counter()
-    result = run([f"local.device={device}", f"data.seed={seed}", "trainer.resume_mode=disable",
-                  "trainer.save_freq=-1", f"trainer.total_training_steps={steps}", f"local.cache_dir={cache}",
-                  *STRATEGIES[strategy]], out)
+    with _peer_sampler(strategy):
+        result = run([f"local.device={device}", f"data.seed={seed}", "trainer.resume_mode=disable",
+                      "trainer.save_freq=-1", f"trainer.total_training_steps={steps}", f"local.cache_dir={cache}",
+                      *STRATEGIES[strategy]], out)
     return {"strategy": strategy, "seed": seed, "wall_s": round(result.wall_s, 2),
             "process_s": round(time.perf_counter() - began, 2), "model_built": result.model_built,
             **measure(result.history, late_from=steps // 2 + 1)}
@@ -141,6 +176,9 @@ def summarize(lines: list[dict[str, Any]]) -> list[dict[str, Any]]:
                "rounds_mean": mean([r["rounds_mean"] for r in runs]),
                "partial_steps": mean([r["partial_steps"] for r in runs]),
                "final_accuracy": mean([r["final_accuracy"] for r in runs]),
+               "pool_trained_fraction": mean([r["pool_trained_fraction"] for r in runs]),
+               "pool_solved_fraction": mean([r["pool_solved_fraction"] for r in runs]),
+               "pool_failed_fraction": mean([r["pool_failed_fraction"] for r in runs]),
                "train_s": mean([r["train_s"] for r in runs])}
         recipe = [by.get((RECIPE, r["seed"])) for r in runs]
         if strategy != RECIPE and all(recipe):

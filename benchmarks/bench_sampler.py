@@ -117,6 +117,19 @@ class Scenario:
         return {"mixed": 1 - all_correct - all_wrong, "all_correct": all_correct, "all_wrong": all_wrong}
 
 
+SCENARIOS: dict[str, dict[str, float]] = {
+    "default": {},
+    "late_easy": {"logit_gain": 10.0},
+    "hard_start": {"start_logit_mean": -3.0},
+    "slow_drift": {"logit_gain": 4.0},
+    "alike": {"start_logit_mean": -3.0, "start_logit_std": 0.0, "logit_gain": 0.0},
+}
+"""Named scenarios (``--scenario``), as changes to :class:`Scenario`'s defaults: ``default``; ``late_easy``, most
+prompts easy late in training (informative groups 54% -> 11%); ``hard_start``, most prompts all wrong at first;
+``slow_drift``, a policy that barely moves (informative 54% -> 50%); ``alike``, every prompt the same (54%
+informative throughout), where no history can predict anything."""
+
+
 @dataclass
 class RunRecord:
     """Counts of one strategy on one seed, accumulated over the run."""
@@ -392,13 +405,16 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     d = Scenario()
     parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_sampler", description=__doc__.split("\n")[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="seeds (default: 0 1 2)")
+    parser.add_argument("--scenario", choices=list(SCENARIOS), default="default",
+                        help="a named scenario (SCENARIOS); the options below change it further")
     parser.add_argument("--steps", type=int, default=d.steps, help="training steps per run")
     parser.add_argument("--train-batch-size", type=int, default=d.train_batch_size, help="prompts per step")
     parser.add_argument("--group-size", type=int, default=d.group_size, help="responses per prompt (G)")
     parser.add_argument("--num-prompts", type=int, default=d.num_prompts, help="prompts in the data set")
-    parser.add_argument("--start-logit-mean", type=float, default=d.start_logit_mean)
-    parser.add_argument("--start-logit-std", type=float, default=d.start_logit_std)
-    parser.add_argument("--logit-gain", type=float, default=d.logit_gain, help="pass-rate logit gain over the run")
+    parser.add_argument("--start-logit-mean", type=float, help=f"(default: the scenario's; {d.start_logit_mean})")
+    parser.add_argument("--start-logit-std", type=float, help=f"(default: the scenario's; {d.start_logit_std})")
+    parser.add_argument("--logit-gain", type=float, help=f"pass-rate logit gain over the run (default: the "
+                                                          f"scenario's; {d.logit_gain})")
     parser.add_argument("--gen-batch-factor", type=int, default=d.gen_batch_factor,
                         help="recipe: data.gen_batch_size = factor x train_batch_size")
     parser.add_argument("--max-num-gen-batches", type=int, default=d.max_num_gen_batches)
@@ -430,16 +446,19 @@ def _print_report(result: dict) -> None:
 def main(argv: Sequence[str] | None = None) -> dict:
     """Command-line entry point: run, print one JSON line per strategy and a table, write ``--out``."""
     args = _parse_args(argv)
-    scenario = Scenario(
-        num_prompts=args.num_prompts, group_size=args.group_size, train_batch_size=args.train_batch_size,
-        steps=args.steps, start_logit_mean=args.start_logit_mean, start_logit_std=args.start_logit_std,
-        logit_gain=args.logit_gain, gen_batch_factor=args.gen_batch_factor,
-        max_num_gen_batches=args.max_num_gen_batches, max_inflight_gen_batches=args.max_inflight_gen_batches,
-    )
+    named = SCENARIOS[args.scenario]
+    given = {k: getattr(args, k) for k in ("start_logit_mean", "start_logit_std", "logit_gain")
+             if getattr(args, k) is not None}
+    scenario = Scenario(**{
+        **named, **given, "num_prompts": args.num_prompts, "group_size": args.group_size,
+        "train_batch_size": args.train_batch_size, "steps": args.steps, "gen_batch_factor": args.gen_batch_factor,
+        "max_num_gen_batches": args.max_num_gen_batches, "max_inflight_gen_batches": args.max_inflight_gen_batches,
+    })
     torch.set_num_threads(1)  # tensors of a few dozen elements: threads only add contention
     started = time.perf_counter()
     result = run_benchmark(scenario, args.seeds, args.strategies)
-    meta = {"benchmark": "bench_sampler", "commit": commit_id(), "torch": torch.__version__, "device": "cpu",
+    meta = {"benchmark": "bench_sampler", "scenario_name": args.scenario, "commit": commit_id(),
+            "torch": torch.__version__, "device": "cpu",
             "python": platform.python_version(), "seeds": list(args.seeds),
             "wall_s": round(time.perf_counter() - started, 1)}
     result = {"meta": meta, **result, "targets": check_targets(result)}

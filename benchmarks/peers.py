@@ -143,6 +143,10 @@ class MoppsScorer:
         draw = random.Random(int(torch.randint(2**62, (), generator=generator))).betavariate
         return [-(draw(*self._belief.get(p, (1.0, 1.0))) - MOPPS_TARGET) ** 2 for p in prompt_ids]
 
+    def evidence(self, prompt_ids: Sequence[int]) -> list[float]:
+        """Not used: MoPPS explores by Thompson sampling (``explore_fraction`` 0)."""
+        return [sum(self._belief.get(p, (1.0, 1.0))) for p in prompt_ids]
+
     def record(self, prompt_id: int, correct: int, group_size: int, *, predicted: float | None = None) -> None:
         alpha, beta = self._belief.get(prompt_id, (1.0, 1.0))
         keep = self.forgetting

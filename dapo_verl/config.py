@@ -339,19 +339,20 @@ class SamplerConfig:
     prediction_half_life_steps: float = field(default=10.0, metadata=verl_key(
             "algorithm.filter_groups.prediction_half_life_steps", verl_native=False))
     """prompt_selection=predicted: training steps after which a prompt's own groups count half as much in its
-    predicted correct rate, so the estimate follows the policy as it learns. Range > 0.
+    predicted correct rate, so the estimate follows the policy as it learns. Range > 0 (10 and 20 measured alike).
     """
 
-    selection_window: float = field(default=4.0, metadata=verl_key("algorithm.filter_groups.selection_window",
+    selection_window: float = field(default=8.0, metadata=verl_key("algorithm.filter_groups.selection_window",
                                                                     verl_native=False))
     """prompt_selection=predicted: candidate prompts drawn, in data order, per prompt generated; the rest are passed
-    over until their next visit. Range >= 1 (1 takes prompts in data order).
+    over until their next visit. Range >= 1 (1 takes prompts in data order). 8 was chosen on bench_sampler's
+    tuning seeds (docs/benchmarks.md).
     """
 
-    explore_fraction: float = field(default=0.1, metadata=verl_key("algorithm.filter_groups.explore_fraction",
+    explore_fraction: float = field(default=0.2, metadata=verl_key("algorithm.filter_groups.explore_fraction",
                                                                     verl_native=False))
-    """prompt_selection=predicted: share of a round's prompts drawn at random among the candidates, whatever their
-    prediction, so no prompt is starved for ever. Range [0, 1].
+    """prompt_selection=predicted: share of a round's prompts taken among the least known candidates (never
+    generated, or long forgotten) whatever their prediction, so no prompt is starved for ever. Range [0, 1].
     """
 
     skip_keep_base: float = field(default=0.5, metadata=verl_key("algorithm.filter_groups.skip_keep_base",
@@ -417,8 +418,8 @@ class SamplerConfig:
         require_choice(self, "prompt_selection", PromptSelection)
         require_number(self, "prediction_half_life_steps", low=0.0, low_open=True,
                         fix="10 halves a prompt's old evidence every 10 training steps.")
-        require_number(self, "selection_window", low=1.0, fix="4.0 draws 4 candidates per prompt generated.")
-        require_number(self, "explore_fraction", low=0.0, high=1.0, fix="0.1 draws 1 prompt in 10 at random.")
+        require_number(self, "selection_window", low=1.0, fix="8.0 draws 8 candidates per prompt generated.")
+        require_number(self, "explore_fraction", low=0.0, high=1.0, fix="0.2 explores with 1 prompt in 5.")
         require_number(self, "max_skip_probability", low=0.0, high=1.0, fix="0.9 keeps 1 in 10 chances.")
         if self.max_skip_probability >= 1.0:
             config_error(key_of(self, "max_skip_probability"), self.max_skip_probability,

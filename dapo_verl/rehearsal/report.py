@@ -17,7 +17,8 @@ from dapo_verl.rehearsal.engine import Engine
 from dapo_verl.rehearsal.processes import RunRecord
 from dapo_verl.rehearsal.run import RehearsalResult
 
-__all__ = ["REQUIRED_METRICS", "ROLLOUT_DIFF_LIMIT", "ROLLOUT_METRICS", "build_report", "read_jsonl", "write_report"]
+__all__ = ["PREDICTION_METRICS", "REQUIRED_METRICS", "ROLLOUT_DIFF_LIMIT", "ROLLOUT_METRICS", "build_report",
+           "read_jsonl", "write_report"]
 
 REQUIRED_METRICS = {
     "dapo/sampler/gen_rounds": "dynamic sampling: generation rounds",
@@ -28,6 +29,11 @@ REQUIRED_METRICS = {
     "timing_s/gen": "generation time, every round of the step",
 }
 """Metrics a DAPO recipe's rehearsal must find in every training step verl logged."""
+
+PREDICTION_METRICS = ("dapo/sampler/predicted_keep_rate", "dapo/sampler/prediction_calibration",
+                      "dapo/sampler/prediction_brier")
+"""The predictor's calibration metrics (predicted against observed informative groups), logged every step where
+the recipe selects prompts by prediction (``algorithm.filter_groups.prompt_selection=predicted``, the default)."""
 
 ROLLOUT_METRICS = ("training/rollout_probs_diff_max", "training/rollout_probs_diff_mean",
                    "training/rollout_actor_probs_pearson_corr")
@@ -137,6 +143,11 @@ def _components(result: RehearsalResult, logged: dict[int, dict[str, Any]]) -> l
             f"surplus={recipe.get('algorithm.filter_groups.surplus')}, "
             f"on_shortfall={recipe.get('algorithm.filter_groups.on_shortfall')}",
             sampler, "dapo/sampler/* logged"),
+        row("prompt prediction",
+            f"skip_uninformative={recipe.get('algorithm.filter_groups.skip_uninformative')}, "
+            f"prompt_selection={recipe.get('algorithm.filter_groups.prompt_selection')}",
+            all(key in seen for key in PREDICTION_METRICS),
+            "dapo/sampler/predicted_keep_rate, prediction_calibration, prediction_brier logged"),
     ]
 
 

@@ -404,6 +404,7 @@ _RECIPE_KEYS = (
     "reward.reward_manager.name", "reward.reward_kwargs.overlong_reward_penalty", "algorithm.overlong_filtering",
     "algorithm.filter_groups.enable", "algorithm.filter_groups.metric", "algorithm.filter_groups.refill",
     "algorithm.filter_groups.surplus", "algorithm.filter_groups.on_shortfall",
+    "algorithm.filter_groups.skip_uninformative", "algorithm.filter_groups.prompt_selection",
     "algorithm.filter_groups.max_num_gen_batches", "actor_rollout_ref.rollout.n", "trainer.nnodes",
     "trainer.n_gpus_per_node", "actor_rollout_ref.model.path", "data.train_batch_size",
     "data.max_response_length",

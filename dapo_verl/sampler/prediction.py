@@ -173,6 +173,15 @@ class SuccessPredictor:
         from a wide belief (a prompt seen long ago) lands among the informative rates most of the time."""
         return self.informative_many(prompt_ids)
 
+    def evidence(self, prompt_ids: Sequence[int]) -> list[float]:
+        """Responses of each prompt still weighing in its belief (``w_i (s_i + f_i)``; 0 for a prompt never seen),
+        so exploration looks at the least known prompts first (:class:`~dapo_verl.sampler.stream.PromptStream`)."""
+        out = []
+        for pid in prompt_ids:
+            seen = self._prompts.get(pid)
+            out.append(0.0 if seen is None else self._weight(seen[2]) * (seen[0] + seen[1]))
+        return out
+
     @property
     def ready(self) -> bool:
         """Whether a group was recorded (G and the prior are known), so the scores are predictions."""

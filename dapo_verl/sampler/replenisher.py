@@ -32,7 +32,7 @@ generated response, before filtering), ``keep_rate`` (this step) and ``keep_rate
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -50,7 +50,7 @@ from dapo_verl.sampler.sizing import (
     step_prompt_budget,
     update_keep_rate,
 )
-from dapo_verl.sampler.stream import PromptStream
+from dapo_verl.sampler.stream import PromptStream, RoundSize
 from dapo_verl.sampler.types import GenerateFn, GroupResult, IdentityCodec, PayloadCodec, SampledBatch
 
 __all__ = ["DROP_REASONS", "BatchReplenisher", "ShortfallError"]
@@ -234,10 +234,11 @@ class BatchReplenisher:
         prompt_ids, _ = self.stream.take(want, revisit=revisit, size=self._predicted_size(missing, budget_left))
         return prompt_ids, self.stream.prompts_revisited - revisited_before
 
-    def _predicted_size(self, missing: int, budget_left: int) -> Callable[[list[float]], int] | None:
+    def _predicted_size(self, missing: int, budget_left: int) -> RoundSize | None:
         """Sizes a round from the predicted yield of the prompts it takes (:func:`predicted_request`), within the
-        bounds the keep rate sets; None where the predictions do not size it (no prediction yet, barrier rounds,
-        or a probe round when the budget cannot be expected to fill the batch)."""
+        bounds the keep rate sets, asking the stream for more candidates while the best it drew fall short; None
+        where the predictions do not size it (no prediction yet, barrier rounds, or a probe round when the budget
+        cannot be expected to fill the batch)."""
         predictor, config = self.predictor, self.config
         if (predictor is None or predictor.group_size is None or self.keep_rate_estimate is None
                 or config.refill == RefillStrategy.BARRIER
@@ -245,7 +246,12 @@ class BatchReplenisher:
             return None
         cap = max(1, min(budget_left, max_request_size(config, missing)))
         calibration = predictor.calibration
-        return lambda predictions: min(cap, predicted_request(config, missing, predictions, calibration))
+
+        def size(predictions: list[float], final: bool) -> int | None:
+            count, met = predicted_request(config, missing, predictions, calibration)
+            return min(cap, count) if met or final else None
+
+        return size
 
     def _run_round(self, batch: list[GroupResult], step: int, target: int, budget_left: int, *,
                    planned: tuple[list[int], int] | None = None) -> int:

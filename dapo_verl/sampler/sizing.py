@@ -115,7 +115,7 @@ def request_size(config: SamplerConfig, missing: int, keep_rate: float | None) -
 
 
 def predicted_request(config: SamplerConfig, missing: int, predictions: Sequence[float],
-                      calibration: float | None) -> int:
+                      calibration: float | None) -> tuple[int, bool]:
     """The shortest prefix of ``predictions`` expected to fill ``missing`` groups in one round (module docstring).
 
     Args:
@@ -125,23 +125,24 @@ def predicted_request(config: SamplerConfig, missing: int, predictions: Sequence
         calibration: Observed over predicted informative groups so far (None: 1).
 
     Returns:
-        A prefix length in [1, len(predictions)]: all of them when even all are not expected to suffice, fewer when
-        the predictions fall below the scarcity floor first (module docstring).
+        (prefix length in [1, len(predictions)], whether it meets the probability). Short of it, the length is the
+        prompts down to the scarcity floor (all of them when even the best is below it).
     """
     z = NormalDist().inv_cdf(config.single_round_probability)
     factor = 1.0 if calibration is None else calibration
     sample_size = estimate_sample_size(config) if z > 0 else math.inf
     floor = 1.0 / config.max_oversample_factor
+    scarce = not predictions or factor * predictions[0] < floor
     mean = spread = 0.0
     for count, predicted in enumerate(predictions, 1):
         q = min(1.0, max(0.0, factor * predicted))
-        if q < floor and count > 1 and factor * predictions[0] >= floor:
-            return count - 1
+        if q < floor and not scarce:
+            return count - 1, False
         mean += q
         spread += q * (1.0 - q)
         if mean - z * math.sqrt(spread + mean * mean / sample_size) >= missing:
-            return count
-    return max(1, len(predictions))
+            return count, True
+    return max(1, len(predictions)), False
 
 
 def step_prompt_budget(config: SamplerConfig) -> int:

@@ -18,10 +18,14 @@ Ranked selection (with a ``scorer``, e.g. the :class:`~dapo_verl.sampler.predict
 round that wants n prompts draws ``ceil(selection_window * n)`` candidates from the permutation, orders them by
 their score (the predicted chance of an informative group), highest first, and takes a prefix; the candidates
 it does not take are passed over until their next visit (counted as skipped). Exploration: each place of the
-order is, with probability ``explore_fraction``, given to a candidate drawn at random from those left instead of
-the best one, so every visited prompt keeps a chance of at least ``explore_fraction / selection_window`` per
-visit whatever its prediction, and none is starved for ever. The caller may size the prefix from the ordered
-scores (``size``: the replenisher sizes a round from the predicted yield of the prompts it would take).
+order is, with probability ``explore_fraction``, given to the candidate left that the scorer knows least about
+(a prompt never generated, or one whose groups are long forgotten) instead of the best one. Knowledge fades
+with the scorer's forgetting, so every prompt comes back to the front of the exploration queue in time, whatever
+its prediction, and none is starved for ever; and exploring the unknown first finds the informative prompts the
+predictions cannot yet see, where exploring at random would spend those places on prompts known to be useless.
+The caller may size the prefix from the ordered scores (``size``: the replenisher sizes a round from the predicted
+yield of the prompts it would take); when even the first window's best are not expected to fill the round, the
+window doubles, up to ``WINDOW_GROWTH`` windows.
 """
 
 from __future__ import annotations
@@ -35,7 +39,15 @@ import torch
 from dapo_verl.core import DropReason
 from dapo_verl.sampler.history import PromptHistory
 
-__all__ = ["PromptScorer", "PromptStream"]
+__all__ = ["WINDOW_GROWTH", "PromptScorer", "PromptStream", "RoundSize"]
+
+WINDOW_GROWTH = 4
+"""Ranked selection: a round whose first window's predicted yield falls short draws more candidates, doubling, up to
+this many windows."""
+
+RoundSize = Callable[[list[float], bool], "int | None"]
+"""Sizes a ranked round: ``size(predictions, final)`` -> prompts to take, or None (only when not ``final``) to draw
+more candidates first."""
 
 
 class PromptScorer(Protocol):
@@ -55,6 +67,10 @@ class PromptScorer(Protocol):
 
     def rank_keys(self, prompt_ids: Sequence[int], generator: torch.Generator) -> list[float]:
         """One ranking key per prompt, higher chosen first; may draw from ``generator`` (the stream's seeded one)."""
+        ...
+
+    def evidence(self, prompt_ids: Sequence[int]) -> list[float]:
+        """How much is known about each prompt (0: nothing); exploration looks at the least known first."""
         ...
 
     def record(self, prompt_id: int, correct: int, group_size: int, *, predicted: float | None = None) -> None:
@@ -83,7 +99,7 @@ class PromptStream:
         scorer: Ranks candidates (module docstring: ranked selection); with ``skip_uninformative`` it replaces the
             per-visit skipping by streak. None: per-visit skipping (or none).
         selection_window: Ranked selection: candidates drawn per prompt taken (>= 1).
-        explore_fraction: Ranked selection: share of places given to a random candidate, in [0, 1].
+        explore_fraction: Ranked selection: share of places given to the least known candidate, in [0, 1].
     """
 
     def __init__(
@@ -98,8 +114,8 @@ class PromptStream:
         exhausted_streak: int = 3,
         revisit_capacity: int = 0,
         scorer: PromptScorer | None = None,
-        selection_window: float = 4.0,
-        explore_fraction: float = 0.1,
+        selection_window: float = 8.0,
+        explore_fraction: float = 0.2,
     ) -> None:
         if isinstance(num_prompts, bool) or not isinstance(num_prompts, int) or num_prompts < 1:
             raise ValueError(
@@ -153,15 +169,15 @@ class PromptStream:
             return 0.0
         return 1.0 - self.history.generate_probability(prompt_id)
 
-    def take(self, count: int, *, revisit: bool = False,
-             size: Callable[[list[float]], int] | None = None) -> tuple[list[int], int]:
+    def take(self, count: int, *, revisit: bool = False, size: RoundSize | None = None) -> tuple[list[int], int]:
         """The next ``count`` prompt ids, and how many prompts were skipped to find them.
 
         Args:
             count: Prompts wanted.
             revisit: Re-ask queued prompts first (module docstring).
-            size: Ranked selection only: given the scores of the whole order (revisits first), the number of
-                prompts to take instead of ``count`` (clamped to [1, the candidates drawn]).
+            size: Ranked selection only: given the scores of the whole order (revisits first) and whether the
+                candidates may still grow, the number of prompts to take instead of ``count`` (clamped to [1, the
+                order's length]), or None to draw twice as many candidates, up to ``WINDOW_GROWTH`` windows.
 
         After ``num_prompts`` skips in a row the next prompt is taken regardless, so the call always ends.
         """
@@ -183,25 +199,28 @@ class PromptStream:
         self.prompts_skipped += skipped
         return ids, skipped
 
-    def _take_ranked(self, count: int, *, revisit: bool,
-                     size: Callable[[list[float]], int] | None) -> tuple[list[int], int]:
+    def _take_ranked(self, count: int, *, revisit: bool, size: RoundSize | None) -> tuple[list[int], int]:
         """Ranked selection (module docstring): revisits first, then the best of the drawn candidates."""
         assert self.scorer is not None
         revisits = self._take_revisits(count) if revisit else []
         wanted = max(count - len(revisits), 0)
-        drawn = min(self.num_prompts - len(revisits), math.ceil(self.selection_window * wanted)) if wanted else 0
+        available = self.num_prompts - len(revisits)
+        drawn = min(available, math.ceil(self.selection_window * wanted))
+        limit = min(available, math.ceil(self.selection_window * wanted * WINDOW_GROWTH))
         candidates: list[int] = []
         taken = set(revisits)
-        while len(candidates) < drawn:  # an epoch boundary can repeat a prompt; skip the repeat
-            prompt_id = self._next_id()
-            if prompt_id not in taken:
-                taken.add(prompt_id)
-                candidates.append(prompt_id)
-        order = revisits + self._ranked(candidates)
-        scores = self.scorer.scores(order)
-        chosen = len(revisits) + min(wanted, len(candidates))
-        if size is not None:
-            chosen = max(1, min(int(size(scores)), len(order)))
+        while True:
+            self._draw(candidates, taken, drawn)
+            order = revisits + self._ranked(candidates)
+            scores = self.scorer.scores(order)
+            if size is None:
+                chosen = len(revisits) + min(wanted, len(candidates))
+                break
+            sized = size(scores, drawn >= limit)
+            if sized is not None:
+                chosen = max(1, min(int(sized), len(order)))
+                break
+            drawn = min(limit, 2 * drawn)  # the predicted yield fell short: look at more candidates
         ids = order[:chosen]
         if self.scorer.ready:
             self._scored.update(zip(ids, scores[:chosen]))
@@ -212,6 +231,15 @@ class PromptStream:
         self.prompts_skipped += skipped
         return ids, skipped
 
+    def _draw(self, candidates: list[int], taken: set[int], drawn: int) -> None:
+        """Extend ``candidates`` to ``drawn`` prompts of the data order (an epoch boundary can repeat a prompt;
+        the repeat is skipped)."""
+        while len(candidates) < drawn:
+            prompt_id = self._next_id()
+            if prompt_id not in taken:
+                taken.add(prompt_id)
+                candidates.append(prompt_id)
+
     def _ranked(self, candidates: list[int]) -> list[int]:
         """Candidates by ranking key, highest first, each place given to a random one left with
         ``explore_fraction``."""
@@ -221,11 +249,17 @@ class PromptStream:
         keys = self.scorer.rank_keys(candidates, self._rng)
         best = sorted(range(len(candidates)), key=lambda i: (-keys[i], i))  # ties keep the permutation's order
         left = dict.fromkeys(best)  # indices not placed yet, best first (an ordered set)
-        order = []
         draws = torch.rand(len(candidates), generator=self._rng).tolist()
+        unknown: list[int] = []  # indices by evidence, least known first; computed at the first exploring place
+        order = []
         for draw in draws:
             if draw < self.explore_fraction:
-                index = list(left)[int(torch.randint(len(left), (), generator=self._rng))]
+                if not unknown:
+                    evidence = self.scorer.evidence(candidates)
+                    unknown = sorted(range(len(candidates)), key=lambda i: (evidence[i], i), reverse=True)
+                while unknown[-1] not in left:
+                    unknown.pop()
+                index = unknown.pop()
             else:
                 index = next(iter(left))
             del left[index]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from dapo_verl.rehearsal.report import REQUIRED_METRICS, read_jsonl
+from dapo_verl.rehearsal.report import PREDICTION_METRICS, REQUIRED_METRICS, read_jsonl
 from dapo_verl.rehearsal.run import RehearsalOptions, rehearse
 from dapo_verl.report.derived import RATIO_METRICS, RATIO_PARTS, derive_ratios
 
@@ -42,6 +42,11 @@ def assert_dapo_metrics_every_step(logged, steps):
         missing = [key for key in REQUIRED_METRICS if key not in data]
         assert not missing, f"step {step} lacks {missing}"
         assert data["dapo/sampler/gen_rounds"] >= 1 or data["dapo/sampler/groups_from_carry"] > 0
+        # The predictor's calibration in verl's own log: predicted against observed informative groups.
+        missing = [key for key in PREDICTION_METRICS if key not in data]
+        assert not missing, f"step {step} lacks {missing}"
+        if step > 1 and data["dapo/sampler/gen_rounds"] >= 1:  # step 1 has no prediction yet (nothing generated)
+            assert 0 < data["dapo/sampler/predicted_keep_rate"] <= 1 and data["dapo/sampler/prediction_brier"] >= 0
         assert 0 <= data["dapo/sampler/keep_rate"] <= 1
         assert data["timing_s/gen"] <= data["timing_s/step"]
         assert_clipped_probability_parts(data, f"step {step}")
