@@ -63,7 +63,10 @@ STRATEGIES: dict[str, list[str]] = {
 ``mopps_*`` run the default experiment with that peer's prompt choice (:mod:`benchmarks.peers`);
 ``streak_default`` is the default before prediction (skipping by streak)."""
 
-RECIPE, OURS = "recipe_barrier_discard", "default"
+RECIPE, OURS, PREVIOUS = "recipe_barrier_discard", "default", "streak_default"
+ACCURACY_MARGIN = 0.05
+"""The accuracy drop the guard is powered to detect: the held-out accuracy of ``default`` against ``streak_default``
+(the default before prediction), paired by seed, final evaluation at step 200 (declared before the main run)."""
 EARLY_STEPS = 50
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -108,6 +111,8 @@ def measure(history: list[dict[str, Any]], *, late_from: int) -> dict[str, Any]:
         **{k: v for k, v in whole.items() if k != "steps"},
         "steps": len(rows),
         "prompts_revisited": int(sum(row.get("dapo/sampler/prompts_revisited") or 0.0 for row in rows)),
+        "prompts_skipped": int(rows[-1].get("dapo/sampler/prompts_skipped") or 0) if rows else 0,
+        "predicted": bool(rows) and "dapo/sampler/predicted_keep_rate" in rows[-1],
         **{key: rows[-1].get(f"dapo/sampler/{key}") if rows else None
            for key in ("pool_trained_fraction", "pool_solved_fraction", "pool_failed_fraction")},
         "initial_accuracy": vals[0] if vals else None,
@@ -176,9 +181,8 @@ def summarize(lines: list[dict[str, Any]]) -> list[dict[str, Any]]:
                "rounds_mean": mean([r["rounds_mean"] for r in runs]),
                "partial_steps": mean([r["partial_steps"] for r in runs]),
                "final_accuracy": mean([r["final_accuracy"] for r in runs]),
-               "pool_trained_fraction": mean([r["pool_trained_fraction"] for r in runs]),
-               "pool_solved_fraction": mean([r["pool_solved_fraction"] for r in runs]),
-               "pool_failed_fraction": mean([r["pool_failed_fraction"] for r in runs]),
+               **{key: mean([r.get(key) for r in runs])
+                  for key in ("pool_trained_fraction", "pool_solved_fraction", "pool_failed_fraction")},
                "train_s": mean([r["train_s"] for r in runs])}
         recipe = [by.get((RECIPE, r["seed"])) for r in runs]
         if strategy != RECIPE and all(recipe):
@@ -190,6 +194,34 @@ def summarize(lines: list[dict[str, Any]]) -> list[dict[str, Any]]:
                                                  for b, r in zip(recipe, runs)])
         out.append(row)
     return out
+
+
+def accuracy_test(lines: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The science guard: ``default`` minus ``streak_default`` final held-out accuracy, paired by seed.
+
+    Student's paired t-test, two-sided, with its 95% interval, and the seeds a test needs for 80% power against a
+    drop of :data:`ACCURACY_MARGIN` at this spread (``seeds_for_power``). The reading is stated from the interval:
+    no lower (its lower end above ``-ACCURACY_MARGIN``), lower (its upper end below 0), or undecided.
+    None unless both strategies ran on at least 2 common seeds.
+    """
+    from dapo_verl.report.stats import paired_t_test, seeds_for_power
+
+    by = {(line["strategy"], line["seed"]): line["final_accuracy"] for line in lines}
+    seeds = sorted(seed for (strategy, seed) in by if strategy == OURS and (PREVIOUS, seed) in by)
+    pairs = [(by[(OURS, seed)], by[(PREVIOUS, seed)]) for seed in seeds]
+    if len(pairs) < 2 or any(a is None or b is None for a, b in pairs):
+        return None
+    test = paired_t_test([a - b for a, b in pairs])
+    needed = seeds_for_power(ACCURACY_MARGIN, test.sd) if test.sd > 0 else 2
+    if test.ci_low > -ACCURACY_MARGIN:
+        reading = f"no lower: the 95% interval excludes a drop of {ACCURACY_MARGIN}"
+    elif test.ci_high < 0:
+        reading = "lower: the 95% interval lies below 0"
+    else:
+        reading = f"undecided: the 95% interval holds a drop of {ACCURACY_MARGIN}"
+    return {"treatment": OURS, "baseline": PREVIOUS, "seeds": seeds, "metric": "final held-out accuracy (step 200)",
+            "test": "Student's paired t-test, two-sided", **test.to_dict(), "margin": ACCURACY_MARGIN,
+            "seeds_for_80pct_power": needed, "reading": reading}
 
 
 def _ratio(base: float | None, ours: float | None) -> float | None:
@@ -240,6 +272,9 @@ def main(argv: list[str] | None = None) -> int:
                 print(json.dumps({**meta, "measurement": "default_run", "seed": line["seed"], **speed}), flush=True)
         for row in summarize(lines):
             print(json.dumps({**meta, "measurement": "sampler_comparison", **row}), flush=True)
+        guard = accuracy_test(lines)
+        if guard is not None:
+            print(json.dumps({**meta, "measurement": "accuracy_test", **guard}), flush=True)
         if not args.trl_python:
             print(json.dumps({**meta, "measurement": "trl_grpo", "skipped": "no --trl-python given"}), flush=True)
             return 0

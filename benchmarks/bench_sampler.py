@@ -255,6 +255,7 @@ class StreamingRefill:
         self.policy = _policy(scenario, seed)
         self.stream = PromptStream(scenario.num_prompts, seed=seed)  # a shuffled dataloader, no skipping
         self.record = RunRecord(dropped={})
+        self._trained_prompts: set[int] = set()
         self._latency_gen = torch.Generator().manual_seed(seed + _LATENCY_SEED_OFFSET)
         self._order = itertools.count()
 
@@ -265,7 +266,7 @@ class StreamingRefill:
         metric = torch.stack([g.metric.to(torch.float32) for g in groups])  # (P, G)
         reasons = [DropReason(int(code)) for code in group_drop_reasons(metric)]
         for wave, group, reason, latency in zip(waves, groups, reasons, _latencies(self._latency_gen, len(waves))):
-            heapq.heappush(heap, (now + latency, next(self._order), wave, reason))
+            heapq.heappush(heap, (now + latency, next(self._order), wave, reason, group.prompt_id))
             self.record.groups_generated += 1
             self.record.responses_generated += group.group_size
 
@@ -284,9 +285,11 @@ class StreamingRefill:
         self._dispatch(heap, 0.0, [1] * target)
         dispatched, ready, draining, rounds, now = target, 0, False, 1, 0.0
         while heap:
-            now, _, wave, reason = heapq.heappop(heap)
+            now, _, wave, reason, prompt_id = heapq.heappop(heap)
             if reason == DropReason.KEEP:
                 ready += 1
+                if ready <= target:  # the first informative groups to finish fill the batch
+                    self._trained_prompts.add(prompt_id)
             else:
                 self._drop(reason.label)
                 if not draining:
@@ -315,6 +318,7 @@ def run_streaming(scenario: Scenario, seed: int) -> RunRecord:
     baseline = StreamingRefill(scenario, seed)
     for step in range(scenario.steps):
         baseline.run_step(step)
+    baseline.record.pool_trained_fraction = len(baseline._trained_prompts) / scenario.num_prompts
     return baseline.record
 
 

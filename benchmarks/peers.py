@@ -147,6 +147,9 @@ class MoppsScorer:
         """Not used: MoPPS explores by Thompson sampling (``explore_fraction`` 0)."""
         return [sum(self._belief.get(p, (1.0, 1.0))) for p in prompt_ids]
 
+    def taken(self, prompt_ids: Sequence[int]) -> None:
+        """MoPPS notes nothing before generation."""
+
     def record(self, prompt_id: int, correct: int, group_size: int, *, predicted: float | None = None) -> None:
         alpha, beta = self._belief.get(prompt_id, (1.0, 1.0))
         keep = self.forgetting

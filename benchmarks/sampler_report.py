@@ -19,6 +19,7 @@ COLUMNS = (
     ("oracle_share", "oracle share", 2), ("rounds_mean", "rounds/step", 2), ("rounds_max", "max rounds", 0),
     ("multi_round_share", "steps >1 round", 2), ("gen_time_mean", "gen time/step", 2),
     ("carried_share", "carried share", 2), ("partial_steps", "partial steps", 0),
+    ("pool_trained_fraction", "pool trained", 2),
 )
 """(metric, column title, decimals) of the table."""
 

@@ -14,7 +14,7 @@ The same mapping drives:
 
 Defaults follow the paper (arXiv 2503.14476, §4.1) and the published verl DAPO run, except for three
 sampler behaviours that only change what dynamic sampling spends, each measured in benchmarks/README.md:
-adaptive round sizing, measured skipping of prompts their history predicts to be uninformative, and
+adaptive round sizing, choosing prompts by their predicted chance of an informative group, and
 revisiting informative prompts when informative groups are rare (``refill``, ``skip_uninformative``,
 ``revisit_informative``; set them to ``barrier``, false, false for the paper's sampler). Carrying surplus
 groups, which trains slightly off-policy, stays opt-in. Imports only the standard library and
@@ -324,16 +324,15 @@ class SamplerConfig:
 
     skip_uninformative: bool = field(default=True, metadata=verl_key("algorithm.filter_groups.skip_uninformative",
                                                                      verl_native=False))
-    """Pass over prompts whose latest groups were all correct or all wrong, in proportion to how much less often such
-    prompts were measured to be informative than prompts without that history (arXiv 2506.02177, measured rule); inert
-    where history predicts nothing. On by default (beyond the paper); false visits prompts uniformly.
+    """Choose prompts by what their past groups predict (prompt_selection says how) instead of visiting them uniformly.
+    On by default (beyond the paper); false visits prompts uniformly.
     """
 
     prompt_selection: str = field(default="predicted", metadata=verl_key("algorithm.filter_groups.prompt_selection",
                                                                          verl_native=False))
     """With skip_uninformative: predicted (rank candidates by the predicted chance of an informative group, size
-    rounds from the predicted yield) or streak (skip after all-correct or all-wrong streaks, the rule before
-    prediction).
+    rounds from the predicted yield) or streak (pass over prompts after all-correct or all-wrong streaks, in proportion
+    to how much less often such prompts were measured to be informative; the rule before prediction).
     """
 
     prediction_half_life_steps: float = field(default=10.0, metadata=verl_key(
@@ -362,7 +361,9 @@ class SamplerConfig:
 
     max_skip_probability: float = field(default=0.9, metadata=verl_key("algorithm.filter_groups.max_skip_probability",
                                                                         verl_native=False))
-    """Upper bound on any prompt's skip probability, so no prompt is skipped for good. Range [0, 1)."""
+    """prompt_selection=streak: upper bound on any prompt's skip probability, so no prompt is skipped for good. Range
+    [0, 1).
+    """
 
     revisit_informative: bool = field(default=True, metadata=verl_key("algorithm.filter_groups.revisit_informative",
                                                                       verl_native=False))

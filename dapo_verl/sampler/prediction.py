@@ -29,9 +29,17 @@ A group is informative when 0 < k < G. Its probability under the belief is exact
 (computed with log-gamma functions), which weighs both the estimate and its uncertainty: a prompt seen once
 with 8 of 8 correct is not certain to be solved, and its q says how likely it is to fail once in 8.
 
-Calibration. The predictions drive the round sizes, so their bias matters: the predictor keeps moving sums of
-the predicted q of every generated prompt and of the informative groups that came back; ``calibration`` =
-observed / predicted is the factor the sizing applies, and the sampler logs both rates per step.
+Calibration, measured separately where training may have changed the prompt. Training on a prompt changes it:
+in real training a prompt whose group was just informative -- and so was trained on -- is often solved at its
+next visit, which its own history cannot foresee; in a simulation where training changes nothing it stays as
+informative as it was. Neither is assumed. The predictor keeps moving sums of the predicted q and of the
+informative groups that came back in two buckets -- prompts whose last group was informative, and all others
+(prompts never seen among them) -- and each bucket's factor ``c_b = (observed + K) / (predicted + K)``
+(:data:`CALIBRATION_PRIOR_GROUPS` = K keeps it at 1 until measured) multiplies its predictions:
+``score_i = min(1, c_b q_i)``. The scores rank candidates and size rounds, so where training is measured to
+solve what it trains on, recently trained prompts lose their rank to fresh ones and the training data stays
+spread over the pool; where it is not, they keep it. The sampler logs both factors and the mean score against
+the observed informative rate every step.
 
 Departures and limits: the success of a response is ``metric == 1`` (the filter metric is raw correctness,
 ``acc``, in 0/1, -1/1 or bool); for a non-binary metric the Beta-Bernoulli model is an approximation. Prompts
@@ -48,9 +56,12 @@ import torch
 from torch import Tensor
 
 __all__ = [
-    "MAX_CONCENTRATION", "MIN_CONCENTRATION", "SuccessPredictor", "beta_prior_from_moments",
-    "informative_probability", "successes",
+    "CALIBRATION_PRIOR_GROUPS", "MAX_CONCENTRATION", "MIN_CONCENTRATION", "SuccessPredictor",
+    "beta_prior_from_moments", "informative_probability", "successes",
 ]
+
+CALIBRATION_PRIOR_GROUPS = 8.0
+"""Weight, in groups, of the factor 1 that each calibration bucket starts from."""
 
 MIN_CONCENTRATION = 0.1
 """Smallest prior concentration a0 + b0: a population split between solved and failed prompts (U-shaped)."""
@@ -123,9 +134,11 @@ class SuccessPredictor:
         self._decay = 1.0 - 1.0 / max(smoothing_groups, 1.0)
         self.step = 0
         self.group_size: int | None = None  # G of the latest group; predictions need it
-        self._prompts: dict[int, tuple[float, float, int]] = {}  # prompt id -> (correct, wrong, step of last group)
+        # prompt id -> (correct, wrong, step of its last group, whether that group was informative)
+        self._prompts: dict[int, tuple[float, float, int, bool]] = {}
         self._moments = [0.0, 0.0, 0.0]  # decayed (groups, sum of k/G, sum of (k/G)^2) over every group
-        self._calibration = [0.0, 0.0]  # decayed (predicted q, informative) over the generated prompts
+        self._calibration = [[0.0, 0.0], [0.0, 0.0]]  # per bucket (other, after informative): decayed (q, informative)
+        self._taken: dict[int, tuple[int, float]] = {}  # prompts taken, until recorded -> (bucket, q when taken)
 
     # -- predictions -------------------------------------------------------------------------------------
 
@@ -143,7 +156,7 @@ class SuccessPredictor:
         seen = self._prompts.get(prompt_id)
         if seen is None:
             return a0, b0
-        correct, wrong, step = seen
+        correct, wrong, step, _ = seen
         weight = self._weight(step)
         return a0 + weight * correct, b0 + weight * wrong
 
@@ -164,14 +177,36 @@ class SuccessPredictor:
                 for pid in prompt_ids]
 
     def scores(self, prompt_ids: Sequence[int]) -> list[float]:
-        """Predictions for round sizing (:class:`~dapo_verl.sampler.stream.PromptScorer`): :meth:`informative_many`."""
-        return self.informative_many(prompt_ids)
+        """Calibrated predictions ``min(1, c_b q_i)`` (module docstring), for ranking and round sizing
+        (:class:`~dapo_verl.sampler.stream.PromptScorer`); 1 before the first group."""
+        factors = self.calibration_factors()
+        predictions = self.informative_many(prompt_ids)
+        return [min(1.0, factors[self._bucket(pid)] * q) for pid, q in zip(prompt_ids, predictions)]
 
     def rank_keys(self, prompt_ids: Sequence[int], generator: torch.Generator) -> list[float]:
-        """Ranked selection's keys: the predictions themselves (exploration is the stream's ``explore_fraction``;
+        """Ranked selection's keys: the calibrated predictions (exploration is the stream's ``explore_fraction``;
         ``generator`` is not drawn from). Thompson draws were tried instead and ranked worse: with G >= 8 a draw
         from a wide belief (a prompt seen long ago) lands among the informative rates most of the time."""
-        return self.informative_many(prompt_ids)
+        return self.scores(prompt_ids)
+
+    def taken(self, prompt_ids: Sequence[int]) -> None:
+        """Note the prompts a round takes with the model's prediction for each now, before their groups arrive: the
+        calibration compares exactly these with the outcomes (:class:`~dapo_verl.sampler.stream.PromptScorer`)."""
+        if self.group_size is None:
+            return
+        predictions = self.informative_many(prompt_ids)
+        self._taken.update((pid, (self._bucket(pid), q)) for pid, q in zip(prompt_ids, predictions))
+
+    def _bucket(self, prompt_id: int) -> int:
+        """1 for a prompt whose last group was informative, else 0 (never seen included)."""
+        seen = self._prompts.get(prompt_id)
+        return int(seen is not None and seen[3])
+
+    def calibration_factors(self) -> tuple[float, float]:
+        """Each bucket's factor ``(observed + K) / (predicted + K)``: (others, after an informative group)."""
+        k = CALIBRATION_PRIOR_GROUPS
+        others, after = ((observed + k) / (predicted + k) for predicted, observed in self._calibration)
+        return others, after
 
     def evidence(self, prompt_ids: Sequence[int]) -> list[float]:
         """Responses of each prompt still weighing in its belief (``w_i (s_i + f_i)``; 0 for a prompt never seen),
@@ -189,8 +224,10 @@ class SuccessPredictor:
 
     @property
     def calibration(self) -> float | None:
-        """Observed informative groups over predicted ones, among generated prompts (None before any)."""
-        predicted, observed = self._calibration
+        """Observed informative groups over the model's predicted ones, among generated prompts, both buckets
+        together (None before any); a diagnostic: the scores apply each bucket's own factor."""
+        predicted = self._calibration[0][0] + self._calibration[1][0]
+        observed = self._calibration[0][1] + self._calibration[1][1]
         return observed / predicted if predicted > 0 else None
 
     @property
@@ -210,23 +247,27 @@ class SuccessPredictor:
             prompt_id: The prompt.
             correct: Correct responses in the group (0 .. group_size).
             group_size: G of the group.
-            predicted: The informative probability predicted when the prompt was chosen (feeds the calibration);
-                None for prompts chosen without a prediction.
+            predicted: The score the prompt was chosen with (unused: the calibration compares the model's own
+                prediction noted by :meth:`taken` with the outcome, in the bucket the prompt was in then).
         """
+        informative = 0 < correct < group_size
+        noted = self._taken.pop(prompt_id, None)
+        if noted is not None:
+            bucket = self._calibration[noted[0]]
+            bucket[0] = self._decay * bucket[0] + noted[1]
+            bucket[1] = self._decay * bucket[1] + float(informative)
         self.group_size = group_size
         d = self._decay
         fraction = correct / group_size
         self._moments = [d * self._moments[0] + 1.0, d * self._moments[1] + fraction,
                          d * self._moments[2] + fraction * fraction]
-        if predicted is not None:
-            informative = float(0 < correct < group_size)
-            self._calibration = [d * self._calibration[0] + predicted, d * self._calibration[1] + informative]
         seen = self._prompts.get(prompt_id)
         if seen is None:
-            self._prompts[prompt_id] = (float(correct), float(group_size - correct), self.step)
+            self._prompts[prompt_id] = (float(correct), float(group_size - correct), self.step, informative)
             return
         weight = self._weight(seen[2])
-        self._prompts[prompt_id] = (weight * seen[0] + correct, weight * seen[1] + group_size - correct, self.step)
+        self._prompts[prompt_id] = (weight * seen[0] + correct, weight * seen[1] + group_size - correct, self.step,
+                                    informative)
 
     # -- state -------------------------------------------------------------------------------------------
 
@@ -235,9 +276,10 @@ class SuccessPredictor:
         return {
             "step": self.step,
             "group_size": self.group_size,
-            "prompts": sorted([pid, c, w, s] for pid, (c, w, s) in self._prompts.items()),
+            "prompts": sorted([pid, c, w, s, i] for pid, (c, w, s, i) in self._prompts.items()),
             "moments": list(self._moments),
-            "calibration": list(self._calibration),
+            "calibration": [list(bucket) for bucket in self._calibration],
+            "taken": sorted([pid, b, q] for pid, (b, q) in self._taken.items()),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -245,6 +287,8 @@ class SuccessPredictor:
         self.step = int(state.get("step", 0))
         size = state.get("group_size")
         self.group_size = None if size is None else int(size)
-        self._prompts = {int(pid): (float(c), float(w), int(s)) for pid, c, w, s in state.get("prompts", [])}
+        self._prompts = {int(pid): (float(c), float(w), int(s), bool(i))
+                         for pid, c, w, s, i in state.get("prompts", [])}
         self._moments = [float(v) for v in state.get("moments", [0.0, 0.0, 0.0])]
-        self._calibration = [float(v) for v in state.get("calibration", [0.0, 0.0])]
+        self._calibration = [[float(v) for v in bucket] for bucket in state.get("calibration", [[0.0, 0.0]] * 2)]
+        self._taken = {int(pid): (int(b), float(q)) for pid, b, q in state.get("taken", [])}

@@ -6,11 +6,14 @@ groups. It first takes carried-over groups (``surplus=carry``, oldest first, dro
 (:func:`~dapo_verl.sampler.sizing.step_prompt_budget`; adaptive refill stops after one round when the rest
 of the budget cannot be expected to fill the batch) -- until the batch is full, filtering each group
 with :func:`~dapo_verl.core.group_drop_reasons` on the raw metric. Prompts come from a
-:class:`~dapo_verl.sampler.stream.PromptStream`, which with ``skip_uninformative`` passes over prompts
-their history predicts to be uninformative (:mod:`~dapo_verl.sampler.history`). At ``max_num_gen_batches``
-rounds or the end of the budget it either raises (``on_shortfall=error``, saying what the keep rate was
-and which knob to turn) or returns the short batch (``partial``, logged at INFO level: the metric
-``partial`` records it). It never returns unfiltered groups and never loops without bound.
+:class:`~dapo_verl.sampler.stream.PromptStream`, which with ``skip_uninformative`` chooses them by their
+predicted chance of an informative group (``prompt_selection=predicted``, the default: a
+:class:`~dapo_verl.sampler.prediction.SuccessPredictor` ranks a window of candidates, and the round is sized from
+the predicted yield of the prompts taken, :func:`~dapo_verl.sampler.sizing.predicted_request`) or passes over
+prompts after uninformative streaks (``prompt_selection=streak``, :mod:`~dapo_verl.sampler.history`). At
+``max_num_gen_batches`` rounds or the end of the budget it either raises (``on_shortfall=error``, saying what
+the keep rate was and which knob to turn) or returns the short batch (``partial``, logged at INFO level: the
+metric ``partial`` records it). It never returns unfiltered groups and never loops without bound.
 
 Accounting is explicit and conserved: every generated group is trained, carried, or dropped for a named
 reason (``all_correct``, ``all_wrong``, ``zero_spread``, ``stale``, ``surplus``, ``shortfall``);
@@ -25,8 +28,14 @@ generated response, before filtering), ``keep_rate`` (this step) and ``keep_rate
 ``truncated_fraction``, ``carried_groups``, ``carried_staleness_mean``/``max``, ``partial``,
 ``history_size``; the prompt pool (:mod:`~dapo_verl.sampler.history`): ``pool_exhausted_fraction``,
 ``pool_solved_fraction``, ``pool_failed_fraction``, ``pool_exhausted`` (1 once
-``exhausted_pool_fraction`` of the pool is exhausted), ``keep_rate_no_streak`` and ``keep_rate_streak``
-(measured informative rates of prompts without and with an uninformative streak; -1 before any).
+``exhausted_pool_fraction`` of the pool is exhausted), ``pool_trained_fraction`` (share of the pool any batch
+has held), ``keep_rate_no_streak`` and ``keep_rate_streak`` (measured informative rates of prompts without and
+with an uninformative streak; -1 before any); with prediction: ``predicted_keep_rate`` (mean predicted chance of
+an informative group over this step's generated prompts, against the observed ``keep_rate``),
+``prediction_brier`` (their mean squared error), ``prediction_calibration`` (observed over the model's
+predicted informative groups), ``calibration_after_informative`` and ``calibration_others`` (the factors applied
+to prompts whose last group was informative and to all others, :mod:`~dapo_verl.sampler.prediction`) and
+``predictor_size`` (prompts with a belief of their own); -1 where nothing was predicted.
 """
 
 from __future__ import annotations
@@ -245,10 +254,9 @@ class BatchReplenisher:
                 or not budget_can_fill(config, missing, self.keep_rate_estimate, budget_left)):
             return None
         cap = max(1, min(budget_left, max_request_size(config, missing)))
-        calibration = predictor.calibration
 
-        def size(predictions: list[float], final: bool) -> int | None:
-            count, met = predicted_request(config, missing, predictions, calibration)
+        def size(predictions: list[float], final: bool) -> int | None:  # predictions already calibrated
+            count, met = predicted_request(config, missing, predictions, None)
             return min(cap, count) if met or final else None
 
         return size
@@ -423,11 +431,13 @@ class BatchReplenisher:
         if self.predictor is None:
             return {}
         count = delta["predicted_groups"]
-        calibration = self.predictor.calibration
+        others, after_informative = self.predictor.calibration_factors()
         return {
             "predicted_keep_rate": delta["predicted_sum"] / count if count else -1.0,
             "prediction_brier": delta["prediction_squared_error"] / count if count else -1.0,
-            "prediction_calibration": _or_minus_one(calibration),
+            "prediction_calibration": _or_minus_one(self.predictor.calibration),
+            "calibration_after_informative": after_informative,
+            "calibration_others": others,
             "predictor_size": float(self.predictor.size),
         }
 

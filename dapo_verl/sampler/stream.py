@@ -73,6 +73,10 @@ class PromptScorer(Protocol):
         """How much is known about each prompt (0: nothing); exploration looks at the least known first."""
         ...
 
+    def taken(self, prompt_ids: Sequence[int]) -> None:
+        """The prompts a round takes, before generation (a scorer may note what it predicted for them)."""
+        ...
+
     def record(self, prompt_id: int, correct: int, group_size: int, *, predicted: float | None = None) -> None:
         """Account one generated group of ``prompt_id`` (``predicted``: its score when it was chosen)."""
         ...
@@ -222,6 +226,7 @@ class PromptStream:
                 break
             drawn = min(limit, 2 * drawn)  # the predicted yield fell short: look at more candidates
         ids = order[:chosen]
+        self.scorer.taken(ids)
         if self.scorer.ready:
             self._scored.update(zip(ids, scores[:chosen]))
         skipped = len(order) - chosen

@@ -11,10 +11,15 @@ def test_benchmark_prints_one_json_line_per_measurement(capsys, tmp_path):
     assert main(["--seeds", "0", "--steps", "2", "--out", str(tmp_path)]) == 0
     lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     kinds = [line["measurement"] for line in lines]
-    assert kinds == ["sampler_run", "default_run", "sampler_run", "sampler_comparison", "sampler_comparison",
-                     "trl_grpo"]  # the default run from an empty model cache comes first
+    others = len(STRATEGIES) - 1
+    assert kinds == (["sampler_run", "default_run"] + ["sampler_run"] * others
+                     + ["sampler_comparison"] * len(STRATEGIES) + ["trl_grpo"])  # the empty-cache default run first
     runs = [line for line in lines if line["measurement"] == "sampler_run"]
     assert sorted(line["strategy"] for line in runs) == sorted(STRATEGIES)
+    by = {line["strategy"]: line for line in runs}
+    # Each peer ran with its own prompt choice, and only the shipped default predicts.
+    assert [name for name, line in by.items() if line["predicted"]] == ["default"]
+    assert by["mopps_math"]["prompts_skipped"] > 0 and by["greso"]["prompts_skipped"] == 0  # ranked vs first epoch
     for line in runs:
         assert {"commit", "torch", "device", "generated_per_trained", "late", "early", "final_accuracy"} <= set(line)
         assert line["steps"] == 2 and line["generated_per_trained"] >= 1.0
@@ -57,3 +62,20 @@ def test_summary_ratios_are_per_seed_recipe_over_ours_then_averaged():
     ours = next(row for row in rows if row["strategy"] == "default")
     assert ours["x_fewer_whole"] == 1.5 and ours["x_fewer_late"] == 3.0
     assert ours["accuracy_minus_recipe"] == 0.05
+
+
+def test_the_accuracy_guard_pairs_seeds_and_reads_the_interval():
+    from benchmarks.bench_local import ACCURACY_MARGIN, accuracy_test
+
+    def lines(ours, previous):
+        return ([{"strategy": "default", "seed": s, "final_accuracy": a} for s, a in enumerate(ours)]
+                + [{"strategy": "streak_default", "seed": s, "final_accuracy": a} for s, a in enumerate(previous)])
+
+    same = accuracy_test(lines([0.80, 0.90, 0.85, 0.70], [0.81, 0.89, 0.86, 0.69]))
+    assert same["seeds"] == [0, 1, 2, 3] and abs(same["mean"]) < 1e-12
+    assert same["reading"].startswith("no lower") and same["ci_low"] > -ACCURACY_MARGIN
+    lower = accuracy_test(lines([0.60, 0.70, 0.65, 0.50], [0.81, 0.89, 0.86, 0.69]))
+    assert lower["reading"].startswith("lower") and lower["ci_high"] < 0
+    noisy = accuracy_test(lines([0.90, 0.50, 0.85, 0.60], [0.60, 0.89, 0.56, 0.90]))
+    assert noisy["reading"].startswith("undecided") and noisy["seeds_for_80pct_power"] > 4
+    assert accuracy_test(lines([0.9], [0.8])) is None  # one pair: no test

@@ -14,6 +14,7 @@ from dapo_verl.config import SamplerConfig
 from dapo_verl.core import DropReason
 from dapo_verl.sampler import BatchReplenisher, PromptStream
 from dapo_verl.sampler.prediction import (
+    CALIBRATION_PRIOR_GROUPS,
     MAX_CONCENTRATION,
     MIN_CONCENTRATION,
     SuccessPredictor,
@@ -101,12 +102,22 @@ def test_a_solved_prompt_is_predicted_less_informative_than_a_mixed_one_until_fo
     assert predictor.informative_many([100, 101]) == [pytest.approx(fresh, abs=1e-6)] * 2
 
 
-def test_calibration_is_observed_over_predicted():
+def test_calibration_is_measured_per_bucket_and_scales_that_buckets_scores():
     predictor = SuccessPredictor(half_life_steps=10, smoothing_groups=1e9)  # no decay of the sums
-    predictor.record(0, 4, 8, predicted=0.5)  # informative
-    predictor.record(1, 8, 8, predicted=0.5)  # not
-    predictor.record(2, 3, 8, predicted=0.5)  # informative
-    assert predictor.calibration == pytest.approx(2 / 1.5)
+    predictor.record(0, 4, 8)  # the first group: G and a prior, nothing predicted yet
+    assert predictor.calibration_factors() == (1.0, 1.0) and predictor.calibration is None
+    # Prompt 0's last group was informative; a prompt never seen counts with the others.
+    q_after, q_fresh = predictor.informative_many([0, 5])
+    predictor.taken([0, 5])  # a round takes both: their predictions now are what the calibration compares
+    predictor.record(0, 8, 8)  # came back solved
+    predictor.record(5, 3, 8)  # came back informative
+    k = CALIBRATION_PRIOR_GROUPS
+    others, after = predictor.calibration_factors()
+    assert after == pytest.approx(k / (q_after + k)) and others == pytest.approx((1 + k) / (q_fresh + k))
+    assert predictor.calibration == pytest.approx(1 / (q_after + q_fresh))
+    # The scores apply each bucket's factor: prompt 5 is now after an informative group, prompt 0 is not.
+    q0, q5 = predictor.informative_many([0, 5])
+    assert predictor.scores([0, 5]) == [pytest.approx(min(1, others * q0)), pytest.approx(min(1, after * q5))]
 
 
 def test_predictions_before_any_group_are_not_predictions():
@@ -164,6 +175,9 @@ class _Fixed:
 
     def record(self, prompt_id, correct, group_size, *, predicted=None):
         self.recorded.append((prompt_id, correct, group_size, predicted))
+
+    def taken(self, ids):
+        pass
 
     def state_dict(self):
         return {}

@@ -81,7 +81,9 @@ def test_a_probability_below_one_half_asks_for_less_than_the_expected_need():
 def test_at_the_lowest_trusted_keep_rate_one_round_still_fills_the_batch_nine_times_in_ten():
     # A quarter of the prompts mixed (pass rate 0.5, G = 8), the rest never: keep rate ~1/4 = 1/max_oversample_factor.
     # A request capped at 4x the missing groups fills the batch only about half the time here (mean ~1.8 rounds).
-    config = SamplerConfig(train_batch_size=32, single_round_probability=0.9, max_oversample_factor=4.0, seed=5)
+    # The keep-rate sizing at its floor: prompts chosen by the streak rule (prediction sizes rounds by its own yield).
+    config = SamplerConfig(train_batch_size=32, single_round_probability=0.9, max_oversample_factor=4.0, seed=5,
+                           prompt_selection="streak")
     policy = SimulatedPolicy(lambda pid, step: (0.5, 0.0, 0.0, 0.0)[pid % 4], group_size=8, seed=5)
     sampler = BatchReplenisher(config, 1000, policy)
     rounds = [sampler.next_batch().metrics["dapo/sampler/gen_rounds"] for _ in range(200)][1:]  # step 1: no estimate
