@@ -28,7 +28,7 @@ from packaging.version import Version
 
 from dapo_verl.adapter.preflight import DAPO_ENTRY, VERL_ENTRY, compose_and_check
 from dapo_verl.adapter.preflight_dapo import dapo_entry_problems
-from dapo_verl.config import DapoConfig
+from dapo_verl.config import DapoConfig, PromptSelection, SamplerConfig
 from dapo_verl.preflight import ConfigRefused
 
 __all__ = ["Check", "config_checks", "describe_run", "run_checks"]
@@ -181,6 +181,19 @@ def config_checks(config_name: str, overrides: Sequence[str]) -> tuple[list[Chec
     return checks, config, entry
 
 
+def _prompt_choice(sampler: SamplerConfig) -> str:
+    """How the replenisher chooses prompts, in one sentence."""
+    if not sampler.enable:
+        return "in data order (dynamic sampling off)."
+    if not sampler.skip_uninformative:
+        return "in data order (algorithm.filter_groups.skip_uninformative=false)."
+    if sampler.prompt_selection == PromptSelection.STREAK:
+        return "in data order, skipping prompts after all-correct or all-wrong streaks (prompt_selection=streak)."
+    return (f"by their predicted chance of an informative group, the best of {sampler.selection_window:g} candidates "
+            f"each, a share {sampler.explore_fraction:g} exploring the least known; rounds sized from the predicted "
+            f"yield (prompt_selection=predicted).")
+
+
 def describe_run(config: Any, entry_module: str) -> list[Check]:
     """Which trainer, sampler, loss, estimator and reward manager ``config`` runs through ``entry_module``.
 
@@ -208,6 +221,8 @@ def describe_run(config: Any, entry_module: str) -> list[Check]:
                                 "it and plans to remove it).", checked=False))
             checks.append(Check("sampler", True, "dapo_verl's batch replenisher, driving the legacy trainer's batches "
                                 "(DapoRayTrainer).", checked=False))
+        if not sampler_problems:
+            checks.append(Check("prompts", True, _prompt_choice(DapoConfig.from_verl(config).sampler), checked=False))
     else:
         checks.append(Check("trainer", True, f"verl's {'v1 trainer (' + str(mode) + ')' if v1 else 'legacy trainer'}.",
                             checked=False))

@@ -20,22 +20,7 @@ reason (``all_correct``, ``all_wrong``, ``zero_spread``, ``stale``, ``surplus``,
 :meth:`BatchReplenisher.conservation_gap` is 0 at all times. Training steps, generation rounds, prompts
 consumed and data epochs are separate counters.
 
-Metrics of each step (``dapo/sampler/...``): ``train_step``, ``gen_rounds``, ``prompts_requested``,
-``prompts_skipped``, ``prompts_consumed``, ``data_epoch``, ``groups_generated``, ``groups_trained``,
-``groups_from_carry``, ``dropped/<reason>``, ``prefilter_acc`` and ``prefilter_score`` (over every
-generated response, before filtering), ``keep_rate`` (this step) and ``keep_rate_estimate``,
-``responses_generated``, ``responses_trained``, ``generated_per_trained``, ``wasted_response_tokens``,
-``truncated_fraction``, ``carried_groups``, ``carried_staleness_mean``/``max``, ``partial``,
-``history_size``; the prompt pool (:mod:`~dapo_verl.sampler.history`): ``pool_exhausted_fraction``,
-``pool_solved_fraction``, ``pool_failed_fraction``, ``pool_exhausted`` (1 once
-``exhausted_pool_fraction`` of the pool is exhausted), ``pool_trained_fraction`` (share of the pool any batch
-has held), ``keep_rate_no_streak`` and ``keep_rate_streak`` (measured informative rates of prompts without and
-with an uninformative streak; -1 before any); with prediction: ``predicted_keep_rate`` (mean predicted chance of
-an informative group over this step's generated prompts, against the observed ``keep_rate``),
-``prediction_brier`` (their mean squared error), ``prediction_calibration`` (observed over the model's
-predicted informative groups), ``calibration_after_informative`` and ``calibration_others`` (the factors applied
-to prompts whose last group was informative and to all others, :mod:`~dapo_verl.sampler.prediction`) and
-``predictor_size`` (prompts with a belief of their own); -1 where nothing was predicted.
+The metrics of each step (``dapo/sampler/...``) are listed in :mod:`~dapo_verl.sampler.step_metrics`.
 """
 
 from __future__ import annotations
@@ -50,6 +35,7 @@ from dapo_verl.config import PromptSelection, RefillStrategy, SamplerConfig, Sho
 from dapo_verl.core import DropReason, group_drop_reasons
 from dapo_verl.sampler.contracts import check_state, checked_groups, restoring
 from dapo_verl.sampler.prediction import SuccessPredictor, successes
+from dapo_verl.sampler.shortfall import ShortfallError, shortfall_message
 from dapo_verl.sampler.sizing import (
     budget_can_fill,
     estimate_sample_size,
@@ -59,6 +45,7 @@ from dapo_verl.sampler.sizing import (
     step_prompt_budget,
     update_keep_rate,
 )
+from dapo_verl.sampler.step_metrics import step_metrics
 from dapo_verl.sampler.stream import PromptStream, RoundSize
 from dapo_verl.sampler.types import GenerateFn, GroupResult, IdentityCodec, PayloadCodec, SampledBatch
 
@@ -77,21 +64,6 @@ _COUNTERS = (
     "truncated_responses", "metric_sum", "score_sum", "score_count", "prompts_revisited",
     "predicted_groups", "predicted_sum", "prediction_squared_error",
 )
-
-
-def _ratio(numerator: float, denominator: float) -> float:
-    """numerator / denominator, or 0 when nothing was counted."""
-    return numerator / denominator if denominator else 0.0
-
-
-def _or_minus_one(value: float | None) -> float:
-    """A measured rate for a metric: -1 while it is unknown (metrics must be numbers)."""
-    return -1.0 if value is None else value
-
-
-class ShortfallError(RuntimeError):
-    """A step stopped generating (round limit, prompt budget, or expected yield) before its batch was full, and
-    ``on_shortfall=error``."""
 
 
 class BatchReplenisher:
@@ -168,7 +140,7 @@ class BatchReplenisher:
         self._trained_prompts.update(g.prompt_id for g in batch)
         self.counters["groups_trained"] += len(batch)
         self.counters["responses_trained"] += sum(g.group_size for g in batch)
-        metrics = self._step_metrics(before, len(batch), from_carry, staleness, partial=len(batch) < target)
+        metrics = step_metrics(self, before, len(batch), from_carry, staleness, partial=len(batch) < target)
         return SampledBatch(groups=batch, metrics=metrics, step=step, is_partial=len(batch) < target)
 
     def plan_next_round(self) -> list[int]:
@@ -196,6 +168,11 @@ class BatchReplenisher:
         if self.predictor is not None:
             self.predictor.step = step
         return step
+
+    @property
+    def trained_prompts(self) -> int:
+        """Distinct prompts any batch has held (``dapo/sampler/pool_trained_fraction`` is their share of the pool)."""
+        return len(self._trained_prompts)
 
     @property
     def pool_exhausted(self) -> bool:
@@ -341,30 +318,12 @@ class BatchReplenisher:
             c["score_count"] += group.group_size
 
     def _shortfall(self, batch: list[GroupResult], step: int, before: tuple[dict, dict], *, limit: str) -> None:
-        generated = int(self.counters["groups_generated"] - before[0]["groups_generated"])
-        rounds = int(self.counters["gen_rounds"] - before[0]["gen_rounds"])
-        prompts = int(self.counters["prompts_requested"] - before[0]["prompts_requested"])
-        kept = int(self.counters["groups_kept"] - before[0]["groups_kept"])
-        rate = 100.0 * kept / generated if generated else 0.0
-        scarce = rate < 50
-        cause = "most groups were all-correct or all-wrong" if scarce else "the rounds were too small to fill the batch"
-        budget = step_prompt_budget(self.config)
-        reason = {
-            "rounds": f"the round limit algorithm.filter_groups.max_num_gen_batches={self.config.max_num_gen_batches}",
-            "budget": f"the step's budget of max_num_gen_batches x max(data.gen_batch_size, data.train_batch_size) = "
-                      f"{budget} prompts",
-            "yield": f"the rest of the step's budget of {budget} prompts could not be expected to fill the batch at "
-                     f"the keep-rate estimate {100 * (self.keep_rate_estimate or 0.0):.1f}%",
-        }[limit]
-        partial = self.config.on_shortfall == ShortfallPolicy.PARTIAL
-        message = (
-            f"Dynamic sampling has {len(batch)} of {self.config.train_batch_size} groups for step {step} after "
-            f"{rounds} rounds and {prompts} prompts ({reason}): {kept} of the {generated} groups generated this step "
-            f"were informative (keep rate {rate:.1f}%), so {cause}. To fill batches, "
-            f"{' or '.join(self._shortfall_knobs(budget_spent=limit != 'rounds', scarce=scarce))}"
-            + ("." if partial else "; or set algorithm.filter_groups.on_shortfall=partial to train on what was found.")
-        )
-        if partial:  # the user chose this; dapo/sampler/partial records it, so no warning
+        """The step stops short (``limit``): train on the batch (``partial``) or drop it and raise."""
+        counters = {key: int(self.counters[key] - before[0][key])
+                    for key in ("groups_generated", "gen_rounds", "prompts_requested", "groups_kept")}
+        message = shortfall_message(self.config, step=step, found=len(batch), limit=limit, counters=counters,
+                                    keep_rate_estimate=self.keep_rate_estimate)
+        if self.config.on_shortfall == ShortfallPolicy.PARTIAL:  # the user chose this: dapo/sampler/partial says so
             logger.info("%s Training on the %d groups found.", message, len(batch))
             return
         for group in batch:
@@ -372,90 +331,7 @@ class BatchReplenisher:
         batch.clear()
         raise ShortfallError(message)
 
-    def _shortfall_knobs(self, *, budget_spent: bool, scarce: bool) -> list[str]:
-        """The settings that would have filled the batch, for the shortfall message."""
-        knobs = ["raise algorithm.filter_groups.max_num_gen_batches"]
-        if self.config.refill == RefillStrategy.BARRIER:
-            knobs.append("raise data.gen_batch_size or use refill=adaptive")
-        elif budget_spent:
-            knobs.append("raise data.gen_batch_size")
-        else:
-            knobs.append("raise algorithm.filter_groups.max_oversample_factor")
-        if scarce and not self.config.skip_uninformative:
-            knobs.append("set algorithm.filter_groups.skip_uninformative=true")
-        return knobs
-
-    # -- metrics and state --------------------------------------------------------------------------
-
-    def _step_metrics(self, before: tuple[dict, dict], trained: int, from_carry: int, staleness: list[int],
-                      *, partial: bool) -> dict[str, float]:
-        c0, d0 = before
-        delta = {k: self.counters[k] - c0[k] for k in self.counters}
-        dropped = {f"dropped/{k}": float(self.dropped[k] - d0[k]) for k in DROP_REASONS}
-        generated = delta["groups_generated"]
-        responses_trained = delta["responses_trained"]
-        prefix = "dapo/sampler/"
-        metrics = {
-            "train_step": self.counters["train_steps"],
-            "gen_rounds": delta["gen_rounds"],
-            "prompts_requested": delta["prompts_requested"],
-            "prompts_skipped": float(self.stream.prompts_skipped),
-            "prompts_revisited": delta["prompts_revisited"],
-            "prompts_consumed": float(self.stream.prompts_consumed),
-            "data_epoch": float(self.stream.epoch),
-            "groups_generated": generated,
-            "groups_trained": float(trained),
-            "groups_from_carry": float(from_carry),
-            "keep_rate": _ratio(delta["groups_kept"], generated),
-            "keep_rate_estimate": self.keep_rate_estimate if self.keep_rate_estimate is not None else 0.0,
-            "prefilter_acc": _ratio(delta["metric_sum"], delta["responses_generated"]),
-            "prefilter_score": _ratio(delta["score_sum"], delta["score_count"]),
-            "responses_generated": delta["responses_generated"],
-            "responses_trained": responses_trained,
-            "generated_per_trained": _ratio(delta["responses_generated"], responses_trained),
-            "wasted_response_tokens": delta["wasted_response_tokens"],
-            "truncated_fraction": _ratio(delta["truncated_responses"], delta["responses_generated"]),
-            "carried_groups": float(len(self.carried)),
-            "carried_staleness_mean": _ratio(sum(staleness), len(staleness)),
-            "carried_staleness_max": float(max(staleness, default=0)),
-            "partial": float(partial),
-            "history_size": float(self.stream.history_size),
-            **self._prediction_metrics(delta),
-            **self._pool_metrics(),
-            **dropped,
-        }
-        return {prefix + k: float(v) for k, v in metrics.items()}
-
-    def _prediction_metrics(self, delta: dict[str, float]) -> dict[str, float]:
-        """How well this step's predictions matched what came back (-1 where nothing was predicted)."""
-        if self.predictor is None:
-            return {}
-        count = delta["predicted_groups"]
-        others, after_informative = self.predictor.calibration_factors()
-        return {
-            "predicted_keep_rate": delta["predicted_sum"] / count if count else -1.0,
-            "prediction_brier": delta["prediction_squared_error"] / count if count else -1.0,
-            "prediction_calibration": _or_minus_one(self.predictor.calibration),
-            "calibration_after_informative": after_informative,
-            "calibration_others": others,
-            "predictor_size": float(self.predictor.size),
-        }
-
-    def _pool_metrics(self) -> dict[str, float]:
-        history = self.stream.history
-        no_streak, streak = history.streak_rates()
-        return {
-            "pool_exhausted_fraction": history.exhausted_fraction,
-            "pool_solved_fraction": history.solved_fraction,
-            "pool_failed_fraction": history.failed_fraction,
-            "pool_exhausted": float(self.pool_exhausted),
-            "pool_trained_fraction": len(self._trained_prompts) / self.stream.num_prompts,
-            "keep_rate_no_streak": _or_minus_one(no_streak),
-            "keep_rate_streak": _or_minus_one(streak),
-            "keep_rate_stream": _or_minus_one(history.stream_rate()),
-            "keep_rate_revisit": _or_minus_one(history.revisit_rate()),
-            "revisits_waiting": float(self.stream.revisits_waiting),
-        }
+    # -- state ------------------------------------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
         """Everything needed to continue exactly: counters, keep-rate estimate, stream, carried groups.
