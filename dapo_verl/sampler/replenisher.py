@@ -233,7 +233,7 @@ class BatchReplenisher:
         cap = max(1, min(budget_left, max_request_size(config, missing)))
 
         def size(predictions: list[float], final: bool) -> int | None:  # predictions already calibrated
-            count, met = predicted_request(config, missing, predictions, None)
+            count, met = predicted_request(config, missing, predictions, None, stop_at_floor=not final)
             return min(cap, count) if met or final else None
 
         return size

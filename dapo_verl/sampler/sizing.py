@@ -46,8 +46,10 @@ with c the predictor's calibration (observed over predicted informative groups) 
 c itself, as above. Where the prompts taken are better than the average, the round is smaller than the keep rate
 alone would ask for, and the margin that discard would throw away shrinks with it. A round does not dilute prompts
 predicted above the scarcity floor ``1 / max_oversample_factor`` with prompts below it to reach the probability:
-it stops at the first one below (the next round draws new candidates); only when even the best candidate is below
-the floor (informative groups are scarce everywhere) does it take as many as the probability needs.
+it stops at the first one below and the stream draws more candidates; only in the last window the stream may draw,
+or when even the best candidate is below the floor (informative groups are scarce everywhere), does it take as
+many as the probability needs. (Stopping at the floor in the last window too left the batch to later rounds: 1.3
+rounds per step instead of 1.05 where informative prompts thin out, for no fewer responses.)
 """
 
 from __future__ import annotations
@@ -115,7 +117,7 @@ def request_size(config: SamplerConfig, missing: int, keep_rate: float | None) -
 
 
 def predicted_request(config: SamplerConfig, missing: int, predictions: Sequence[float],
-                      calibration: float | None) -> tuple[int, bool]:
+                      calibration: float | None, *, stop_at_floor: bool = True) -> tuple[int, bool]:
     """The shortest prefix of ``predictions`` expected to fill ``missing`` groups in one round (module docstring).
 
     Args:
@@ -123,6 +125,8 @@ def predicted_request(config: SamplerConfig, missing: int, predictions: Sequence
         missing: Groups still needed (>= 1).
         predictions: Predicted chance of an informative group of each prompt the round would take, in order.
         calibration: Observed over predicted informative groups so far (None: 1).
+        stop_at_floor: Stop at the first prediction below the scarcity floor (while more candidates can be drawn);
+            False takes as many as the probability needs (the last window).
 
     Returns:
         (prefix length in [1, len(predictions)], whether it meets the probability). Short of it, the length is the
@@ -132,7 +136,7 @@ def predicted_request(config: SamplerConfig, missing: int, predictions: Sequence
     factor = 1.0 if calibration is None else calibration
     sample_size = estimate_sample_size(config) if z > 0 else math.inf
     floor = 1.0 / config.max_oversample_factor
-    scarce = not predictions or factor * predictions[0] < floor
+    scarce = not stop_at_floor or not predictions or factor * predictions[0] < floor
     mean = spread = 0.0
     for count, predicted in enumerate(predictions, 1):
         q = min(1.0, max(0.0, factor * predicted))

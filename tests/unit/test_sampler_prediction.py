@@ -149,6 +149,8 @@ def test_a_round_does_not_dilute_good_prompts_with_ones_below_the_floor():
     count, met = predicted_request(config, 2, [0.1] * 100, None)  # scarce everywhere: as many as it takes
     assert met and count > 20
     assert predicted_request(config, 50, [0.9] * 10, None) == (10, False)  # not enough: all of them
+    count, met = predicted_request(config, 8, [0.9] * 5 + [0.05] * 200, None, stop_at_floor=False)
+    assert met and count > 50  # the last window: as many as the probability needs
 
 
 # -- ranked selection ------------------------------------------------------------------------------------
