@@ -34,7 +34,10 @@ TBS = 4  # data.train_batch_size
 STEP_TIMEOUT_S = 120.0  # a blocked sample() fails the test instead of hanging it
 MIXED = drifting_pass_rates(64, seed=3, start_logit_mean=0.0, start_logit_std=2.0, drift_per_step=0.0)
 CARRY = ["algorithm.filter_groups.surplus=carry"]
-SURPLUS = ["algorithm.filter_groups.refill=barrier", f"data.gen_batch_size={3 * TBS}", *CARRY]  # ~3x what a step needs
+# ~3x what a step needs, from prompts chosen without prediction: at this scenario's ~50% keep rate the surplus piles up
+# and goes stale (ranked by prediction, nearly every group of the 64-prompt pool is informative and little is left over)
+SURPLUS = ["algorithm.filter_groups.refill=barrier", f"data.gen_batch_size={3 * TBS}", *CARRY,
+           "algorithm.filter_groups.prompt_selection=streak"]
 VERL_BUFFER = ["trainer.v1.sampler.custom_sampler.path=null", "trainer.v1.sampler.custom_sampler.name=null"]
 
 
@@ -228,9 +231,12 @@ def test_rounds_keep_the_recipes_gen_batch_size_although_verl_forces_it_to_one(m
 # --------------------------------------------------------------------------- #
 
 
+@pytest.mark.parametrize("selection", ["streak", "predicted"])
 @pytest.mark.parametrize("mode", ["sync", "colocate_async"])
-def test_resumed_run_serves_what_an_uninterrupted_run_serves(make_trainer, tmp_path, mode):
-    run = [*SURPLUS, "trainer.save_freq=2", "trainer.total_training_steps=4", "trainer.resume_mode=auto"]
+def test_resumed_run_serves_what_an_uninterrupted_run_serves(make_trainer, tmp_path, mode, selection):
+    # Predicted: the predictor's beliefs, prior, calibration and noted predictions are part of the saved state.
+    run = [*SURPLUS[:-1], f"algorithm.filter_groups.prompt_selection={selection}", "trainer.save_freq=2",
+           "trainer.total_training_steps=4", "trainer.resume_mode=auto"]
     whole = make_trainer(*run, mode=mode, folder="whole")
     uninterrupted = _steps(whole, 4)
     expected_counters = dict(_replenisher(whole).counters), dict(_replenisher(whole).dropped)
