@@ -54,6 +54,8 @@ STRATEGIES: dict[str, list[str]] = {
                                "data.gen_batch_size=48", "algorithm.filter_groups.skip_uninformative=false",
                                "algorithm.filter_groups.revisit_informative=false"],
     "streak_default": ["algorithm.filter_groups.prompt_selection=streak"],
+    "predicted_prefer": ["algorithm.filter_groups.prefer_informative=true",
+                         "algorithm.filter_groups.explore_fraction=0.2"],
     "greso": [],
     "mopps_math": [],
     "mopps_countdown": [],
@@ -61,7 +63,8 @@ STRATEGIES: dict[str, list[str]] = {
 }
 """Strategy -> overrides of the default experiment (its train_batch_size is 16, so 3 x 16 = 48). ``greso`` and
 ``mopps_*`` run the default experiment with that peer's prompt choice (:mod:`benchmarks.peers`);
-``streak_default`` is the default before prediction (skipping by streak)."""
+``streak_default`` is the default before prediction (skipping by streak); ``predicted_prefer`` ranks known
+informative prompts above fresh ones (``prefer_informative=true``)."""
 
 RECIPE, OURS, PREVIOUS = "recipe_barrier_discard", "default", "streak_default"
 ACCURACY_MARGIN = 0.05

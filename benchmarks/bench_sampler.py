@@ -354,6 +354,8 @@ STRATEGIES: dict[str, tuple[str, Callable[[Scenario, int], RunRecord]]] = {
                         lambda s, seed: run_replenisher(s, seed, peer="mopps_countdown")),
     "predicted_carry": ("ours: adaptive, carry, predicted", lambda s, seed: run_replenisher(
         s, seed, **_CARRY, revisit_informative=False)),
+    "predicted_prefer": ("ours: predicted, prefer_informative (uncapped), explore 0.2",
+                         lambda s, seed: run_replenisher(s, seed, prefer_informative=True, explore_fraction=0.2)),
     "default": ("**ours: default** (adaptive, discard, predicted, revisit)",
                 lambda s, seed: run_replenisher(s, seed)),
 }

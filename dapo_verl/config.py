@@ -348,10 +348,18 @@ class SamplerConfig:
     tuning seeds (docs/benchmarks.md).
     """
 
-    explore_fraction: float = field(default=0.2, metadata=verl_key("algorithm.filter_groups.explore_fraction",
-                                                                    verl_native=False))
+    explore_fraction: float = field(default=0.05, metadata=verl_key("algorithm.filter_groups.explore_fraction",
+                                                                     verl_native=False))
     """prompt_selection=predicted: share of a round's prompts taken among the least known candidates (never
-    generated, or long forgotten) whatever their prediction, so no prompt is starved for ever. Range [0, 1].
+    generated, or long forgotten) whatever their prediction, so no prompt is starved for ever. Range [0, 1]; 0.2
+    suits prefer_informative=true, which otherwise ranks fresh prompts below known informative ones.
+    """
+
+    prefer_informative: bool = field(default=False, metadata=verl_key("algorithm.filter_groups.prefer_informative",
+                                                                      verl_native=False))
+    """prompt_selection=predicted: rank prompts predicted more informative than a fresh one above fresh ones, which
+    trains on fewer distinct prompts (cheaper where prompts stay informative); false only passes over prompts
+    predicted less informative than a fresh one.
     """
 
     skip_keep_base: float = field(default=0.5, metadata=verl_key("algorithm.filter_groups.skip_keep_base",
@@ -390,7 +398,8 @@ class SamplerConfig:
     """Seed of the sampler's prompt order and skip draws. Range [0, 2**32 - 1]."""
 
     def __post_init__(self) -> None:
-        require_bool(self, "enable", "skip_uninformative", "revisit_informative", "stop_when_exhausted")
+        require_bool(self, "enable", "skip_uninformative", "revisit_informative", "stop_when_exhausted",
+                     "prefer_informative")
         if not isinstance(self.metric, str) or not self.metric:
             config_error(key_of(self, "metric"), self.metric, "must name a per-response value",
                          "Use acc (raw correctness); filtering on a length-shaped score lets all-wrong groups through.")
@@ -420,7 +429,7 @@ class SamplerConfig:
         require_number(self, "prediction_half_life_steps", low=0.0, low_open=True,
                         fix="10 halves a prompt's old evidence every 10 training steps.")
         require_number(self, "selection_window", low=1.0, fix="8.0 draws 8 candidates per prompt generated.")
-        require_number(self, "explore_fraction", low=0.0, high=1.0, fix="0.2 explores with 1 prompt in 5.")
+        require_number(self, "explore_fraction", low=0.0, high=1.0, fix="0.05 explores with 1 prompt in 20.")
         require_number(self, "max_skip_probability", low=0.0, high=1.0, fix="0.9 keeps 1 in 10 chances.")
         if self.max_skip_probability >= 1.0:
             config_error(key_of(self, "max_skip_probability"), self.max_skip_probability,

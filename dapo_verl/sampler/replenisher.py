@@ -90,8 +90,9 @@ class BatchReplenisher:
         self.generate = generate
         self.codec: PayloadCodec = codec or IdentityCodec()
         predicts = config.enable and config.skip_uninformative and config.prompt_selection == PromptSelection.PREDICTED
-        self.predictor = SuccessPredictor(half_life_steps=config.prediction_half_life_steps,
-                                          smoothing_groups=estimate_sample_size(config)) if predicts else None
+        self.predictor = SuccessPredictor(
+            half_life_steps=config.prediction_half_life_steps, smoothing_groups=estimate_sample_size(config),
+            prefer_informative=config.prefer_informative) if predicts else None
         self.stream = PromptStream(
             num_prompts, seed=config.seed, shuffle=shuffle,
             skip_uninformative=config.skip_uninformative and config.enable,  # without the filter: uniform prompts

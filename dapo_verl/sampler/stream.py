@@ -119,7 +119,7 @@ class PromptStream:
         revisit_capacity: int = 0,
         scorer: PromptScorer | None = None,
         selection_window: float = 8.0,
-        explore_fraction: float = 0.2,
+        explore_fraction: float = 0.05,
     ) -> None:
         if isinstance(num_prompts, bool) or not isinstance(num_prompts, int) or num_prompts < 1:
             raise ValueError(
