@@ -53,8 +53,9 @@ STRATEGIES: dict[str, list[str]] = {
     "recipe_barrier_discard": ["algorithm.filter_groups.refill=barrier", "algorithm.filter_groups.surplus=discard",
                                "data.gen_batch_size=48", "algorithm.filter_groups.skip_uninformative=false",
                                "algorithm.filter_groups.revisit_informative=false"],
-    "streak_default": ["algorithm.filter_groups.prompt_selection=streak"],
-    "predicted_prefer": ["algorithm.filter_groups.prefer_informative=true",
+    "predicted": ["algorithm.filter_groups.prompt_selection=predicted"],
+    "predicted_prefer": ["algorithm.filter_groups.prompt_selection=predicted",
+                         "algorithm.filter_groups.prefer_informative=true",
                          "algorithm.filter_groups.explore_fraction=0.2"],
     "greso": [],
     "mopps_math": [],
@@ -62,14 +63,14 @@ STRATEGIES: dict[str, list[str]] = {
     "default": [],
 }
 """Strategy -> overrides of the default experiment (its train_batch_size is 16, so 3 x 16 = 48). ``greso`` and
-``mopps_*`` run the default experiment with that peer's prompt choice (:mod:`benchmarks.peers`);
-``streak_default`` is the default before prediction (skipping by streak); ``predicted_prefer`` ranks known
-informative prompts above fresh ones (``prefer_informative=true``)."""
+``mopps_*`` run the default experiment with that peer's prompt choice (:mod:`benchmarks.peers`); ``predicted``
+chooses prompts by prediction (``prompt_selection=predicted``) and ``predicted_prefer`` also ranks known informative
+prompts above fresh ones (``prefer_informative=true``)."""
 
-RECIPE, OURS, PREVIOUS = "recipe_barrier_discard", "default", "streak_default"
+RECIPE, OURS, PREDICTED = "recipe_barrier_discard", "default", "predicted"
 ACCURACY_MARGIN = 0.05
-"""The accuracy drop the guard is powered to detect: the held-out accuracy of ``default`` against ``streak_default``
-(the default before prediction), paired by seed, final evaluation at step 200 (declared before the main run)."""
+"""The accuracy drop the guard is powered to detect: the held-out accuracy of ``predicted`` against ``default``,
+paired by seed, final evaluation at step 200 (declared before the main run)."""
 EARLY_STEPS = 50
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -199,8 +200,8 @@ def summarize(lines: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def accuracy_test(lines: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """The science guard: ``default`` minus ``streak_default`` final held-out accuracy, paired by seed.
+def accuracy_test(lines: list[dict[str, Any]], treatment: str = PREDICTED) -> dict[str, Any] | None:
+    """The science guard: ``treatment`` minus ``default`` final held-out accuracy, paired by seed.
 
     Student's paired t-test, two-sided, with its 95% interval, and the seeds a test needs for 80% power against a
     drop of :data:`ACCURACY_MARGIN` at this spread (``seeds_for_power``). The reading is stated from the interval:
@@ -210,8 +211,8 @@ def accuracy_test(lines: list[dict[str, Any]]) -> dict[str, Any] | None:
     from dapo_verl.report.stats import paired_t_test, seeds_for_power
 
     by = {(line["strategy"], line["seed"]): line["final_accuracy"] for line in lines}
-    seeds = sorted(seed for (strategy, seed) in by if strategy == OURS and (PREVIOUS, seed) in by)
-    pairs = [(by[(OURS, seed)], by[(PREVIOUS, seed)]) for seed in seeds]
+    seeds = sorted(seed for (strategy, seed) in by if strategy == treatment and (OURS, seed) in by)
+    pairs = [(by[(treatment, seed)], by[(OURS, seed)]) for seed in seeds]
     if len(pairs) < 2 or any(a is None or b is None for a, b in pairs):
         return None
     test = paired_t_test([a - b for a, b in pairs])
@@ -222,7 +223,7 @@ def accuracy_test(lines: list[dict[str, Any]]) -> dict[str, Any] | None:
         reading = "lower: the 95% interval lies below 0"
     else:
         reading = f"undecided: the 95% interval holds a drop of {ACCURACY_MARGIN}"
-    return {"treatment": OURS, "baseline": PREVIOUS, "seeds": seeds, "metric": "final held-out accuracy (step 200)",
+    return {"treatment": treatment, "baseline": OURS, "seeds": seeds, "metric": "final held-out accuracy (step 200)",
             "test": "Student's paired t-test, two-sided", **test.to_dict(), "margin": ACCURACY_MARGIN,
             "seeds_for_80pct_power": needed, "reading": reading}
 
@@ -275,9 +276,10 @@ def main(argv: list[str] | None = None) -> int:
                 print(json.dumps({**meta, "measurement": "default_run", "seed": line["seed"], **speed}), flush=True)
         for row in summarize(lines):
             print(json.dumps({**meta, "measurement": "sampler_comparison", **row}), flush=True)
-        guard = accuracy_test(lines)
-        if guard is not None:
-            print(json.dumps({**meta, "measurement": "accuracy_test", **guard}), flush=True)
+        for treatment in (PREDICTED, "predicted_prefer"):
+            guard = accuracy_test(lines, treatment)
+            if guard is not None:
+                print(json.dumps({**meta, "measurement": "accuracy_test", **guard}), flush=True)
         if not args.trl_python:
             print(json.dumps({**meta, "measurement": "trl_grpo", "skipped": "no --trl-python given"}), flush=True)
             return 0

@@ -331,6 +331,7 @@ def _recipe(scenario: Scenario, seed: int) -> RunRecord:
 _PLAIN = {"skip_uninformative": False, "revisit_informative": False}
 _CARRY = {"surplus": "carry", "max_staleness_steps": 1}
 _STREAK = {"prompt_selection": "streak"}
+_PREDICTED = {"prompt_selection": "predicted"}
 
 STRATEGIES: dict[str, tuple[str, Callable[[Scenario, int], RunRecord]]] = {
     _RECIPE: ("verl-recipe: barrier 3x, discard", _recipe),
@@ -343,21 +344,19 @@ STRATEGIES: dict[str, tuple[str, Callable[[Scenario, int], RunRecord]]] = {
         s, seed, refill="adaptive", **_CARRY, skip_uninformative=True, revisit_informative=False, **_STREAK)),
     "adaptive_revisit": ("ours: adaptive, discard, revisit", lambda s, seed: run_replenisher(
         s, seed, refill="adaptive", surplus="discard", skip_uninformative=False, revisit_informative=True)),
-    "adaptive_skip_revisit": ("ours: previous default (adaptive, discard, streak skip, revisit)",
-                              lambda s, seed: run_replenisher(s, seed, refill="adaptive", surplus="discard",
-                                                              skip_uninformative=True, revisit_informative=True,
-                                                              **_STREAK)),
+    "adaptive_skip_revisit": ("**ours: default** (adaptive, discard, streak skip, revisit)",
+                              lambda s, seed: run_replenisher(s, seed)),
     "greso": ("GRESO's skip rule (arXiv 2506.02177)", lambda s, seed: run_replenisher(s, seed, peer="greso")),
     "mopps_math": ("MoPPS, math scripts (arXiv 2507.04632; 16x candidates, no forgetting)",
                    lambda s, seed: run_replenisher(s, seed, peer="mopps_math")),
     "mopps_countdown": ("MoPPS, countdown scripts (8x candidates, lambda 0.5)",
                         lambda s, seed: run_replenisher(s, seed, peer="mopps_countdown")),
+    "predicted": ("ours: adaptive, discard, predicted, revisit", lambda s, seed: run_replenisher(
+        s, seed, **_PREDICTED)),
     "predicted_carry": ("ours: adaptive, carry, predicted", lambda s, seed: run_replenisher(
-        s, seed, **_CARRY, revisit_informative=False)),
-    "predicted_prefer": ("ours: predicted, prefer_informative (uncapped), explore 0.2",
-                         lambda s, seed: run_replenisher(s, seed, prefer_informative=True, explore_fraction=0.2)),
-    "default": ("**ours: default** (adaptive, discard, predicted, revisit)",
-                lambda s, seed: run_replenisher(s, seed)),
+        s, seed, **_CARRY, revisit_informative=False, **_PREDICTED)),
+    "predicted_prefer": ("ours: predicted, prefer_informative, explore 0.2", lambda s, seed: run_replenisher(
+        s, seed, **_PREDICTED, prefer_informative=True, explore_fraction=0.2)),
 }
 """Strategy name -> (table label, runner)."""
 

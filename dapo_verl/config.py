@@ -14,7 +14,7 @@ The same mapping drives:
 
 Defaults follow the paper (arXiv 2503.14476, §4.1) and the published verl DAPO run, except for three
 sampler behaviours that only change what dynamic sampling spends, each measured in benchmarks/README.md:
-adaptive round sizing, choosing prompts by their predicted chance of an informative group, and
+adaptive round sizing, skipping prompts their history measures to be uninformative, and
 revisiting informative prompts when informative groups are rare (``refill``, ``skip_uninformative``,
 ``revisit_informative``; set them to ``barrier``, false, false for the paper's sampler). Carrying surplus
 groups, which trains slightly off-policy, stays opt-in. Imports only the standard library and
@@ -79,11 +79,11 @@ class SurplusPolicy(StrEnum):
 class PromptSelection(StrEnum):
     """How the sampler chooses prompts when ``skip_uninformative`` is on.
 
+    * ``streak`` (the default): pass over prompts after all-correct or all-wrong streaks, in proportion to the
+      informative rate measured per streak length (:mod:`dapo_verl.sampler.history`).
     * ``predicted``: rank candidates by the predicted chance of an informative group (a per-prompt Beta belief
       over the correct rate, forgotten by training steps; :mod:`dapo_verl.sampler.prediction`) and size each round
       from the predicted yield of the prompts taken.
-    * ``streak``: pass over prompts after all-correct or all-wrong streaks, in proportion to the informative rate
-      measured per streak length (:mod:`dapo_verl.sampler.history`).
     """
 
     PREDICTED = "predicted"
@@ -328,11 +328,12 @@ class SamplerConfig:
     On by default (beyond the paper); false visits prompts uniformly.
     """
 
-    prompt_selection: str = field(default="predicted", metadata=verl_key("algorithm.filter_groups.prompt_selection",
-                                                                         verl_native=False))
-    """With skip_uninformative: predicted (rank candidates by the predicted chance of an informative group, size
-    rounds from the predicted yield) or streak (pass over prompts after all-correct or all-wrong streaks, in proportion
-    to how much less often such prompts were measured to be informative; the rule before prediction).
+    prompt_selection: str = field(default="streak", metadata=verl_key("algorithm.filter_groups.prompt_selection",
+                                                                      verl_native=False))
+    """With skip_uninformative: streak (pass over prompts after all-correct or all-wrong streaks, in proportion to how
+    much less often such prompts were measured to be informative) or predicted (opt-in: rank candidates by a per-prompt
+    prediction of an informative group and size rounds from the predicted yield; cheaper in simulation, no cheaper in
+    the local backend's real runs, docs/benchmarks.md).
     """
 
     prediction_half_life_steps: float = field(default=10.0, metadata=verl_key(

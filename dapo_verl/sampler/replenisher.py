@@ -7,10 +7,10 @@ groups. It first takes carried-over groups (``surplus=carry``, oldest first, dro
 of the budget cannot be expected to fill the batch) -- until the batch is full, filtering each group
 with :func:`~dapo_verl.core.group_drop_reasons` on the raw metric. Prompts come from a
 :class:`~dapo_verl.sampler.stream.PromptStream`, which with ``skip_uninformative`` chooses them by their
-predicted chance of an informative group (``prompt_selection=predicted``, the default: a
+predicted chance of an informative group (``prompt_selection=predicted``: a
 :class:`~dapo_verl.sampler.prediction.SuccessPredictor` ranks a window of candidates, and the round is sized from
-the predicted yield of the prompts taken, :func:`~dapo_verl.sampler.sizing.predicted_request`) or passes over
-prompts after uninformative streaks (``prompt_selection=streak``, :mod:`~dapo_verl.sampler.history`). At
+the predicted yield of the prompts taken, :func:`~dapo_verl.sampler.sizing.predicted_request`) or, by default,
+passes over prompts after uninformative streaks (``prompt_selection=streak``, :mod:`~dapo_verl.sampler.history`). At
 ``max_num_gen_batches`` rounds or the end of the budget it either raises (``on_shortfall=error``, saying what
 the keep rate was and which knob to turn) or returns the short batch (``partial``, logged at INFO level: the
 metric ``partial`` records it). It never returns unfiltered groups and never loops without bound.

@@ -16,6 +16,8 @@ SIZES = ["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
 # Surplus carried and prompts skipped by history: the sampler state a resume has to restore.
 CARRY = ["algorithm.filter_groups.refill=barrier", "data.gen_batch_size=8", "algorithm.filter_groups.surplus=carry",
          "algorithm.filter_groups.skip_uninformative=true"]
+# Prompts chosen by prediction: the predictor's beliefs, calibration and noted predictions join the saved state.
+PREDICTED = ["algorithm.filter_groups.prompt_selection=predicted"]
 
 
 def run_rehearsal(tmp_path: Path, config: str, *overrides: str, steps: int = 3, resume: bool = True,
@@ -35,18 +37,22 @@ def training_steps(logged):
     return {step: data for step, data in logged.items() if "training/global_step" in data}
 
 
-def assert_dapo_metrics_every_step(logged, steps):
+def assert_dapo_metrics_every_step(logged, steps, *, predicted=False):
+    """Every DAPO metric in every training step verl logged; with ``predicted`` (a run with
+    ``prompt_selection=predicted``), the predictor's calibration too."""
     trained = training_steps(logged)
     assert sorted(trained) == list(range(1, steps + 1))
     for step, data in trained.items():
         missing = [key for key in REQUIRED_METRICS if key not in data]
         assert not missing, f"step {step} lacks {missing}"
         assert data["dapo/sampler/gen_rounds"] >= 1 or data["dapo/sampler/groups_from_carry"] > 0
-        # The predictor's calibration in verl's own log: predicted against observed informative groups.
-        missing = [key for key in PREDICTION_METRICS if key not in data]
-        assert not missing, f"step {step} lacks {missing}"
-        if step > 1 and data["dapo/sampler/gen_rounds"] >= 1:  # step 1 has no prediction yet (nothing generated)
-            assert 0 < data["dapo/sampler/predicted_keep_rate"] <= 1 and data["dapo/sampler/prediction_brier"] >= 0
+        assert 0 < data["dapo/sampler/pool_trained_fraction"] <= 1
+        if predicted:  # the predictor's calibration in verl's own log: predicted against observed informative groups
+            missing = [key for key in PREDICTION_METRICS if key not in data]
+            assert not missing, f"step {step} lacks {missing}"
+            if step > 1 and data["dapo/sampler/gen_rounds"] >= 1:  # step 1 has no prediction yet
+                assert 0 < data["dapo/sampler/predicted_keep_rate"] <= 1
+                assert data["dapo/sampler/prediction_brier"] >= 0
         assert 0 <= data["dapo/sampler/keep_rate"] <= 1
         assert data["timing_s/gen"] <= data["timing_s/step"]
         assert_clipped_probability_parts(data, f"step {step}")

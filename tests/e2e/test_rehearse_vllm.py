@@ -22,6 +22,7 @@ from dapo_verl.rehearsal.report import ROLLOUT_DIFF_LIMIT, read_jsonl
 from dapo_verl.rehearsal.run import RehearsalOptions, rehearse
 from tests.e2e.rehearsal_helpers import (
     CARRY,
+    PREDICTED,
     SIZES,
     assert_clipped_probability_parts,
     assert_dapo_metrics_every_step,
@@ -93,14 +94,17 @@ def test_the_paper_recipe_runs_on_real_vllm_and_resumes_exactly(tmp_path):
 
 
 def test_v1_colocate_async_runs_on_real_vllm_and_resumes(tmp_path):
+    # Prompts chosen by prediction: its calibration metrics reach verl's log, its state survives the resume.
     report, logged, out = run_rehearsal(tmp_path, "dapo_trainer", "trainer.v1.trainer_mode=colocate_async",
-                                        "actor_rollout_ref.rollout.n=4", *SIZES, *CARRY)
+                                        "actor_rollout_ref.rollout.n=4", *SIZES, *CARRY, *PREDICTED)
     assert report["ok"], report
-    trained = assert_dapo_metrics_every_step(logged, 3)
+    trained = assert_dapo_metrics_every_step(logged, 3, predicted=True)
+    assert next(c for c in report["components"] if c["component"] == "prompt prediction")["active"]
     assert_real_vllm_ran(report, logged, out, 3)
     assert report["resume"]["data_identical"], report["resume"]["differences"]
     resumed = training_steps(read_jsonl(out / "run2" / "metrics.jsonl"))
-    for key in ("dapo/sampler/train_step", "dapo/sampler/history_size", "dapo/sampler/data_epoch"):
+    for key in ("dapo/sampler/train_step", "dapo/sampler/history_size", "dapo/sampler/data_epoch",
+                "dapo/sampler/predictor_size", "dapo/sampler/prediction_calibration"):  # the restored predictor
         assert resumed[3][key] == trained[3][key], key
 
 

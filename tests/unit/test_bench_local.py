@@ -18,7 +18,7 @@ def test_benchmark_prints_one_json_line_per_measurement(capsys, tmp_path):
     assert sorted(line["strategy"] for line in runs) == sorted(STRATEGIES)
     by = {line["strategy"]: line for line in runs}
     # Each peer ran with its own prompt choice, and only dapo_verl's predicted strategies predict.
-    assert sorted(name for name, line in by.items() if line["predicted"]) == ["default", "predicted_prefer"]
+    assert sorted(name for name, line in by.items() if line["predicted"]) == ["predicted", "predicted_prefer"]
     assert by["mopps_math"]["prompts_skipped"] > 0 and by["greso"]["prompts_skipped"] == 0  # ranked vs first epoch
     for line in runs:
         assert {"commit", "torch", "device", "generated_per_trained", "late", "early", "final_accuracy"} <= set(line)
@@ -68,8 +68,8 @@ def test_the_accuracy_guard_pairs_seeds_and_reads_the_interval():
     from benchmarks.bench_local import ACCURACY_MARGIN, accuracy_test
 
     def lines(ours, previous):
-        return ([{"strategy": "default", "seed": s, "final_accuracy": a} for s, a in enumerate(ours)]
-                + [{"strategy": "streak_default", "seed": s, "final_accuracy": a} for s, a in enumerate(previous)])
+        return ([{"strategy": "predicted", "seed": s, "final_accuracy": a} for s, a in enumerate(ours)]
+                + [{"strategy": "default", "seed": s, "final_accuracy": a} for s, a in enumerate(previous)])
 
     same = accuracy_test(lines([0.80, 0.90, 0.85, 0.70], [0.81, 0.89, 0.86, 0.69]))
     assert same["seeds"] == [0, 1, 2, 3] and abs(same["mean"]) < 1e-12

@@ -238,7 +238,8 @@ def test_a_pool_smaller_than_the_round_hands_out_every_prompt_some_twice():
 
 
 def _sampler(seed=0, **overrides):
-    config = SamplerConfig(**{"train_batch_size": 8, "seed": seed, "on_shortfall": "partial", **overrides})
+    config = SamplerConfig(**{"train_batch_size": 8, "seed": seed, "on_shortfall": "partial",
+                              "prompt_selection": "predicted", **overrides})
     policy = SimulatedPolicy(drifting_pass_rates(300, seed=seed, start_logit_std=3.0, drift_per_step=0.05),
                              group_size=8, seed=seed)
     return BatchReplenisher(config, 300, policy), policy
