@@ -32,6 +32,9 @@ STRESS_CONFIGS = {
     "barrier + discard, error": dict(refill="barrier", surplus="discard", on_shortfall="error",
                                      gen_batch_size=24),
     "adaptive + discard, error": dict(refill="adaptive", surplus="discard", on_shortfall="error"),
+    "adaptive + carry + prediction, partial": dict(refill="adaptive", surplus="carry", prompt_selection="predicted",
+                                                   prefer_informative=True, explore_fraction=0.2,
+                                                   on_shortfall="partial"),
 }
 
 
