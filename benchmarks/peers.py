@@ -150,7 +150,7 @@ class MoppsScorer:
     def taken(self, prompt_ids: Sequence[int]) -> None:
         """MoPPS notes nothing before generation."""
 
-    def record(self, prompt_id: int, correct: int, group_size: int, *, predicted: float | None = None) -> None:
+    def record(self, prompt_id: int, correct: int, group_size: int) -> None:
         alpha, beta = self._belief.get(prompt_id, (1.0, 1.0))
         keep = self.forgetting
         self._belief[prompt_id] = (keep * alpha + (1.0 - keep) + correct,

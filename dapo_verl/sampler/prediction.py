@@ -43,11 +43,11 @@ the observed informative rate every step.
 
 What ranking may concentrate on. Ranking by the scores alone prefers prompts known to be informative over
 fresh ones, and so trains on fewer distinct prompts: cheaper wherever prompts stay informative (a simulation in
-which training does not change them), but in the local backend's real runs it trained on 0.11 of the pool where
-uniform prompts reach 0.18, at no lower cost (benchmarks/README.md). By default every ranking key is therefore
-capped at a fresh prompt's score: the predictions pass over prompts expected to be *less* informative than a
-fresh one (solved, failed) and never prefer the others over fresh ones, which keep the data's order among
-themselves. ``prefer_informative`` lifts the cap.
+which training does not change them), but in the local backend's real runs it trained on 0.10 of the pool where
+measured skipping reaches 0.17, cost more responses per trained one and lost 0.10 held-out accuracy (59 seeds,
+benchmarks/README.md). Unless ``prefer_informative`` is set, every ranking key is therefore capped at a fresh
+prompt's score: the predictions pass over prompts expected to be *less* informative than a fresh one (solved,
+failed) and never prefer the others over fresh ones, which keep the data's order among themselves.
 
 Departures and limits: the success of a response is ``metric == 1`` (the filter metric is raw correctness,
 ``acc``, in 0/1, -1/1 or bool); for a non-binary metric the Beta-Bernoulli model is an approximation. Prompts
@@ -256,15 +256,15 @@ class SuccessPredictor:
 
     # -- updates -----------------------------------------------------------------------------------------
 
-    def record(self, prompt_id: int, correct: int, group_size: int, *, predicted: float | None = None) -> None:
-        """Account one generated group: ``correct`` of ``group_size`` responses were right.
+    def record(self, prompt_id: int, correct: int, group_size: int) -> None:
+        """Account one generated group: ``correct`` of ``group_size`` responses were right. If a round took the
+        prompt, its calibration bucket (the one it was in then) compares the prediction :meth:`taken` noted with
+        the outcome.
 
         Args:
             prompt_id: The prompt.
             correct: Correct responses in the group (0 .. group_size).
             group_size: G of the group.
-            predicted: The score the prompt was chosen with (unused: the calibration compares the model's own
-                prediction noted by :meth:`taken` with the outcome, in the bucket the prompt was in then).
         """
         informative = 0 < correct < group_size
         noted = self._taken.pop(prompt_id, None)

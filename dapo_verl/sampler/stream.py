@@ -77,8 +77,8 @@ class PromptScorer(Protocol):
         """The prompts a round takes, before generation (a scorer may note what it predicted for them)."""
         ...
 
-    def record(self, prompt_id: int, correct: int, group_size: int, *, predicted: float | None = None) -> None:
-        """Account one generated group of ``prompt_id`` (``predicted``: its score when it was chosen)."""
+    def record(self, prompt_id: int, correct: int, group_size: int) -> None:
+        """Account one generated group of ``prompt_id``: ``correct`` of ``group_size`` responses were right."""
         ...
 
     def state_dict(self) -> dict[str, Any]: ...
@@ -246,8 +246,8 @@ class PromptStream:
                 candidates.append(prompt_id)
 
     def _ranked(self, candidates: list[int]) -> list[int]:
-        """Candidates by ranking key, highest first, each place given to a random one left with
-        ``explore_fraction``."""
+        """Candidates by ranking key, highest first, each place given with probability ``explore_fraction`` to the
+        least known candidate left instead (module docstring)."""
         if not candidates:
             return []
         assert self.scorer is not None
@@ -298,7 +298,7 @@ class PromptStream:
         self.history.record(prompt_id, reason, revisit=revisit)
         predicted = self._scored.pop(prompt_id, None)
         if self.scorer is not None and correct is not None and group_size is not None:
-            self.scorer.record(prompt_id, correct, group_size, predicted=predicted)
+            self.scorer.record(prompt_id, correct, group_size)
         self._queue_revisit(prompt_id, reason)
         return predicted
 

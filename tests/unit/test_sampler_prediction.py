@@ -175,8 +175,8 @@ class _Fixed:
 
     unknown: frozenset = frozenset()
 
-    def record(self, prompt_id, correct, group_size, *, predicted=None):
-        self.recorded.append((prompt_id, correct, group_size, predicted))
+    def record(self, prompt_id, correct, group_size):
+        self.recorded.append((prompt_id, correct, group_size))
 
     def taken(self, ids):
         pass
@@ -211,8 +211,9 @@ def test_ranked_selection_sizes_the_round_from_the_ordered_predictions():
     ids, _ = stream.take(10, size=size)
     assert len(ids) == 3 and [len(s) for s, _ in seen] == [40, 80, 100] and [f for _, f in seen] == [False] * 2 + [True]
     assert all(s == sorted(s, reverse=True) for s, _ in seen)
-    stream.record(ids[0], DropReason.KEEP, correct=2, group_size=4)
-    assert scorer.recorded == [(ids[0], 2, 4, scorer.table[ids[0]])]  # the prediction it was chosen with
+    # The scorer learns the group; the stream returns the prediction the prompt was taken with (for the metrics).
+    assert stream.record(ids[0], DropReason.KEEP, correct=2, group_size=4) == scorer.table[ids[0]]
+    assert scorer.recorded == [(ids[0], 2, 4)]
 
 
 def test_exploration_looks_at_the_least_known_prompts_first():
