@@ -20,7 +20,10 @@ round limit and ``on_shortfall``, carried surplus and its staleness, history ski
   are cleared here and their trajectories by the trainer after the step, as verl's own buffers do.
 * Validation (``partition_id="val"``) passes through verl's ``ReplayBufferAsync`` untouched.
 * State: :class:`DapoCheckpointCallback` (``trainer.checkpoint_callback_class``) saves the replenisher's state
-  next to verl's checkpoint; the first ``sample()`` after a resume restores it. In ``sync`` mode verl does not
+  next to verl's checkpoint. A resume restores it as soon as verl's ``_load_checkpoint`` has loaded the step, before
+  ``fit()`` derives its epoch from the step count (so the first resumed step carries the data epoch's label, and a
+  run resumed past ``len(dataset) // train_batch_size`` steps still enters verl's loop); what it holds in
+  TransferQueue is reconciled at the first ``sample()``, once verl has re-issued its in-flight prompts. In ``sync`` mode verl does not
   checkpoint TransferQueue, so a step that will be checkpointed carries no surplus (it is counted as dropped
   ``surplus``) and a resumed run repeats the uninterrupted one; in the async modes TransferQueue itself is
   checkpointed and carried groups survive.
@@ -99,6 +102,7 @@ class DapoReplayBuffer(ReplayBufferAsync):
         # add prompts from verl's dataloader that the replenisher never asked for and would never train on.
         trainer._add_batch_to_generate = _no_submission
         trainer._add_async_warmup_batches = _no_submission
+        trainer._load_checkpoint = self._restoring_after(trainer._load_checkpoint)
         self._replenisher: BatchReplenisher | None = None
         self._served_step: int | None = None
         self._step_groups: list[GroupResult] = []
@@ -108,6 +112,7 @@ class DapoReplayBuffer(ReplayBufferAsync):
         self._step_uids: list[str] = []
         self._prefetch = trainer_mode == "separate_async" and bool((sampler_kwargs or {}).get("prefetch", True))
         self._inflight: tuple[tuple[int, ...], list[str]] | None = None  # next step's first round: (prompt ids, uids)
+        self._restored_inflight: list[str] | None = None  # saved prompt keys to reconcile with TransferQueue
         self._check_off_policy_span(max_off_policy_threshold)
 
     def _check_off_policy_span(self, threshold: int | None) -> None:
@@ -198,6 +203,10 @@ class DapoReplayBuffer(ReplayBufferAsync):
         if self._served_step == global_steps:
             return
         replenisher = self._ensure_replenisher(global_steps)
+        if self._restored_inflight is not None:
+            inflight, self._restored_inflight = self._restored_inflight, None
+            self._clear_orphans(keep=set(inflight))
+            self._resume_inflight(inflight)
         if self._step_groups:
             raise RuntimeError(f"Step {self._served_step} left {len(self._step_groups)} groups unserved; verl's "
                                f"trainer asked for fewer than train_batch_size. This is a dapo_verl bug.")
@@ -321,7 +330,24 @@ class DapoReplayBuffer(ReplayBufferAsync):
             state["v1_inflight_uids"] = list(self._inflight[1]) if self._inflight else []
             save_state(state, os.path.join(checkpoint_dir, SAMPLER_STATE_FILE))
 
+    def _restoring_after(self, load_checkpoint: Any) -> Any:
+        """Wrap verl's ``_load_checkpoint`` so that a resume restores the sampler right after it.
+
+        verl's ``fit()`` computes the epoch it starts in (and whether its loop runs at all) as ``global_steps //
+        steps_per_epoch`` before the first ``sample()`` (v1 ``trainer_base.py``: ``fit``); the restored data epoch
+        must have set that divisor by then (:meth:`_follow_data_epochs`).
+        """
+
+        def load_then_restore(*args: Any, **kwargs: Any) -> Any:
+            result = load_checkpoint(*args, **kwargs)
+            if self.trainer.global_steps > 0:
+                self._ensure_replenisher(self.trainer.global_steps + 1)
+            return result
+
+        return load_then_restore
+
     def _restore(self, global_steps: int) -> None:
+        """Load the state saved at step ``global_steps - 1``; TransferQueue is reconciled by the next ``_prepare``."""
         folder = _resume_folder(self.trainer.config, global_steps - 1)
         path = os.path.join(folder, SAMPLER_STATE_FILE)
         if not os.path.exists(path):
@@ -333,9 +359,8 @@ class DapoReplayBuffer(ReplayBufferAsync):
         state = load_state(path)
         self._replenisher.load_state_dict(state)
         self._live = {g.payload.uid: g.payload for _, g in self._replenisher.carried}
-        inflight = [str(uid) for uid in state.get("v1_inflight_uids", [])]
-        self._clear_orphans(keep=set(inflight))
-        self._resume_inflight(inflight)
+        self._restored_inflight = [str(uid) for uid in state.get("v1_inflight_uids", [])]
+        self._follow_data_epochs(global_steps - 1)
         logger.info("dapo_verl: restored the sampler state from %s", path)
 
     def _resume_inflight(self, uids: list[str]) -> None:

@@ -260,6 +260,31 @@ def test_resumed_run_serves_what_an_uninterrupted_run_serves(make_trainer, tmp_p
     _assert_tq_holds_only_carried_groups(resumed)
 
 
+def test_a_resume_restores_the_data_epoch_before_verls_fit_derives_its_epoch(make_trainer):
+    # verl's fit() takes its first epoch as global_steps // steps_per_epoch before any sample() (TB:450) and runs
+    # its loop only while that is below trainer.total_epochs (TB:467). Here a step reads more than the whole pool
+    # (8 prompts of 64 per step at verl's count, far more by ranked selection), so by verl's own divisor the resumed
+    # run would be past its only epoch and train nothing.
+    run = ["data.train_batch_size=32", "algorithm.filter_groups.prompt_selection=predicted", "trainer.save_freq=2",
+           "trainer.total_training_steps=4", "trainer.total_epochs=1", "trainer.resume_mode=auto"]
+    first = make_trainer(*run, folder="resumed")
+    _steps(first, 2)
+    saved_epoch = _replenisher(first).stream.epoch
+    label = 2 // first.steps_per_epoch  # the uninterrupted run's label for step 3: (global_steps - 1) // divisor
+    assert saved_epoch >= 1 and 2 // (64 // 32) >= 1  # the data wrapped; verl's divisor (2) ends the loop
+    first.rollout.wait_idle()
+    clear_all()
+
+    resumed = make_trainer(*run, folder="resumed", resume=True, begin=False)
+    replenisher = _replenisher(resumed)  # restored by verl's _load_checkpoint, before any sample()
+    assert replenisher.counters["train_steps"] == 2 and replenisher.stream.epoch == saved_epoch
+    assert resumed.global_steps // resumed.steps_per_epoch == label >= 1  # fit()'s first epoch label
+    assert label < resumed.config.trainer.total_epochs  # fit()'s loop runs
+    resumed.begin()
+    (record,) = _steps(resumed, 1)
+    assert record.metrics["dapo/sampler/train_step"] == 3
+
+
 def test_sync_checkpoint_steps_carry_nothing_because_verl_does_not_save_tq(make_trainer):
     trainer = make_trainer(*SURPLUS, "trainer.save_freq=2")
     records = _steps(trainer, 2)
