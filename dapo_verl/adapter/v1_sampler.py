@@ -23,10 +23,10 @@ round limit and ``on_shortfall``, carried surplus and its staleness, history ski
   next to verl's checkpoint. A resume restores it as soon as verl's ``_load_checkpoint`` has loaded the step, before
   ``fit()`` derives its epoch from the step count (so the first resumed step carries the data epoch's label, and a
   run resumed past ``len(dataset) // train_batch_size`` steps still enters verl's loop); what it holds in
-  TransferQueue is reconciled at the first ``sample()``, once verl has re-issued its in-flight prompts. In ``sync`` mode verl does not
-  checkpoint TransferQueue, so a step that will be checkpointed carries no surplus (it is counted as dropped
-  ``surplus``) and a resumed run repeats the uninterrupted one; in the async modes TransferQueue itself is
-  checkpointed and carried groups survive.
+  TransferQueue is reconciled at the first ``sample()``, once verl has re-issued its in-flight prompts. In
+  ``sync`` mode verl does not checkpoint TransferQueue, so a step that will be checkpointed carries no surplus
+  (it is counted as dropped ``surplus``) and a resumed run repeats the uninterrupted one; in the async modes
+  TransferQueue itself is checkpointed and carried groups survive.
 
 The same class serves ``sync``, ``colocate_async`` and ``separate_async``; for separate_async's hybrid switching
 it answers ``get_sampleable_count`` and ``wait_for_sampleable``. In ``separate_async`` the rollout replicas are a
