@@ -62,6 +62,7 @@ import argparse
 import heapq
 import itertools
 import json
+import math
 import platform
 import sys
 import time
@@ -100,16 +101,19 @@ class Scenario:
     gen_batch_factor: int = 3
     max_num_gen_batches: int = 10
     max_inflight_gen_batches: int = 1
+    train_gain: float = 0.0
 
-    def pass_rates(self, seed: int) -> Callable[[int, int], float]:
-        """``pass_rate(prompt_id, step)`` for this seed, drifting by ``logit_gain`` over ``steps``."""
-        return drifting_pass_rates(
+    def pass_rates(self, seed: int) -> LearningPassRates:
+        """``pass_rate(prompt_id, step)`` for this seed, drifting by ``logit_gain`` over ``steps``, plus ``train_gain``
+        logits for each training batch that held one of the prompt's groups (:class:`LearningPassRates`)."""
+        return LearningPassRates(drifting_pass_rates(
             self.num_prompts, seed=seed, start_logit_mean=self.start_logit_mean,
             start_logit_std=self.start_logit_std, drift_per_step=self.logit_gain / self.steps,
-        )
+        ), self.train_gain)
 
     def outcome_shares(self, seed: int, step: int) -> dict[str, float]:
-        """Expected share of mixed, all-correct and all-wrong groups over all prompts at ``step``."""
+        """Expected share of mixed, all-correct and all-wrong groups over all prompts at ``step`` (without what
+        training on particular prompts adds: that depends on the strategy)."""
         rate = self.pass_rates(seed)
         p = torch.tensor([rate(i, step) for i in range(self.num_prompts)], dtype=torch.float64)  # (num_prompts,)
         all_correct = float((p**self.group_size).mean())
@@ -117,17 +121,58 @@ class Scenario:
         return {"mixed": 1 - all_correct - all_wrong, "all_correct": all_correct, "all_wrong": all_wrong}
 
 
+class LearningPassRates:
+    """Pass rates that drift with the training step and rise for the prompts training holds.
+
+    ``rate(i, step) = sigmoid(logit of the drifting rates + train_gain * n_i)``, with n_i the training batches
+    that held a group of prompt i so far (:meth:`trained`). With ``train_gain = 0`` it is the drifting rates.
+
+    Args:
+        drifting: ``pass_rate(prompt_id, step)`` before any prompt-specific learning.
+        train_gain: Logits a prompt gains each time a training batch holds one of its groups.
+    """
+
+    def __init__(self, drifting: Callable[[int, int], float], train_gain: float) -> None:
+        self._drifting = drifting
+        self.train_gain = train_gain
+        self._bonus: dict[int, float] = {}
+
+    def __call__(self, prompt_id: int, step: int) -> float:
+        bonus = self._bonus.get(prompt_id)
+        rate = self._drifting(prompt_id, step)
+        if not bonus:
+            return rate
+        rate = min(max(rate, 1e-12), 1.0 - 1e-12)
+        return 1.0 / (1.0 + math.exp(-(math.log(rate / (1.0 - rate)) + bonus)))
+
+    def trained(self, prompt_ids: Sequence[int]) -> None:
+        """One training batch held a group of each of ``prompt_ids`` (a prompt twice in it gains twice)."""
+        if self.train_gain:
+            for prompt_id in prompt_ids:
+                self._bonus[prompt_id] = self._bonus.get(prompt_id, 0.0) + self.train_gain
+
+
+_SPECIFIC_GAIN = 7.5 * 4096 / (128 * 300)
+"""The default scenario's drift (7.5 logits over the run) spread over the trainings a prompt gets on average
+(128 groups a step for 300 steps over 4096 prompts: 9.4 each): 0.8 logits per training."""
+
 SCENARIOS: dict[str, dict[str, float]] = {
     "default": {},
     "late_easy": {"logit_gain": 10.0},
     "hard_start": {"start_logit_mean": -3.0},
     "slow_drift": {"logit_gain": 4.0},
     "alike": {"start_logit_mean": -3.0, "start_logit_std": 0.0, "logit_gain": 0.0},
+    "learns": {"logit_gain": 0.0, "train_gain": _SPECIFIC_GAIN},
+    "learns_half": {"logit_gain": 3.75, "train_gain": _SPECIFIC_GAIN / 2},
 }
 """Named scenarios (``--scenario``), as changes to :class:`Scenario`'s defaults: ``default``; ``late_easy``, most
 prompts easy late in training (informative groups 54% -> 11%); ``hard_start``, most prompts all wrong at first;
 ``slow_drift``, a policy that barely moves (informative 54% -> 50%); ``alike``, every prompt the same (54%
-informative throughout), where no history can predict anything."""
+informative throughout), where no history can predict anything. In those five a prompt's pass rate follows the
+training step alone, so training on a prompt never changes it, and a rule that keeps choosing the prompts known
+to be informative is never punished for it. ``learns``: the default's learning on average, all of it specific to
+the prompts trained (0.8 logits per training batch holding the prompt, no drift); ``learns_half``: half the
+default's drift and half that specific gain. Both were fixed by this rule before they were run."""
 
 
 @dataclass
@@ -199,8 +244,9 @@ class _TimedPolicy:
         return groups
 
 
-def _policy(scenario: Scenario, seed: int) -> SimulatedPolicy:
-    return SimulatedPolicy(scenario.pass_rates(seed), group_size=scenario.group_size, seed=seed)
+def _policy(scenario: Scenario, seed: int) -> tuple[SimulatedPolicy, LearningPassRates]:
+    rates = scenario.pass_rates(seed)
+    return SimulatedPolicy(rates, group_size=scenario.group_size, seed=seed), rates
 
 
 def run_replenisher(scenario: Scenario, seed: int, *, peer: str | None = None, **overrides: Any) -> RunRecord:
@@ -210,7 +256,8 @@ def run_replenisher(scenario: Scenario, seed: int, *, peer: str | None = None, *
         "train_batch_size": scenario.train_batch_size, "max_num_gen_batches": scenario.max_num_gen_batches,
         "on_shortfall": "partial", "seed": seed, **overrides,
     })
-    policy = _TimedPolicy(_policy(scenario, seed), seed)
+    simulated, rates = _policy(scenario, seed)
+    policy = _TimedPolicy(simulated, seed)
     sampler = (peer_sampler(peer, config, scenario.num_prompts, policy) if peer
                else BatchReplenisher(config, scenario.num_prompts, policy))
     record = RunRecord()
@@ -218,6 +265,7 @@ def run_replenisher(scenario: Scenario, seed: int, *, peer: str | None = None, *
         policy.policy.step = step
         policy.round_latencies.clear()
         batch = sampler.next_batch()
+        rates.trained([group.prompt_id for group in batch.groups])
         record.rounds.append(int(batch.metrics["dapo/sampler/gen_rounds"]))
         record.gen_time.append(sum(policy.round_latencies))
         record.groups_from_carry += int(batch.metrics["dapo/sampler/groups_from_carry"])
@@ -252,7 +300,7 @@ class StreamingRefill:
 
     def __init__(self, scenario: Scenario, seed: int) -> None:
         self.scenario = scenario
-        self.policy = _policy(scenario, seed)
+        self.policy, self.rates = _policy(scenario, seed)
         self.stream = PromptStream(scenario.num_prompts, seed=seed)  # a shuffled dataloader, no skipping
         self.record = RunRecord(dropped={})
         self._trained_prompts: set[int] = set()
@@ -284,12 +332,14 @@ class StreamingRefill:
         credits: deque[int] = deque()  # the wave of the prompt each credit will dispatch, oldest first
         self._dispatch(heap, 0.0, [1] * target)
         dispatched, ready, draining, rounds, now = target, 0, False, 1, 0.0
+        batch: list[int] = []
         while heap:
             now, _, wave, reason, prompt_id = heapq.heappop(heap)
             if reason == DropReason.KEEP:
                 ready += 1
                 if ready <= target:  # the first informative groups to finish fill the batch
                     self._trained_prompts.add(prompt_id)
+                    batch.append(prompt_id)
             else:
                 self._drop(reason.label)
                 if not draining:
@@ -304,6 +354,7 @@ class StreamingRefill:
                 dispatched += free
                 self._dispatch(heap, now, waves)
         trained = min(ready, target)
+        self.rates.trained(batch)
         self._drop("surplus", ready - trained)
         self.record.rounds.append(rounds)
         self.record.gen_time.append(now)
@@ -420,6 +471,8 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--start-logit-std", type=float, help=f"(default: the scenario's; {d.start_logit_std})")
     parser.add_argument("--logit-gain", type=float, help=f"pass-rate logit gain over the run (default: the "
                                                           f"scenario's; {d.logit_gain})")
+    parser.add_argument("--train-gain", type=float, help=f"logits a prompt gains per training batch holding it "
+                                                          f"(default: the scenario's; {d.train_gain})")
     parser.add_argument("--gen-batch-factor", type=int, default=d.gen_batch_factor,
                         help="recipe: data.gen_batch_size = factor x train_batch_size")
     parser.add_argument("--max-num-gen-batches", type=int, default=d.max_num_gen_batches)
@@ -452,7 +505,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
     """Command-line entry point: run, print one JSON line per strategy and a table, write ``--out``."""
     args = _parse_args(argv)
     named = SCENARIOS[args.scenario]
-    given = {k: getattr(args, k) for k in ("start_logit_mean", "start_logit_std", "logit_gain")
+    given = {k: getattr(args, k) for k in ("start_logit_mean", "start_logit_std", "logit_gain", "train_gain")
              if getattr(args, k) is not None}
     scenario = Scenario(**{
         **named, **given, "num_prompts": args.num_prompts, "group_size": args.group_size,

@@ -113,3 +113,36 @@ def test_table_has_one_row_per_strategy_with_mean_and_spread(tiny_result):
     assert all(row.count("|") == rows[0].count("|") for row in rows)
     assert "±" in rows[2] and rows[2].startswith("| verl-recipe")
     assert check_targets({"strategies": {"adaptive_carry": {"summary": {}}}}) == {}  # no recipe: no comparison
+
+
+def test_a_learning_scenario_raises_exactly_the_trained_prompts_by_train_gain():
+    import math
+
+    rates = Scenario(num_prompts=8, steps=10, train_gain=0.8).pass_rates(seed=0)
+    before = [rates(i, 3) for i in range(8)]
+    rates.trained([2, 5, 5])  # prompt 5 twice in one batch: two groups, two gains
+
+    def logit(p):
+        return math.log(p / (1 - p))
+
+    after = [rates(i, 3) for i in range(8)]
+    assert logit(after[2]) - logit(before[2]) == pytest.approx(0.8)
+    assert logit(after[5]) - logit(before[5]) == pytest.approx(1.6)
+    assert [after[i] for i in (0, 1, 3, 4, 6, 7)] == [before[i] for i in (0, 1, 3, 4, 6, 7)]
+    frozen = Scenario(num_prompts=8, steps=10).pass_rates(seed=0)
+    frozen.trained([2])
+    assert frozen(2, 3) == before[2]  # train_gain 0: the drifting rates, untouched
+
+
+def test_in_a_learning_scenario_the_prompts_trained_become_solved_and_groups_are_conserved():
+    learns = Scenario(num_prompts=64, group_size=4, train_batch_size=8, steps=12, logit_gain=0.0, train_gain=2.0)
+    still = Scenario(num_prompts=64, group_size=4, train_batch_size=8, steps=12, logit_gain=0.0)
+    strategies = ["recipe_barrier_discard", "v1_streaming_discard", "adaptive_skip_revisit", "predicted_prefer"]
+    learned = run_benchmark(learns, seeds=[0], strategies=strategies)["strategies"]
+    frozen = run_benchmark(still, seeds=[0], strategies=strategies)["strategies"]
+    for name in strategies:
+        m = learned[name]["per_seed"][0]
+        assert m["groups_generated"] == m["groups_trained"] + m["groups_carried_at_end"] + _dropped(m), name
+    # Same draws until the first trained batch, then the trained prompts turn all-correct more often.
+    solved = sum(learned[name]["per_seed"][0]["dropped_all_correct"] for name in strategies)
+    assert solved > sum(frozen[name]["per_seed"][0]["dropped_all_correct"] for name in strategies)
