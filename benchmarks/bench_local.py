@@ -47,6 +47,7 @@ from typing import Any
 
 import torch
 
+from benchmarks.candidates import CANDIDATES, candidate_sampler
 from benchmarks.peers import PEERS, peer_sampler
 
 STRATEGIES: dict[str, list[str]] = {
@@ -60,12 +61,14 @@ STRATEGIES: dict[str, list[str]] = {
     "greso": [],
     "mopps_math": [],
     "mopps_countdown": [],
+    "logit_belief": [],
     "default": [],
 }
 """Strategy -> overrides of the default experiment (its train_batch_size is 16, so 3 x 16 = 48). ``greso`` and
 ``mopps_*`` run the default experiment with that peer's prompt choice (:mod:`benchmarks.peers`); ``predicted``
 chooses prompts by prediction (``prompt_selection=predicted``) and ``predicted_prefer`` also ranks known informative
-prompts above fresh ones (``prefer_informative=true``)."""
+prompts above fresh ones (``prefer_informative=true``); ``logit_belief`` is a candidate predictor kept out of the
+package (:mod:`benchmarks.candidates`), built into the default experiment's sampler the way a peer's is."""
 
 RECIPE, OURS, PREDICTED = "recipe_barrier_discard", "default", "predicted"
 ACCURACY_MARGIN = 0.05
@@ -138,13 +141,14 @@ def _peer_sampler(strategy: str) -> Iterator[None]:
     peer is not part of it. So this benchmark swaps the one name the trainer builds its sampler with, for the
     length of one run without checkpoints.
     """
-    if strategy not in PEERS:
+    if strategy not in PEERS + CANDIDATES:
         yield
         return
     import dapo_verl.local.train as train
 
     original = train.BatchReplenisher
-    train.BatchReplenisher = lambda config, num_prompts, generate: peer_sampler(  # type: ignore[misc,assignment]
+    build = candidate_sampler if strategy in CANDIDATES else peer_sampler
+    train.BatchReplenisher = lambda config, num_prompts, generate: build(  # type: ignore[misc,assignment]
         strategy, config, num_prompts, generate)
     try:
         yield

@@ -34,6 +34,9 @@ Strategies:
   informative prompts while they are rare (``revisit_informative=true``), without and with skipping; the
   latter is the shipped default.
 
+* ``logit_belief`` -- a candidate predictor kept out of the package (:mod:`benchmarks.candidates`): Gaussian logit
+  beliefs with a fitted drift and training shift, through the same replenisher with ``prompt_selection=predicted``.
+
 Metrics, per strategy over the whole run, then mean / sd / min / max over seeds:
 
 * ``generated_per_trained`` -- responses generated / responses trained.
@@ -74,6 +77,7 @@ from typing import Any
 
 import torch
 
+from benchmarks.candidates import CANDIDATES, candidate_sampler
 from benchmarks.peers import peer_sampler
 from benchmarks.sampler_report import HEADLINE, check_targets, commit_id, format_table, spread, write_result
 from dapo_verl.config import SamplerConfig
@@ -251,14 +255,16 @@ def _policy(scenario: Scenario, seed: int) -> tuple[SimulatedPolicy, LearningPas
 
 def run_replenisher(scenario: Scenario, seed: int, *, peer: str | None = None, **overrides: Any) -> RunRecord:
     """Run :class:`BatchReplenisher` through the scenario with ``SamplerConfig(**overrides)`` (``peer``: with that
-    peer's prompt choice, :func:`benchmarks.peers.peer_sampler`)."""
+    peer's prompt choice, :func:`benchmarks.peers.peer_sampler`, or a candidate predictor's,
+    :func:`benchmarks.candidates.candidate_sampler`)."""
     config = SamplerConfig(**{
         "train_batch_size": scenario.train_batch_size, "max_num_gen_batches": scenario.max_num_gen_batches,
         "on_shortfall": "partial", "seed": seed, **overrides,
     })
     simulated, rates = _policy(scenario, seed)
     policy = _TimedPolicy(simulated, seed)
-    sampler = (peer_sampler(peer, config, scenario.num_prompts, policy) if peer
+    sampler = (candidate_sampler(peer, config, scenario.num_prompts, policy) if peer in CANDIDATES
+               else peer_sampler(peer, config, scenario.num_prompts, policy) if peer
                else BatchReplenisher(config, scenario.num_prompts, policy))
     record = RunRecord()
     for step in range(scenario.steps):
@@ -408,6 +414,8 @@ STRATEGIES: dict[str, tuple[str, Callable[[Scenario, int], RunRecord]]] = {
         s, seed, **_CARRY, revisit_informative=False, **_PREDICTED)),
     "predicted_prefer": ("ours: predicted, prefer_informative, explore 0.2", lambda s, seed: run_replenisher(
         s, seed, **_PREDICTED, prefer_informative=True, explore_fraction=0.2)),
+    "logit_belief": ("candidate: logit beliefs, fitted drift and training shift",
+                     lambda s, seed: run_replenisher(s, seed, peer="logit_belief")),
 }
 """Strategy name -> (table label, runner)."""
 
