@@ -47,8 +47,7 @@ from typing import Any
 
 import torch
 
-from benchmarks.candidates import CANDIDATES, candidate_sampler
-from benchmarks.peers import PEERS, peer_sampler
+from benchmarks.candidates import FOREIGN, foreign_sampler
 
 STRATEGIES: dict[str, list[str]] = {
     "recipe_barrier_discard": ["algorithm.filter_groups.refill=barrier", "algorithm.filter_groups.surplus=discard",
@@ -134,21 +133,21 @@ def measure(history: list[dict[str, Any]], *, late_from: int) -> dict[str, Any]:
 
 
 @contextlib.contextmanager
-def _peer_sampler(strategy: str) -> Iterator[None]:
-    """For a peer strategy, the local trainer builds that peer's sampler during the run (and its own after).
+def _foreign_sampler(strategy: str) -> Iterator[None]:
+    """For a peer or candidate strategy, the local trainer builds that strategy's sampler during the run (and its own
+    after).
 
     The package has no hook for foreign selection rules, deliberately: a run directory records its config, and a
     peer is not part of it. So this benchmark swaps the one name the trainer builds its sampler with, for the
     length of one run without checkpoints.
     """
-    if strategy not in PEERS + CANDIDATES:
+    if strategy not in FOREIGN:
         yield
         return
     import dapo_verl.local.train as train
 
     original = train.BatchReplenisher
-    build = candidate_sampler if strategy in CANDIDATES else peer_sampler
-    train.BatchReplenisher = lambda config, num_prompts, generate: build(  # type: ignore[misc,assignment]
+    train.BatchReplenisher = lambda config, num_prompts, generate: foreign_sampler(  # type: ignore[misc,assignment]
         strategy, config, num_prompts, generate)
     try:
         yield
@@ -162,7 +161,7 @@ def _train(job: tuple[str, int, int, str, str, str]) -> dict[str, Any]:
 
     strategy, seed, steps, device, cache, out = job
     began = time.perf_counter()
-    with _peer_sampler(strategy):
+    with _foreign_sampler(strategy):
         result = run([f"local.device={device}", f"data.seed={seed}", "trainer.resume_mode=disable",
                       "trainer.save_freq=-1", f"trainer.total_training_steps={steps}", f"local.cache_dir={cache}",
                       *STRATEGIES[strategy]], out)

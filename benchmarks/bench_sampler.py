@@ -77,8 +77,7 @@ from typing import Any
 
 import torch
 
-from benchmarks.candidates import CANDIDATES, candidate_sampler
-from benchmarks.peers import peer_sampler
+from benchmarks.candidates import foreign_sampler
 from benchmarks.sampler_report import HEADLINE, check_targets, commit_id, format_table, spread, write_result
 from dapo_verl.config import SamplerConfig
 from dapo_verl.core import DropReason, group_drop_reasons
@@ -255,16 +254,14 @@ def _policy(scenario: Scenario, seed: int) -> tuple[SimulatedPolicy, LearningPas
 
 def run_replenisher(scenario: Scenario, seed: int, *, peer: str | None = None, **overrides: Any) -> RunRecord:
     """Run :class:`BatchReplenisher` through the scenario with ``SamplerConfig(**overrides)`` (``peer``: with that
-    peer's prompt choice, :func:`benchmarks.peers.peer_sampler`, or a candidate predictor's,
-    :func:`benchmarks.candidates.candidate_sampler`)."""
+    peer's prompt choice or a candidate predictor's, :func:`benchmarks.candidates.foreign_sampler`)."""
     config = SamplerConfig(**{
         "train_batch_size": scenario.train_batch_size, "max_num_gen_batches": scenario.max_num_gen_batches,
         "on_shortfall": "partial", "seed": seed, **overrides,
     })
     simulated, rates = _policy(scenario, seed)
     policy = _TimedPolicy(simulated, seed)
-    sampler = (candidate_sampler(peer, config, scenario.num_prompts, policy) if peer in CANDIDATES
-               else peer_sampler(peer, config, scenario.num_prompts, policy) if peer
+    sampler = (foreign_sampler(peer, config, scenario.num_prompts, policy) if peer
                else BatchReplenisher(config, scenario.num_prompts, policy))
     record = RunRecord()
     for step in range(scenario.steps):

@@ -57,12 +57,14 @@ from typing import Any
 
 import torch
 
+from benchmarks.peers import PEERS, peer_sampler
 from dapo_verl.config import SamplerConfig
 from dapo_verl.sampler import BatchReplenisher, GenerateFn
 from dapo_verl.sampler.prediction import SuccessPredictor
 from dapo_verl.sampler.sizing import estimate_sample_size
 
-__all__ = ["CANDIDATES", "LogitBeliefPredictor", "candidate_sampler", "informative_under_normal", "logit_moments"]
+__all__ = ["CANDIDATES", "FOREIGN", "LogitBeliefPredictor", "candidate_sampler", "foreign_sampler",
+           "informative_under_normal", "logit_moments"]
 
 DIFFUSION = 0.02
 """rho: variance a prompt's logit gains per training step beyond the fitted drift and training shift."""
@@ -75,7 +77,6 @@ PREDICT_NODES, UPDATE_NODES = 6, 20
 
 MAX_LOGIT = 15.0
 """The Laplace mode's Newton steps stay within +-MAX_LOGIT (a success rate within 3e-7 of 0 or 1)."""
-
 
 
 def hermite_gauss(count: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -108,6 +109,10 @@ def informative_under_normal(means: Sequence[float], variances: Sequence[float],
     return ((mixed * weights).sum(1) / math.sqrt(math.pi)).clamp(0, 1).tolist()
 
 
+def _sigmoid(x: float) -> float:
+    return 1 / (1 + math.exp(-x))
+
+
 def _log_sigmoid(x: float) -> float:
     return -math.log1p(math.exp(-x)) if x > -30 else x
 
@@ -116,10 +121,10 @@ def _update(mean: float, var: float, correct: int, group_size: int) -> tuple[flo
     """The Gaussian N(mean, var) after ``correct`` of ``group_size`` responses were right (assumed density)."""
     x = mean
     for _ in range(6):  # Laplace mode, by Newton's method
-        p = 1 / (1 + math.exp(-x))
+        p = _sigmoid(x)
         x -= ((group_size * p - correct) + (x - mean) / var) / (group_size * p * (1 - p) + 1 / var)
         x = max(-MAX_LOGIT, min(MAX_LOGIT, x))
-    p = 1 / (1 + math.exp(-x))
+    p = _sigmoid(x)
     spread = 1.5 * math.sqrt(1 / (group_size * p * (1 - p) + 1 / var))  # the proposal, wider than Laplace's
     points, logs = [], []
     for node, weight in _UPDATE:
@@ -167,27 +172,30 @@ class LogitBeliefPredictor(SuccessPredictor):
     def informative_many(self, prompt_ids: Sequence[int]) -> list[float]:
         if self.group_size is None:
             return [1.0] * len(prompt_ids)
-        if not prompt_ids:
-            return []
-        prior = logit_moments(*self.prior())
+        return self._informative(prompt_ids, logit_moments(*self.prior()), self.group_size)
+
+    def _informative(self, prompt_ids: Sequence[int], prior: tuple[float, float], group_size: int) -> list[float]:
         beliefs = [self._predictive(pid, prior) for pid in prompt_ids]
-        return informative_under_normal([b[0] for b in beliefs], [b[1] for b in beliefs], self.group_size)
+        return informative_under_normal([b[0] for b in beliefs], [b[1] for b in beliefs], group_size)
 
     def rank_keys(self, prompt_ids: Sequence[int], generator: torch.Generator) -> list[float]:
         if self.group_size is None:
             return super().rank_keys(prompt_ids, generator)
-        keys = self.informative_many(prompt_ids)
+        prior = logit_moments(*self.prior())
+        keys = self._informative(prompt_ids, prior, self.group_size)
         if self.prefer_informative:
             return keys
-        fresh = informative_under_normal(*([v] for v in logit_moments(*self.prior())), self.group_size)[0]
+        fresh = informative_under_normal([prior[0]], [prior[1]], self.group_size)[0]
         return [min(key, fresh) for key in keys]
 
     def record(self, prompt_id: int, correct: int, group_size: int) -> None:
         super().record(prompt_id, correct, group_size)  # first: a prompt never seen is updated from the prior now
-        mean, var, elapsed, trained = self._predictive(prompt_id, logit_moments(*self.prior()))
-        if prompt_id in self._logits:
+        seen = prompt_id in self._logits
+        prior = (0.0, 0.0) if seen else logit_moments(*self.prior())  # the prior only for a prompt never seen
+        mean, var, elapsed, trained = self._predictive(prompt_id, prior)
+        if seen:
             scale = math.sqrt(1 + math.pi * var / 8)
-            residual = (correct - group_size / (1 + math.exp(-mean / scale))) / (group_size * scale)
+            residual = (correct - group_size * _sigmoid(mean / scale)) / (group_size * scale)
             for index, feature in enumerate((elapsed, trained)):
                 if feature:
                     self._squares[index] += (residual * feature) ** 2
@@ -229,3 +237,13 @@ def candidate_sampler(name: str, config: SamplerConfig, num_prompts: int, genera
     sampler.predictor = predictor
     sampler.stream.scorer = predictor
     return sampler
+
+
+FOREIGN = PEERS + CANDIDATES
+"""Strategies whose prompt choice is not the package's own: the peers' and the candidates'."""
+
+
+def foreign_sampler(name: str, config: SamplerConfig, num_prompts: int, generate: GenerateFn) -> BatchReplenisher:
+    """The replenisher of a peer (:func:`benchmarks.peers.peer_sampler`) or a candidate (:func:`candidate_sampler`)."""
+    build = candidate_sampler if name in CANDIDATES else peer_sampler
+    return build(name, config, num_prompts, generate)
