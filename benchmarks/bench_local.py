@@ -61,13 +61,15 @@ STRATEGIES: dict[str, list[str]] = {
     "mopps_math": [],
     "mopps_countdown": [],
     "logit_belief": [],
+    "logit_lookahead": [],
     "default": [],
 }
 """Strategy -> overrides of the default experiment (its train_batch_size is 16, so 3 x 16 = 48). ``greso`` and
 ``mopps_*`` run the default experiment with that peer's prompt choice (:mod:`benchmarks.peers`); ``predicted``
 chooses prompts by prediction (``prompt_selection=predicted``) and ``predicted_prefer`` also ranks known informative
-prompts above fresh ones (``prefer_informative=true``); ``logit_belief`` is a candidate predictor kept out of the
-package (:mod:`benchmarks.candidates`), built into the default experiment's sampler the way a peer's is."""
+prompts above fresh ones (``prefer_informative=true``); ``logit_belief`` and ``logit_lookahead`` are candidate
+predictors kept out of the package (:mod:`benchmarks.candidates`), built into the default experiment's sampler the
+way a peer's is."""
 
 RECIPE, OURS, PREDICTED = "recipe_barrier_discard", "default", "predicted"
 ACCURACY_MARGIN = 0.05

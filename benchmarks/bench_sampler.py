@@ -35,7 +35,8 @@ Strategies:
   latter is the shipped default.
 
 * ``logit_belief`` -- a candidate predictor kept out of the package (:mod:`benchmarks.candidates`): Gaussian logit
-  beliefs with a fitted drift and training shift, through the same replenisher with ``prompt_selection=predicted``.
+  beliefs with a fitted drift and training shift, through the same replenisher with ``prompt_selection=predicted``;
+  ``logit_lookahead`` the same beliefs with ranking keys that look one training ahead.
 
 Metrics, per strategy over the whole run, then mean / sd / min / max over seeds:
 
@@ -413,6 +414,8 @@ STRATEGIES: dict[str, tuple[str, Callable[[Scenario, int], RunRecord]]] = {
         s, seed, **_PREDICTED, prefer_informative=True, explore_fraction=0.2)),
     "logit_belief": ("candidate: logit beliefs, fitted drift and training shift",
                      lambda s, seed: run_replenisher(s, seed, peer="logit_belief")),
+    "logit_lookahead": ("candidate: logit beliefs, keys looking one training ahead",
+                        lambda s, seed: run_replenisher(s, seed, peer="logit_lookahead")),
 }
 """Strategy name -> (table label, runner)."""
 

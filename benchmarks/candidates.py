@@ -149,10 +149,11 @@ class LogitBeliefPredictor(SuccessPredictor):
     """
 
     def __init__(self, *, half_life_steps: float, smoothing_groups: float, prefer_informative: bool = False,
-                 diffusion: float = DIFFUSION) -> None:
+                 diffusion: float = DIFFUSION, lookahead: bool = False) -> None:
         super().__init__(half_life_steps=half_life_steps, smoothing_groups=smoothing_groups,
                          prefer_informative=prefer_informative)
         self.diffusion = diffusion
+        self.lookahead = lookahead
         self.drift = 0.0  # eta, logits per training step
         self.train_shift = 0.0  # delta, logits per training on the prompt
         self._squares = [1e-8, 1e-8]  # AdaGrad's sums of squared gradients (eta, delta)
@@ -182,11 +183,22 @@ class LogitBeliefPredictor(SuccessPredictor):
         if self.group_size is None:
             return super().rank_keys(prompt_ids, generator)
         prior = logit_moments(*self.prior())
-        keys = self._informative(prompt_ids, prior, self.group_size)
+        beliefs = [self._predictive(pid, prior)[:2] for pid in prompt_ids] + [prior]  # the last: a fresh prompt's
+        keys = self._keys([b[0] for b in beliefs], [b[1] for b in beliefs], self.group_size)
+        fresh = keys.pop()
         if self.prefer_informative:
             return keys
-        fresh = informative_under_normal([prior[0]], [prior[1]], self.group_size)[0]
         return [min(key, fresh) for key in keys]
+
+    def _keys(self, means: list[float], variances: list[float], group_size: int) -> list[float]:
+        """The informative chance q; with ``lookahead``, ``q (1 + q_next - q)``, q_next the chance after one more
+        training (the mean moved by the fitted shift): a prompt that stays informative once trained is worth more
+        than one that training will solve."""
+        now = informative_under_normal(means, variances, group_size)
+        if not self.lookahead:
+            return now
+        after = informative_under_normal([m + self.train_shift for m in means], variances, group_size)
+        return [q * (1 + q_next - q) for q, q_next in zip(now, after)]
 
     def record(self, prompt_id: int, correct: int, group_size: int) -> None:
         super().record(prompt_id, correct, group_size)  # first: a prompt never seen is updated from the prior now
@@ -221,7 +233,7 @@ class LogitBeliefPredictor(SuccessPredictor):
                         for pid, m, v, s, i in state.get("logits", [])}
 
 
-CANDIDATES = ("logit_belief",)
+CANDIDATES = ("logit_belief", "logit_lookahead")
 """The candidate strategies :func:`candidate_sampler` builds."""
 
 
@@ -233,7 +245,8 @@ def candidate_sampler(name: str, config: SamplerConfig, num_prompts: int, genera
     sampler = BatchReplenisher(config, num_prompts, generate)
     predictor = LogitBeliefPredictor(half_life_steps=config.prediction_half_life_steps,
                                      smoothing_groups=estimate_sample_size(config),
-                                     prefer_informative=config.prefer_informative)
+                                     prefer_informative=config.prefer_informative,
+                                     lookahead=name == "logit_lookahead")
     sampler.predictor = predictor
     sampler.stream.scorer = predictor
     return sampler

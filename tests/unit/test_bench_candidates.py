@@ -90,13 +90,28 @@ def test_the_fitted_training_shift_separates_training_from_drift():
     assert abs(learning.drift) < 0.05  # the drift absorbs a little of the training effect (0.023 here)
 
 
-def test_a_run_resumed_from_the_candidates_state_continues_identically():
+def test_the_lookahead_key_ranks_a_prompt_training_keeps_informative_above_one_it_solves():
+    predictor = LogitBeliefPredictor(half_life_steps=10.0, smoothing_groups=256.0, lookahead=True)
+    predictor.group_size, predictor.train_shift = 16, 1.5
+    # Equal chances now (a success rate of about 0.1 or 0.9 in logits +-2.2); one training moves both up by 1.5.
+    hard, easy = predictor._keys([-2.2, 2.2], [0.05, 0.05], 16)
+    q = informative_under_normal([-2.2], [0.05], 16)[0]
+    assert q == pytest.approx(informative_under_normal([2.2], [0.05], 16)[0])
+    q_hard_next, q_easy_next = informative_under_normal([-0.7, 3.7], [0.05, 0.05], 16)
+    assert hard == pytest.approx(q * (1 + q_hard_next - q)) and easy == pytest.approx(q * (1 + q_easy_next - q))
+    assert hard > q > easy  # the hard prompt stays informative after training, the easy one is solved by it
+    predictor.lookahead = False
+    assert predictor._keys([-2.2, 2.2], [0.05, 0.05], 16) == pytest.approx([q, q])
+
+
+@pytest.mark.parametrize("name", ["logit_belief", "logit_lookahead"])
+def test_a_run_resumed_from_the_candidates_state_continues_identically(name):
     config = SamplerConfig(train_batch_size=8, seed=3, on_shortfall="partial")
     rates = torch.linspace(-4, 4, 64).sigmoid().tolist()
 
     def sampler():
         policy = SimulatedPolicy(lambda pid, step: rates[pid], group_size=8, seed=3)
-        return candidate_sampler("logit_belief", config, 64, policy), policy
+        return candidate_sampler(name, config, 64, policy), policy
 
     first, policy = sampler()
     for _ in range(6):
@@ -105,6 +120,7 @@ def test_a_run_resumed_from_the_candidates_state_continues_identically():
     second, second_policy = sampler()
     second.load_state_dict(state)
     assert second.predictor.state_dict() == first.predictor.state_dict()
+    assert second.predictor.lookahead == first.predictor.lookahead == (name == "logit_lookahead")
     assert second.predictor.train_shift == first.predictor.train_shift != 0.0
     second_policy._gen.set_state(policy._gen.get_state())  # the simulated model's draws continue where they were
     for _ in range(4):
