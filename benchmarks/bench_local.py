@@ -19,9 +19,16 @@ with ``--jobs 2``; ``--help``). Prints one JSON line per measurement (with commi
 * ``sampler_comparison`` -- per strategy, the mean over seeds, and for ``default`` the ratios
   ``x_fewer_whole`` and ``x_fewer_late`` (recipe's generated per trained / ours, per seed, then averaged)
   and the accuracy difference.
+* ``accuracy_test`` -- the science guard of every strategy but ``default`` and the recipe: its final held-out
+  accuracy minus the default's, paired by seed (:func:`accuracy_test`).
+* ``cost_test`` -- responses generated per trained of each of ours and each candidate minus the default's and each
+  peer's, paired by seed (:func:`cost_test`).
 * ``trl_grpo`` -- with ``--trl-python PATH`` (a separate virtual environment with TRL; see
   :mod:`benchmarks.trl_grpo`), TRL's GRPOTrainer on the same task, model and hyper-parameters, per seed;
   without it, one line saying it was skipped.
+
+``--merge FILE...`` runs nothing: it reads the ``sampler_run`` lines of earlier outputs (seeds run in chunks, say)
+and prints the comparison and the tests over all of them.
 
 The strategies change which groups are trained, so their training trajectories (and accuracies) differ;
 that is why the comparison runs several seeds. Timings depend on the machine and on other load (parallel
@@ -48,6 +55,7 @@ from typing import Any
 import torch
 
 from benchmarks.candidates import FOREIGN, foreign_sampler
+from benchmarks.peers import PEERS
 
 STRATEGIES: dict[str, list[str]] = {
     "recipe_barrier_discard": ["algorithm.filter_groups.refill=barrier", "algorithm.filter_groups.surplus=discard",
@@ -233,6 +241,66 @@ def accuracy_test(lines: list[dict[str, Any]], treatment: str = PREDICTED) -> di
             "seeds_for_80pct_power": needed, "reading": reading}
 
 
+def cost_test(lines: list[dict[str, Any]], treatment: str, baseline: str) -> dict[str, Any] | None:
+    """Responses generated per trained, ``treatment`` minus ``baseline``, paired by seed (Student's paired t-test,
+    two-sided, 95% interval). None unless both ran on at least 2 common seeds."""
+    from dapo_verl.report.stats import paired_t_test
+
+    by = {(line["strategy"], line["seed"]): line["generated_per_trained"] for line in lines}
+    seeds = sorted(seed for (strategy, seed) in by if strategy == treatment and (baseline, seed) in by)
+    if len(seeds) < 2:
+        return None
+    test = paired_t_test([by[(treatment, seed)] - by[(baseline, seed)] for seed in seeds])
+    return {"treatment": treatment, "baseline": baseline, "seeds": seeds,
+            "metric": "responses generated per trained, whole run", "test": "Student's paired t-test, two-sided",
+            **test.to_dict()}
+
+
+def analyses(lines: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The declared tests over ``sampler_run`` lines: the accuracy guard of every strategy but the default and the
+    recipe, and the cost of each of ours and each candidate against the default and every peer."""
+    strategies = list(dict.fromkeys(line["strategy"] for line in lines))
+    out = []
+    for treatment in strategies:
+        if treatment in (OURS, RECIPE):
+            continue
+        guard = accuracy_test(lines, treatment)
+        if guard is not None:
+            out.append({"measurement": "accuracy_test", **guard})
+    for treatment in strategies:
+        if treatment in PEERS or treatment == RECIPE:
+            continue
+        for baseline in (OURS, *PEERS):
+            cost = cost_test(lines, treatment, baseline) if baseline != treatment else None
+            if cost is not None:
+                out.append({"measurement": "cost_test", **cost})
+    return out
+
+
+def _read_runs(paths: list[Path]) -> list[dict[str, Any]]:
+    """The ``sampler_run`` lines of earlier outputs (JSON lines; anything else in them is passed over)."""
+    runs = {}
+    for path in paths:
+        for number, text in enumerate(path.read_text().splitlines(), 1):
+            if not text.startswith("{"):
+                continue
+            try:
+                line = json.loads(text)
+            except json.JSONDecodeError as error:
+                raise SystemExit(f"{path}:{number}: not a JSON line ({error}); --merge reads this benchmark's "
+                                 "output, one JSON object per line.") from error
+            if line.get("measurement") == "sampler_run":
+                key = (line["strategy"], line["seed"])
+                if key in runs and runs[key] != line:
+                    raise SystemExit(f"{path}:{number}: strategy {key[0]!r} seed {key[1]} appears twice with "
+                                     "different results; merge outputs of one commit, each run once.")
+                runs[key] = line
+    if not runs:
+        raise SystemExit(f"--merge found no sampler_run lines in {[str(p) for p in paths]}: pass files this "
+                         "benchmark printed.")
+    return list(runs.values())
+
+
 def _ratio(base: float | None, ours: float | None) -> float | None:
     return base / ours if base is not None and ours else None
 
@@ -257,9 +325,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=1, help="runs in parallel (counts are unaffected)")
     parser.add_argument("--trl-python", help="python of a virtual environment with TRL: add TRL GRPOTrainer rows")
     parser.add_argument("--out", type=Path, help="keep the run directories here (default: a temporary directory)")
+    parser.add_argument("--merge", type=Path, nargs="+", metavar="FILE",
+                        help="run nothing: read the sampler_run lines of earlier outputs (e.g. seeds run in chunks) "
+                             "and print their comparison and tests")
     args = parser.parse_args(argv)
     meta = {"benchmark": "bench_local", "commit": _commit(), "torch": torch.__version__, "device": args.device,
             "python": platform.python_version()}
+    if args.merge:
+        lines = _read_runs(args.merge)
+        commits = sorted({line.get("commit", "unknown") for line in lines})
+        merged = {**meta, "merged_from": [str(p) for p in args.merge], "run_commits": commits}
+        for row in [{"measurement": "sampler_comparison", **row} for row in summarize(lines)] + analyses(lines):
+            print(json.dumps({**merged, **row}), flush=True)
+        return 0
     with tempfile.TemporaryDirectory(prefix="bench_local_") as tmp:
         root = args.out or Path(tmp)
         jobs = [(strategy, seed, args.steps, args.device,
@@ -281,10 +359,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(json.dumps({**meta, "measurement": "default_run", "seed": line["seed"], **speed}), flush=True)
         for row in summarize(lines):
             print(json.dumps({**meta, "measurement": "sampler_comparison", **row}), flush=True)
-        for treatment in (PREDICTED, "predicted_prefer"):
-            guard = accuracy_test(lines, treatment)
-            if guard is not None:
-                print(json.dumps({**meta, "measurement": "accuracy_test", **guard}), flush=True)
+        for row in analyses(lines):
+            print(json.dumps({**meta, **row}), flush=True)
         if not args.trl_python:
             print(json.dumps({**meta, "measurement": "trl_grpo", "skipped": "no --trl-python given"}), flush=True)
             return 0

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from benchmarks.bench_local import STRATEGIES, main, measure, summarize
 
 
@@ -80,3 +82,45 @@ def test_the_accuracy_guard_pairs_seeds_and_reads_the_interval():
     noisy = accuracy_test(lines([0.90, 0.50, 0.85, 0.60], [0.60, 0.89, 0.56, 0.90]))
     assert noisy["reading"].startswith("undecided") and noisy["seeds_for_80pct_power"] > 4
     assert accuracy_test(lines([0.9], [0.8])) is None  # one pair: no test
+
+
+def test_cost_tests_pair_seeds_against_the_default_and_every_peer(tmp_path, capsys):
+    from benchmarks.bench_local import analyses, cost_test
+
+    def line(strategy, seed, cost, acc):
+        return {"measurement": "sampler_run", "strategy": strategy, "seed": seed, "generated_per_trained": cost,
+                "final_accuracy": acc, "rounds_mean": 1.0, "partial_steps": 0, "train_s": 1.0,
+                "late": {"generated_per_trained": cost * 5}, "early": {"generated_per_trained": 2.0}}
+
+    lines = [line(name, seed, cost + seed / 10, 0.8 + seed / 100)
+             for name, cost in (("default", 5.0), ("greso", 5.5), ("logit_lookahead", 4.5),
+                                ("recipe_barrier_discard", 15.0))
+             for seed in range(4)]
+    test = cost_test(lines, "logit_lookahead", "greso")
+    assert test["seeds"] == [0, 1, 2, 3] and test["mean"] == pytest.approx(-1.0)
+    assert cost_test(lines[:1] + lines[4:5], "default", "greso") is None  # one pair: no test
+    done = {(row["measurement"], row["treatment"], row["baseline"]) for row in analyses(lines)}
+    assert done == {("accuracy_test", "greso", "default"), ("accuracy_test", "logit_lookahead", "default"),
+                    ("cost_test", "default", "greso"), ("cost_test", "logit_lookahead", "default"),
+                    ("cost_test", "logit_lookahead", "greso")}  # peers and the recipe are baselines only
+
+    # --merge reads chunks of seeds printed by earlier runs and tests them together.
+    first, second = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    first.write_text("\n".join(json.dumps(x) for x in lines[::2]) + "\nnot json, a log line\n")
+    second.write_text("\n".join(json.dumps(x) for x in lines[1::2]))
+    assert main(["--merge", str(first), str(second)]) == 0
+    merged = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
+    cost = next(x for x in merged if x["measurement"] == "cost_test" and x["baseline"] == "greso"
+                and x["treatment"] == "logit_lookahead")
+    assert cost["seeds"] == [0, 1, 2, 3] and cost["mean"] == pytest.approx(-1.0)
+
+
+def test_merge_refuses_a_run_reported_twice_with_different_results(tmp_path):
+    run = {"measurement": "sampler_run", "strategy": "default", "seed": 0, "generated_per_trained": 5.0}
+    path = tmp_path / "twice.jsonl"
+    path.write_text(json.dumps(run) + "\n" + json.dumps({**run, "generated_per_trained": 6.0}) + "\n")
+    with pytest.raises(SystemExit, match="strategy 'default' seed 0 appears twice"):
+        main(["--merge", str(path)])
+    (tmp_path / "empty.jsonl").write_text("")
+    with pytest.raises(SystemExit, match="found no sampler_run lines"):
+        main(["--merge", str(tmp_path / "empty.jsonl")])
