@@ -44,8 +44,13 @@ dropped: the Laplace mode (above), a key adding the informative chance expected 
 (``q (1 + q_next - q)``), and a cap of 16 on the prior's logit variance (mixed). The lookahead key was dropped on
 the Laplace-mode version, where it cost more in ``learns`` (4.26 against 4.15). With the assumed-density update
 it cost *less* there (4.27 against 4.41; GRESO 4.19) and was within 0.01 elsewhere (``slow_drift``, ``late_easy``,
-``alike``). It was not carried over because the choice had been made already; it is the first thing to evaluate
-next.
+``alike``), so it is the second candidate:
+
+``logit_lookahead`` -- the same predictor with ``lookahead=True``: ranking keys ``q (1 + q_next - q)``, q_next the
+informative chance after one more training (the mean moved by the fitted delta), capped at a fresh prompt's key
+computed the same way. Training a prompt that stays informative keeps supply; training one that training will
+solve uses it up. On evaluation seeds 0-2 it tied GRESO in ``learns`` and cost 0.001-0.07 more than the plain keys
+elsewhere (benchmarks/README.md).
 """
 
 from __future__ import annotations
