@@ -32,7 +32,8 @@ and prints the comparison and the tests over all of them.
 
 The strategies change which groups are trained, so their training trajectories (and accuracies) differ;
 that is why the comparison runs several seeds. Timings depend on the machine and on other load (parallel
-jobs share the cores); counts and accuracies are exactly reproducible on CPU.
+jobs share the cores); counts and accuracies are exactly reproducible on one CPU machine (another machine may
+give other trajectories: benchmarks/README.md), so compare strategies only within one measurement.
 """
 
 from __future__ import annotations
