@@ -27,8 +27,10 @@ with ``--jobs 2``; ``--help``). Prints one JSON line per measurement (with commi
   :mod:`benchmarks.trl_grpo`), TRL's GRPOTrainer on the same task, model and hyper-parameters, per seed;
   without it, one line saying it was skipped.
 
-``--merge FILE...`` runs nothing: it reads the ``sampler_run`` lines of earlier outputs (seeds run in chunks, say)
-and prints the comparison and the tests over all of them.
+``--override KEY=VALUE`` (repeatable) changes the experiment of every run, e.g. ``local.task.heldout_size=9500``
+trains on a pool of 500 prompts that each run revisits many times (the default pool of 9,800 is visited about once
+in 200 steps). ``--merge FILE...`` runs nothing: it reads the ``sampler_run`` lines of earlier outputs (seeds run
+in chunks, say) and prints the comparison and the tests over all of them.
 
 The strategies change which groups are trained, so their training trajectories (and accuracies) differ;
 that is why the comparison runs several seeds. Timings depend on the machine and on other load (parallel
@@ -166,16 +168,16 @@ def _foreign_sampler(strategy: str) -> Iterator[None]:
         train.BatchReplenisher = original  # type: ignore[misc]
 
 
-def _train(job: tuple[str, int, int, str, str, str]) -> dict[str, Any]:
+def _train(job: tuple[str, int, int, str, str, str, tuple[str, ...]]) -> dict[str, Any]:
     """One ``dapo-verl train`` run (in a worker process); returns its measurements."""
     from dapo_verl.local.train import run
 
-    strategy, seed, steps, device, cache, out = job
+    strategy, seed, steps, device, cache, out, overrides = job
     began = time.perf_counter()
     with _foreign_sampler(strategy):
         result = run([f"local.device={device}", f"data.seed={seed}", "trainer.resume_mode=disable",
                       "trainer.save_freq=-1", f"trainer.total_training_steps={steps}", f"local.cache_dir={cache}",
-                      *STRATEGIES[strategy]], out)
+                      *overrides, *STRATEGIES[strategy]], out)
     return {"strategy": strategy, "seed": seed, "wall_s": round(result.wall_s, 2),
             "process_s": round(time.perf_counter() - began, 2), "model_built": result.model_built,
             **measure(result.history, late_from=steps // 2 + 1)}
@@ -296,6 +298,10 @@ def _read_runs(paths: list[Path]) -> list[dict[str, Any]]:
                     raise SystemExit(f"{path}:{number}: strategy {key[0]!r} seed {key[1]} appears twice with "
                                      "different results; merge outputs of one commit, each run once.")
                 runs[key] = line
+    settings = {json.dumps(line.get("overrides", []), sort_keys=True) for line in runs.values()}
+    if len(settings) > 1:
+        raise SystemExit(f"--merge got runs made with different --override settings ({sorted(settings)}): their "
+                         "strategies are not comparable; merge one setting at a time.")
     if not runs:
         raise SystemExit(f"--merge found no sampler_run lines in {[str(p) for p in paths]}: pass files this "
                          "benchmark printed.")
@@ -326,12 +332,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=1, help="runs in parallel (counts are unaffected)")
     parser.add_argument("--trl-python", help="python of a virtual environment with TRL: add TRL GRPOTrainer rows")
     parser.add_argument("--out", type=Path, help="keep the run directories here (default: a temporary directory)")
+    parser.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
+                        help="a config override for every run, before the strategy's own (repeatable), e.g. "
+                             "local.task.heldout_size=9500 for a 500-prompt pool that each run revisits")
     parser.add_argument("--merge", type=Path, nargs="+", metavar="FILE",
                         help="run nothing: read the sampler_run lines of earlier outputs (e.g. seeds run in chunks) "
                              "and print their comparison and tests")
     args = parser.parse_args(argv)
     meta = {"benchmark": "bench_local", "commit": _commit(), "torch": torch.__version__, "device": args.device,
-            "python": platform.python_version()}
+            "python": platform.python_version(), **({"overrides": args.override} if args.override else {})}
     if args.merge:
         lines = _read_runs(args.merge)
         commits = sorted({line.get("commit", "unknown") for line in lines})
@@ -343,7 +352,7 @@ def main(argv: list[str] | None = None) -> int:
         root = args.out or Path(tmp)
         jobs = [(strategy, seed, args.steps, args.device,
                  str(root / ("empty_cache" if (strategy, seed) == (OURS, args.seeds[0]) else "cache")),
-                 str(root / f"{strategy}_seed{seed}"))
+                 str(root / f"{strategy}_seed{seed}"), tuple(args.override))
                 for seed in args.seeds for strategy in args.strategies]
         jobs.sort(key=lambda job: job[4].endswith("empty_cache"), reverse=True)  # the empty-cache run first
         if args.jobs > 1:

@@ -124,3 +124,19 @@ def test_merge_refuses_a_run_reported_twice_with_different_results(tmp_path):
     (tmp_path / "empty.jsonl").write_text("")
     with pytest.raises(SystemExit, match="found no sampler_run lines"):
         main(["--merge", str(tmp_path / "empty.jsonl")])
+
+
+def test_overrides_change_every_run_and_are_recorded(capsys, tmp_path):
+    assert main(["--seeds", "0", "--steps", "2", "--strategies", "default", "greso", "--out", str(tmp_path),
+                 "--override", "local.task.heldout_size=9500"]) == 0
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    runs = [line for line in lines if line["measurement"] == "sampler_run"]
+    assert len(runs) == 2 and all(line["overrides"] == ["local.task.heldout_size=9500"] for line in runs)
+    config = (tmp_path / "greso_seed0" / "config.yaml").read_text()  # the run directory records what ran
+    assert "heldout_size: 9500" in config
+    # Runs made with other overrides are not merged with these.
+    first, second = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    first.write_text("\n".join(json.dumps(line) for line in runs))
+    second.write_text(json.dumps({**runs[0], "strategy": "mopps_math", "overrides": []}))
+    with pytest.raises(SystemExit, match="different --override settings"):
+        main(["--merge", str(first), str(second)])
