@@ -216,6 +216,18 @@ def summarize(lines: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+def _paired(lines: list[dict[str, Any]], field: str, treatment: str,
+            baseline: str) -> tuple[list[int], list[float]] | None:
+    """The seeds both strategies ran and ``treatment``'s ``field`` minus ``baseline``'s on each; None unless there
+    are at least 2 such seeds and every value is known."""
+    by = {(line["strategy"], line["seed"]): line[field] for line in lines}
+    seeds = sorted(seed for (strategy, seed) in by if strategy == treatment and (baseline, seed) in by)
+    pairs = [(by[(treatment, seed)], by[(baseline, seed)]) for seed in seeds]
+    if len(pairs) < 2 or any(a is None or b is None for a, b in pairs):
+        return None
+    return seeds, [a - b for a, b in pairs]
+
+
 def accuracy_test(lines: list[dict[str, Any]], treatment: str = PREDICTED) -> dict[str, Any] | None:
     """The science guard: ``treatment`` minus ``default`` final held-out accuracy, paired by seed.
 
@@ -226,12 +238,11 @@ def accuracy_test(lines: list[dict[str, Any]], treatment: str = PREDICTED) -> di
     """
     from dapo_verl.report.stats import paired_t_test, seeds_for_power
 
-    by = {(line["strategy"], line["seed"]): line["final_accuracy"] for line in lines}
-    seeds = sorted(seed for (strategy, seed) in by if strategy == treatment and (OURS, seed) in by)
-    pairs = [(by[(treatment, seed)], by[(OURS, seed)]) for seed in seeds]
-    if len(pairs) < 2 or any(a is None or b is None for a, b in pairs):
+    paired = _paired(lines, "final_accuracy", treatment, OURS)
+    if paired is None:
         return None
-    test = paired_t_test([a - b for a, b in pairs])
+    seeds, differences = paired
+    test = paired_t_test(differences)
     needed = seeds_for_power(ACCURACY_MARGIN, test.sd) if test.sd > 0 else 2
     if test.ci_low > -ACCURACY_MARGIN:
         reading = f"no lower: the 95% interval excludes a drop of {ACCURACY_MARGIN}"
@@ -249,11 +260,11 @@ def cost_test(lines: list[dict[str, Any]], treatment: str, baseline: str) -> dic
     two-sided, 95% interval). None unless both ran on at least 2 common seeds."""
     from dapo_verl.report.stats import paired_t_test
 
-    by = {(line["strategy"], line["seed"]): line["generated_per_trained"] for line in lines}
-    seeds = sorted(seed for (strategy, seed) in by if strategy == treatment and (baseline, seed) in by)
-    if len(seeds) < 2:
+    paired = _paired(lines, "generated_per_trained", treatment, baseline)
+    if paired is None:
         return None
-    test = paired_t_test([by[(treatment, seed)] - by[(baseline, seed)] for seed in seeds])
+    seeds, differences = paired
+    test = paired_t_test(differences)
     return {"treatment": treatment, "baseline": baseline, "seeds": seeds,
             "metric": "responses generated per trained, whole run", "test": "Student's paired t-test, two-sided",
             **test.to_dict()}
@@ -273,8 +284,8 @@ def analyses(lines: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for treatment in strategies:
         if treatment in PEERS or treatment == RECIPE:
             continue
-        for baseline in (OURS, *PEERS):
-            cost = cost_test(lines, treatment, baseline) if baseline != treatment else None
+        for baseline in [name for name in (OURS, *PEERS) if name != treatment]:
+            cost = cost_test(lines, treatment, baseline)
             if cost is not None:
                 out.append({"measurement": "cost_test", **cost})
     return out
@@ -344,7 +355,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.merge:
         lines = _read_runs(args.merge)
         commits = sorted({line.get("commit", "unknown") for line in lines})
-        merged = {**meta, "merged_from": [str(p) for p in args.merge], "run_commits": commits}
+        merged = {**meta, "merged_from": [str(p) for p in args.merge], "run_commits": commits,
+                  "overrides": lines[0].get("overrides", [])}  # the runs' own (one setting: _read_runs checks)
         for row in [{"measurement": "sampler_comparison", **row} for row in summarize(lines)] + analyses(lines):
             print(json.dumps({**merged, **row}), flush=True)
         return 0
