@@ -51,8 +51,9 @@ informative chance after one more training (the mean moved by the fitted delta),
 computed the same way. Training a prompt that stays informative keeps supply; training one that training will
 solve uses it up. On evaluation seeds 0-2 it tied GRESO in ``learns`` and cost 0.001-0.07 more than the plain keys
 elsewhere. On the local run, in the test declared before it ran, it trained to lower held-out accuracy than the
-package's default (-0.041, 95% CI [-0.075, -0.007], 96 seeds) at no lower cost, so neither candidate enters the
-package (benchmarks/README.md).
+package's default (-0.041, 95% CI [-0.075, -0.007], 96 seeds) at no lower cost, and did the same on a 500-prompt
+pool that runs revisit (-0.065, CI [-0.112, -0.019], 93 seeds), so neither candidate enters the package
+(benchmarks/README.md).
 """
 
 from __future__ import annotations
