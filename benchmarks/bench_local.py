@@ -73,6 +73,9 @@ STRATEGIES: dict[str, list[str]] = {
     "mopps_countdown": [],
     "logit_belief": [],
     "logit_lookahead": [],
+    "oracle": [],
+    "oracle_capped": [],
+    "oracle_skip": [],
     "default": [],
 }
 """Strategy -> overrides of the default experiment (its train_batch_size is 16, so 3 x 16 = 48). ``greso`` and

@@ -65,6 +65,7 @@ from typing import Any
 
 import torch
 
+from benchmarks.oracle import ORACLES, oracle_sampler
 from benchmarks.peers import PEERS, peer_sampler
 from dapo_verl.config import SamplerConfig
 from dapo_verl.sampler import BatchReplenisher, GenerateFn
@@ -260,11 +261,13 @@ def candidate_sampler(name: str, config: SamplerConfig, num_prompts: int, genera
     return sampler
 
 
-FOREIGN = PEERS + CANDIDATES
-"""Strategies whose prompt choice is not the package's own: the peers' and the candidates'."""
+FOREIGN = PEERS + CANDIDATES + ORACLES
+"""Strategies whose prompt choice is not the package's own: the peers', the candidates' and the oracles' (these only
+in ``bench_local``: they read the local policy)."""
 
 
 def foreign_sampler(name: str, config: SamplerConfig, num_prompts: int, generate: GenerateFn) -> BatchReplenisher:
-    """The replenisher of a peer (:func:`benchmarks.peers.peer_sampler`) or a candidate (:func:`candidate_sampler`)."""
-    build = candidate_sampler if name in CANDIDATES else peer_sampler
+    """The replenisher of a peer (:func:`benchmarks.peers.peer_sampler`), a candidate (:func:`candidate_sampler`) or an
+    oracle (:func:`benchmarks.oracle.oracle_sampler`)."""
+    build = candidate_sampler if name in CANDIDATES else oracle_sampler if name in ORACLES else peer_sampler
     return build(name, config, num_prompts, generate)
