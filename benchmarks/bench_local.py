@@ -83,7 +83,8 @@ STRATEGIES: dict[str, list[str]] = {
 chooses prompts by prediction (``prompt_selection=predicted``) and ``predicted_prefer`` also ranks known informative
 prompts above fresh ones (``prefer_informative=true``); ``logit_belief`` and ``logit_lookahead`` are candidate
 predictors kept out of the package (:mod:`benchmarks.candidates`), built into the default experiment's sampler the
-way a peer's is."""
+way a peer's is; ``oracle``, ``oracle_capped`` and ``oracle_skip`` know every prompt's exact pass rate under the
+current policy (:mod:`benchmarks.oracle`): bounds on what prediction can save, not strategies."""
 
 RECIPE, OURS, PREDICTED = "recipe_barrier_discard", "default", "predicted"
 ACCURACY_MARGIN = 0.05
