@@ -79,6 +79,8 @@ def test_the_oracle_has_no_state_to_resume_and_refuses_a_bad_cap():
         _predictor([0.5], None).state_dict()
     with pytest.raises(ValueError, match="cap='max'"):
         _predictor([0.5], "max")
+    with pytest.raises(ValueError, match="cap=1.5"):
+        _predictor([0.5], 1.5)
 
 
 def test_the_oracle_needs_the_local_rollout_and_a_known_name():
