@@ -92,7 +92,7 @@ def test_the_oracle_needs_the_local_rollout_and_a_known_name():
 
 
 @pytest.mark.parametrize("name", ORACLES)
-def test_each_oracle_trains_through_the_local_run_with_calibrated_predictions(name, tmp_path):
+def test_each_oracle_trains_through_the_local_run_and_logs_its_calibration(name, tmp_path):
     from benchmarks.bench_local import _train
 
     out = _train((name, 0, 6, "cpu", str(tmp_path / "cache"), str(tmp_path / "run"), ("trainer.test_freq=200",)))
