@@ -19,9 +19,10 @@ def test_benchmark_prints_one_json_line_per_measurement(capsys, tmp_path):
     runs = [line for line in lines if line["measurement"] == "sampler_run"]
     assert sorted(line["strategy"] for line in runs) == sorted(STRATEGIES)
     by = {line["strategy"]: line for line in runs}
-    # Each peer ran with its own prompt choice; only the predicted strategies (the candidate among them) predict.
+    # Each peer ran with its own prompt choice; only the predicted strategies (the candidates and oracles among them)
+    # predict.
     assert sorted(name for name, line in by.items() if line["predicted"]) == [
-        "logit_belief", "logit_lookahead", "predicted", "predicted_prefer"]
+        "logit_belief", "logit_lookahead", "oracle", "oracle_capped", "oracle_skip", "predicted", "predicted_prefer"]
     assert by["mopps_math"]["prompts_skipped"] > 0 and by["greso"]["prompts_skipped"] == 0  # ranked vs first epoch
     for line in runs:
         assert {"commit", "torch", "device", "generated_per_trained", "late", "early", "final_accuracy"} <= set(line)
