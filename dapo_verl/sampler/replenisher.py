@@ -3,8 +3,9 @@
 Each call to :meth:`BatchReplenisher.next_batch` returns exactly ``train_batch_size`` informative prompt
 groups. It first takes carried-over groups (``surplus=carry``, oldest first, dropping those older than
 ``max_staleness_steps``), then generates rounds -- sized by ``refill``, within the step's prompt budget
-(:func:`~dapo_verl.sampler.sizing.step_prompt_budget`; adaptive refill stops after one round when the rest
-of the budget cannot be expected to fill the batch) -- until the batch is full, filtering each group
+(:func:`~dapo_verl.sampler.sizing.step_prompt_budget`; with ``on_shortfall=partial`` adaptive refill stops after
+one round when the rest of the budget confidently cannot fill the batch, :func:`~dapo_verl.sampler.sizing.yield_stops`)
+-- until the batch is full, filtering each group
 with :func:`~dapo_verl.core.group_drop_reasons` on the raw metric. Prompts come from a
 :class:`~dapo_verl.sampler.stream.PromptStream`, which with ``skip_uninformative`` chooses them by their
 predicted chance of an informative group (``prompt_selection=predicted``: a
@@ -44,6 +45,7 @@ from dapo_verl.sampler.sizing import (
     round_request,
     step_prompt_budget,
     update_keep_rate,
+    yield_stops,
 )
 from dapo_verl.sampler.step_metrics import step_metrics
 from dapo_verl.sampler.stream import PromptStream, RoundSize
@@ -206,7 +208,8 @@ class BatchReplenisher:
             return "rounds"
         if budget_left <= 0:
             return "budget"
-        if rounds and not budget_can_fill(self.config, missing, self.keep_rate_estimate, budget_left):
+        if rounds and yield_stops(self.config, missing, self.keep_rate_estimate, budget_left,
+                                  self.counters["groups_generated"]):
             return "yield"  # the probe round is done; more would buy a partial batch at a cost nobody agreed to
         return None
 

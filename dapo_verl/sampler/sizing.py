@@ -30,10 +30,16 @@ informative.
 
 Yield: adaptive refill never asks for more than the expected informative yield can repay. When even the
 rest of the step's budget is expected to find fewer groups than are missing (``keep_rate * budget_left <
-missing``, :func:`budget_can_fill`), spending it would only buy a partial batch at more than
-``budget / train_batch_size`` prompts per group; the step then generates one round of ``gen_batch_size``
-prompts (a probe that keeps the keep-rate estimate and the prompt histories current, and feeds revisits)
-and stops. ``refill=barrier`` keeps verl-recipe's behaviour: fixed rounds up to the round limit.
+missing``, :func:`budget_can_fill`), a big round would only buy a partial batch at more than
+``budget / train_batch_size`` prompts per group; the step's rounds are then ``gen_batch_size`` prompts (probes
+that keep the keep-rate estimate and the prompt histories current, and feed revisits). Whether the step stops
+after its first round (:func:`yield_stops`) depends on ``on_shortfall``. With ``partial`` it stops once the
+estimate is *confidently* too low: the Wilson upper bound of the keep rate, at the ``single_round_probability``
+quantile over the groups the estimate rests on (at most ``N_est``), cannot fill the batch with the rest of the
+budget -- so a 4-prompt step whose first round happened to hold no informative group (an estimate of 0 from 4
+groups, upper bound 0.29) keeps refilling. With ``error`` it never stops early: stopping would end the run, and
+the budget is what the user agreed to spend before that. ``refill=barrier`` keeps verl-recipe's behaviour:
+fixed rounds up to the round limit.
 
 Predicted yield (``prompt_selection=predicted``): the prompts a round would take are known before it is
 generated, each with its predicted chance q_i of an informative group (:mod:`~dapo_verl.sampler.prediction`),
@@ -58,11 +64,11 @@ import math
 from collections.abc import Sequence
 from statistics import NormalDist
 
-from dapo_verl.config import RefillStrategy, SamplerConfig
+from dapo_verl.config import RefillStrategy, SamplerConfig, ShortfallPolicy
 
 __all__ = [
     "budget_can_fill", "estimate_sample_size", "max_request_size", "predicted_request", "request_size",
-    "round_request", "step_prompt_budget", "update_keep_rate",
+    "round_request", "step_prompt_budget", "update_keep_rate", "yield_stops",
 ]
 
 
@@ -166,6 +172,32 @@ def budget_can_fill(config: SamplerConfig, missing: int, keep_rate: float | None
     if config.refill == RefillStrategy.BARRIER or not config.enable or keep_rate is None:
         return True
     return keep_rate * budget_left >= missing
+
+
+def yield_stops(config: SamplerConfig, missing: int, keep_rate: float | None, budget_left: int,
+                groups_seen: float) -> bool:
+    """Whether a step stops generating after its first round because the rest of its budget cannot be expected to
+    fill the batch (module docstring): only with ``on_shortfall=partial`` and adaptive refill, and only when the
+    Wilson upper bound of ``keep_rate`` over ``min(groups_seen, N_est)`` groups times ``budget_left`` is below
+    ``missing``.
+    """
+    if (config.on_shortfall != ShortfallPolicy.PARTIAL or config.refill == RefillStrategy.BARRIER
+            or not config.enable or keep_rate is None):
+        return False
+    groups = min(groups_seen, estimate_sample_size(config))
+    return keep_rate_upper_bound(keep_rate, groups, config.single_round_probability) * budget_left < missing
+
+
+def keep_rate_upper_bound(keep_rate: float, groups: float, probability: float) -> float:
+    """The Wilson score upper bound of a keep rate measured over ``groups`` groups, at the one-sided
+    ``probability`` (1 when nothing was measured)."""
+    if groups <= 0:
+        return 1.0
+    z = max(NormalDist().inv_cdf(probability), 0.0)
+    z2n = z * z / groups
+    centre = keep_rate + z2n / 2.0
+    margin = z * math.sqrt(keep_rate * (1.0 - keep_rate) / groups + z2n / (4.0 * groups))
+    return min(1.0, (centre + margin) / (1.0 + z2n))
 
 
 def round_request(config: SamplerConfig, missing: int, keep_rate: float | None, budget_left: int) -> int:

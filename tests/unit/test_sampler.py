@@ -181,15 +181,61 @@ def test_budget_is_rounds_times_the_larger_of_gen_and_train_batch():
     assert step_prompt_budget(SamplerConfig(train_batch_size=8, enable=False)) == 8
 
 
-def test_when_the_budget_cannot_fill_the_batch_adaptive_refill_spends_one_round_and_says_why():
-    sampler, policy = _sampler(num_prompts=500, rates=(0.5,) + (1.0,) * 31, gen_batch_size=12,
+def test_when_the_budget_confidently_cannot_fill_the_batch_a_partial_step_spends_one_round_and_says_why():
+    """No informative group in 12: the keep rate's upper bound (0.12) times the 36 prompts left is below 8 missing."""
+    sampler, policy = _sampler(num_prompts=500, rates=(1.0,), gen_batch_size=12, on_shortfall="partial",
                                max_num_gen_batches=4, skip_uninformative=False, revisit_informative=False)
-    sampler.keep_rate_estimate = 0.05  # 0.05 x 48 prompts = 2.4 expected groups for 8 missing
-    with pytest.raises(ShortfallError, match=r"after 1 rounds and 12 prompts \(the rest of the step's budget of 48 "
-                                              r"prompts could not be expected to fill the batch at the keep-rate "
-                                              r"estimate .*raise data.gen_batch_size.*skip_uninformative=true"):
+    batch = sampler.next_batch()
+    assert batch.is_partial and policy.calls == 1 and sampler.conservation_gap() == 0
+    assert batch.metrics["dapo/sampler/gen_rounds"] == 1 and batch.metrics["dapo/sampler/prompts_requested"] == 12
+
+
+def test_with_on_shortfall_error_a_step_spends_its_whole_budget_before_raising():
+    sampler, policy = _sampler(num_prompts=500, rates=(1.0,), gen_batch_size=12,
+                               max_num_gen_batches=4, skip_uninformative=False, revisit_informative=False)
+    with pytest.raises(ShortfallError, match=r"0 of 8 groups for step 1 after 4 rounds and 48 prompts \(the round "
+                                              r"limit .*skip_uninformative=true; or set .*on_shortfall=partial"):
         sampler.next_batch()
-    assert policy.calls == 1 and sampler.conservation_gap() == 0
+    assert policy.calls == 4 and sampler.conservation_gap() == 0
+
+
+def test_a_small_batch_whose_first_round_holds_no_informative_group_refills_instead_of_raising():
+    """4 prompts a step: a first round of 4 uninformative groups (estimate 0 from 4 groups) must not end the run."""
+    config = SamplerConfig(train_batch_size=4, seed=0)
+    calls = []
+
+    def generate(prompt_ids):
+        informative = bool(calls)  # the first round: all wrong; later: half right
+        calls.append(list(prompt_ids))
+        metric = torch.tensor([1, 0, 1, 0]) if informative else torch.zeros(4, dtype=torch.long)
+        return [GroupResult(prompt_id=i, metric=metric, response_lengths=torch.full((4,), 5),
+                            truncated=torch.zeros(4, dtype=torch.bool)) for i in prompt_ids]
+
+    sampler = BatchReplenisher(config, 100, generate)
+    batch = sampler.next_batch()
+    assert len(batch.groups) == 4 and len(calls) >= 2 and len(calls[0]) == 4
+    assert batch.metrics["dapo/sampler/dropped/all_wrong"] == 4 and sampler.conservation_gap() == 0
+
+
+@pytest.mark.parametrize("on_shortfall", ["error", "partial"])
+def test_at_four_prompts_a_step_no_step_stops_early_while_its_budget_remains(on_shortfall):
+    """Over many seeded runs at a 34% informative rate, every step either fills its batch or has spent its budget."""
+    short = []
+    for seed in range(40):
+        config = SamplerConfig(train_batch_size=4, seed=seed, on_shortfall=on_shortfall)
+        policy = SimulatedPolicy(_fixed((0.1,)), group_size=4, seed=seed)  # 34% of groups informative
+        sampler = BatchReplenisher(config, 200, policy)
+        for _ in range(15):
+            try:
+                metrics = sampler.next_batch().metrics
+            except ShortfallError as error:
+                assert "the step's budget" in str(error)
+                short.append(seed)
+                break
+            if metrics["dapo/sampler/partial"]:
+                assert metrics["dapo/sampler/prompts_requested"] == step_prompt_budget(config)
+                short.append(seed)
+    assert len(short) <= 1  # only an exhausted budget ends a step short (P ~ 1e-4 a step here)
 
 
 def test_budget_can_fill_compares_the_expected_yield_of_the_rest_of_the_budget():
