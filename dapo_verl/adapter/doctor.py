@@ -2,9 +2,10 @@
 
 verl loads plugins inside ``import verl`` and swallows their errors, so a broken install shows up only as
 ``Unknown policy loss: dapo`` deep inside a Ray worker. The doctor checks, in order: the installed verl
-version, the ``verl.plugins`` entry point, the ``VERL_USE_EXTERNAL_PLUGINS`` policy, what a *fresh*
-process sees after ``import verl`` (as a Ray worker would), and -- if something is missing -- imports the
-registration module directly so the hidden exception is shown.
+version against dapo-verl's own requirement on verl (read from its installed metadata and judged as ``pip check``
+judges it, so the two never disagree), the ``verl.plugins`` entry point, the ``VERL_USE_EXTERNAL_PLUGINS``
+policy, what a *fresh* process sees after ``import verl`` (as a Ray worker would), and -- if something is
+missing -- imports the registration module directly so the hidden exception is shown.
 
 ``dapo-verl doctor CONFIG_NAME [KEY=VALUE ...]`` also runs the pre-flight check every entry point runs
 (:func:`config_checks`, :mod:`dapo_verl.adapter.preflight`): one ``[FAIL]`` line per problem a run would refuse,
@@ -21,22 +22,25 @@ import sys
 import traceback
 from collections.abc import Sequence
 from dataclasses import dataclass
-from importlib.metadata import PackageNotFoundError, entry_points, version
+from importlib.metadata import PackageNotFoundError, entry_points, requires, version
 from typing import Any
 
-from packaging.version import Version
+from packaging.requirements import Requirement
+from packaging.specifiers import SpecifierSet
+from packaging.utils import canonicalize_name
+from packaging.version import InvalidVersion
 
 from dapo_verl.adapter.preflight import DAPO_ENTRY, VERL_ENTRY, compose_and_check
 from dapo_verl.adapter.preflight_dapo import dapo_entry_problems
 from dapo_verl.config import DapoConfig, PromptSelection, SamplerConfig
 from dapo_verl.preflight import ConfigRefused
 
-__all__ = ["Check", "config_checks", "describe_run", "run_checks"]
+__all__ = ["Check", "VerlPin", "config_checks", "describe_run", "run_checks", "verl_pin"]
 
 ENTRY_POINT_GROUP = "verl.plugins"
 ENTRY_POINT_NAME = "dapo"
 ENTRY_POINT_TARGET = "dapo_verl.adapter.register"
-SUPPORTED_VERL = (Version("0.9.1"), Version("0.10"))
+DISTRIBUTION = "dapo-verl"
 
 # Reads verl's registries without importing dapo_verl (which would register by itself and hide the problem).
 _FRESH_PROCESS = """
@@ -74,16 +78,72 @@ class Check:
         return "[FAIL]" if not self.ok else "[ok]" if self.checked else "[info]"
 
 
+@dataclass(frozen=True)
+class VerlPin:
+    """dapo-verl's requirement on verl: its version range and the extras it installs verl with."""
+
+    specifier: SpecifierSet
+    extras: tuple[str, ...]
+
+    @property
+    def range(self) -> str:
+        """The range as written in pyproject.toml, lower bound first (``>=0.9.1,<0.10``)."""
+        return ",".join(sorted((str(s) for s in self.specifier), key=lambda s: (not s.startswith(">"), s)))
+
+    @property
+    def install(self) -> str:
+        """The pip command that installs a verl inside the range."""
+        extras = f"[{','.join(self.extras)}]" if self.extras else ""
+        return f'pip install "verl{extras}{self.range}"'
+
+    def admits(self, installed: str) -> bool:
+        """Whether ``installed`` satisfies the range as ``pip check`` judges it (pre-releases compared, not
+        excluded; by PEP 440 ``0.10.0.dev0`` does not satisfy ``<0.10``)."""
+        return self.specifier.contains(installed, prereleases=True)
+
+
+def verl_pin() -> VerlPin:
+    """dapo-verl's requirement on verl, read from its installed metadata as ``pip check`` reads it.
+
+    The requirements on verl that apply without extras (pip evaluates markers with ``extra=""``) are combined.
+
+    Raises:
+        PackageNotFoundError: when dapo-verl is not installed (a source checkout on ``PYTHONPATH``).
+        RuntimeError: when the installed metadata states no requirement on verl.
+    """
+    pins = [req for req in map(Requirement, requires(DISTRIBUTION) or []) if canonicalize_name(req.name) == "verl"
+            and (req.marker is None or req.marker.evaluate({"extra": ""}))]
+    if not pins:
+        raise RuntimeError(f"{DISTRIBUTION}'s installed metadata states no requirement on verl, but its "
+                           "pyproject.toml does; the install is stale or damaged. Reinstall dapo-verl: pip install -e "
+                           ". in the checkout (or pip install dapo-verl).")
+    specifier = SpecifierSet(",".join(str(req.specifier) for req in pins if req.specifier))
+    return VerlPin(specifier, tuple(sorted({extra for req in pins for extra in req.extras})))
+
+
 def _verl_version() -> Check:
     try:
-        installed = Version(version("verl"))
+        pin = verl_pin()
+    except PackageNotFoundError:
+        return Check("verl version", False, f"{DISTRIBUTION} is not installed in this interpreter, so its "
+                     "requirement on verl cannot be read (a source checkout on PYTHONPATH is not an install).",
+                     "pip install -e . in the checkout (or pip install dapo-verl).")
+    except RuntimeError as err:
+        return Check("verl version", False, str(err))
+    try:
+        installed = version("verl")
     except PackageNotFoundError:
         return Check("verl installed", False, "verl is not installed in this interpreter.",
-                     'pip install "verl>=0.9.1,<0.10" (dapo-verl depends on it).')
-    low, high = SUPPORTED_VERL
-    ok = low <= installed < high
-    return Check("verl version", ok, f"verl {installed} ({'supported' if ok else 'untested'}: {low} <= v < {high}).",
-                 "" if ok else 'pip install "verl>=0.9.1,<0.10".')
+                     f"{pin.install} ({DISTRIBUTION} depends on it).")
+    try:
+        admitted = pin.admits(installed)
+    except InvalidVersion:
+        return Check("verl version", False, f"verl {installed!r} is installed, a version PEP 440 cannot parse, so it "
+                     f"cannot be checked against dapo-verl's requirement verl{pin.range}.", pin.install)
+    if admitted:
+        return Check("verl version", True, f"verl {installed} (dapo-verl requires verl{pin.range}).")
+    return Check("verl version", False, f"verl {installed} is installed, outside the range dapo-verl supports and "
+                 f"requires, verl{pin.range} (pip check reports the same conflict).", pin.install)
 
 
 def _entry_point() -> Check:
@@ -145,7 +205,7 @@ def _vllm() -> Check:
 def run_checks() -> list[Check]:
     """Run every check in order; the direct import runs only when registration is missing."""
     checks = [_verl_version()]
-    if not checks[0].ok and "not installed" in checks[0].message:
+    if checks[0].name == "verl installed":
         return checks
     checks += [_entry_point(), _plugin_policy(), _vllm()]
     fresh, _ = _fresh_process()

@@ -2,15 +2,19 @@
 
 Each run is the recipe's own entry point in a subprocess of its own session, with the environment of
 :func:`environment` (the CPU platform and plugin, the file logger's JSONL, the run's record folder and socket folder,
-and whatever the engine adds). :func:`launch` follows its console for verl's step lines, stops it at a time limit,
-stops every process the run left (:func:`kill_leftovers`) and removes the shared memory they recorded
-(:mod:`dapo_verl.adapter.cpu_leftovers`). :class:`Resume` runs the resume process in a thread, started with the first
-run or after it, and releases it at verl's checkpoint load once the first run's checkpoint is on disk.
+and whatever the engine adds). :func:`launch` follows its console for verl's step lines (:func:`follow`), stops it
+at a time limit that fires on a timer whether or not the run prints (:func:`stop_tree`: its process group, then
+every process the run left, :func:`kill_leftovers`; :class:`Overrun` says since when it was silent), and removes
+the shared memory they recorded (:mod:`dapo_verl.adapter.cpu_leftovers`). :class:`Resume` runs the resume process
+in a thread, started with the first run or after it, and releases it at verl's checkpoint load once the first
+run's checkpoint is on disk.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import queue
 import re
 import shutil
 import signal
@@ -20,17 +24,20 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from dapo_verl.adapter import cpu_leftovers, cpu_vllm
 
-__all__ = ["PLUGIN_MODULE", "RAY_START_TIMEOUT", "Resume", "RunRecord", "checkpointed_step", "environment", "errors",
-           "kill_leftovers", "launch", "launch_once_more_if_ray_did_not_start"]
+__all__ = ["PLUGIN_MODULE", "RAY_START_TIMEOUT", "Overrun", "Resume", "RunRecord", "checkpointed_step", "environment",
+           "errors", "follow", "kill_leftovers", "launch", "launch_once_more_if_ray_did_not_start", "stop_tree"]
 
 PLUGIN_MODULE = "dapo_verl.adapter.cpu_plugin"
 RAY_START_TIMEOUT = "The current node timed out during startup"
 _STEP_LINE = re.compile(r"\bstep:(\d+) - ")
 _ERROR_LINE = re.compile(r"^(?:\S+\s)?([A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt)(?::\s.*)?)$")
+_NOTE = "[dapo-verl rehearse] "
+_DRAIN_S = 5.0
+"""How long, once a run's processes were stopped, the rest of its output may take to reach the log."""
 
 
 @dataclass
@@ -72,6 +79,103 @@ def environment(metrics: Path, extra: dict[str, str] | None = None) -> dict[str,
     return env
 
 
+@dataclass(frozen=True)
+class Overrun:
+    """A run stopped at its time limit by :func:`follow`, and since when it had been silent.
+
+    Attributes:
+        limit_s: The time limit, seconds.
+        silent_s: Seconds from its last output line (from its start when it printed none) to the limit.
+        last_line: Its last output line, stripped ("" when it printed none).
+        last_line_at_s: Seconds from its start to that line (None when it printed none).
+        output_closed: Its output had ended but its process had not exited.
+    """
+
+    limit_s: float
+    silent_s: float
+    last_line: str = ""
+    last_line_at_s: float | None = None
+    output_closed: bool = False
+
+    def describe(self, name: str) -> str:
+        """One line for the run ``name``: the limit, how long it was silent, its last line, and what to do."""
+        if self.last_line_at_s is None:
+            silent = "silent since it started (it printed nothing)"
+        else:
+            line = self.last_line if len(self.last_line) <= 200 else self.last_line[:197] + "..."
+            silent = (f"silent for the last {self.silent_s:.0f} s, since its line at {self.last_line_at_s:.0f} s: "
+                      f"{line!r}")
+        closed = "; its output had ended but its process had not exited" if self.output_closed else ""
+        return (f"{name} reached its time limit of {self.limit_s:.0f} s and was stopped with every process it "
+                f"started; it had been {silent}{closed}. A run silent for long usually waits on a process that died "
+                f"(the first error in its log names it); if it was only slow, raise RehearsalOptions.timeout_s.")
+
+
+def _read_lines(stream: IO[str], lines: queue.Queue[str | None]) -> None:
+    try:
+        for line in stream:
+            lines.put(line)
+    finally:
+        lines.put(None)  # the end of the output, even when reading failed
+
+
+def follow(process: subprocess.Popen[str], on_line: Callable[[str], None], limit_s: float,
+           stop: Callable[[], None]) -> Overrun | None:
+    """Hand each line ``process`` prints to ``on_line`` until it exits, for at most ``limit_s`` seconds.
+
+    A reader thread moves the lines to a queue whose reads are timed, so the limit fires whether the process prints
+    or not (a run whose rollout engine died waits without printing). At the limit ``stop`` is called
+    (:func:`stop_tree`), then the lines printed up to then still reach ``on_line``.
+
+    Args:
+        process: Started with ``stdout=subprocess.PIPE`` in text mode.
+        on_line: Called in this thread with each line, newline included.
+        limit_s: Seconds from this call to the limit.
+        stop: Stops the process and everything it started.
+
+    Returns:
+        None when the process exited within the limit, else what :class:`Overrun` says of it.
+    """
+    assert process.stdout is not None
+    lines: queue.Queue[str | None] = queue.Queue()
+    reader = threading.Thread(target=_read_lines, args=(process.stdout, lines), name="rehearsal-output", daemon=True)
+    reader.start()
+    start = last_at = time.monotonic()
+    deadline, last_line, ended = start + limit_s, "", False
+    while not ended and time.monotonic() < deadline:
+        try:
+            line = lines.get(timeout=max(0.0, deadline - time.monotonic()))
+        except queue.Empty:
+            break
+        if line is None:
+            ended = True
+        else:
+            last_at, last_line = time.monotonic(), line
+            on_line(line)
+    if ended:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.wait(timeout=max(0.0, deadline - time.monotonic()))
+            return None
+    overrun = Overrun(limit_s, max(0.0, time.monotonic() - last_at), last_line.strip(),
+                      last_at - start if last_line else None, output_closed=ended)
+    stop()
+    reader.join(_DRAIN_S)
+    while not lines.empty():  # what it printed before it was stopped
+        if (line := lines.get()) is not None:
+            on_line(line)
+    return overrun
+
+
+def stop_tree(process: subprocess.Popen[Any], marker: str) -> None:
+    """SIGKILL ``process`` and its process group (it leads a session of its own: ``start_new_session=True``), then
+    every process whose command line or environment names ``marker`` (those that left the group: Ray's daemons,
+    vLLM's engine processes); reap ``process``."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGKILL)
+    kill_leftovers(marker)
+    process.wait()
+
+
 def kill_leftovers(marker: str) -> None:
     """Stop the run's processes still alive: the private Ray cluster's (their command lines name its temporary
     directory) and those the run's processes started (vLLM's engine processes; their environment names it)."""
@@ -97,8 +201,22 @@ def errors(log: Path) -> tuple[str, str]:
     the others (an actor that died in its constructor, then every call to it). A message that goes on over the
     next lines (pydantic's validation errors name the field there) keeps up to three of them, joined by " / ".
     """
-    lines = [re.sub(r"^\x1b\[\d+m\(.*?\)\x1b\[\d+m\s*", "", line).rstrip() for line in
-             log.read_text(errors="replace").splitlines()]
+    lines = _log_lines(log)
+    found = _exceptions(lines)
+    if found:
+        return found[0], found[-1]
+    last = next((line for line in reversed(lines) if line.strip()), "(empty log)")
+    return last, last
+
+
+def _log_lines(log: Path) -> list[str]:
+    """The log's lines, Ray's ``(process) `` prefixes stripped."""
+    return [re.sub(r"^\x1b\[\d+m\(.*?\)\x1b\[\d+m\s*", "", line).rstrip() for line in
+            log.read_text(errors="replace").splitlines()]
+
+
+def _exceptions(lines: list[str]) -> list[str]:
+    """Each exception message in ``lines``, in order, with up to three lines that continue it."""
     found = []
     for i, line in enumerate(lines):
         match = _ERROR_LINE.match(line.strip())
@@ -111,10 +229,7 @@ def errors(log: Path) -> tuple[str, str]:
                 break
             message.append(text)
         found.append(" / ".join(message))
-    if found:
-        return found[0], found[-1]
-    last = next((line for line in reversed(lines) if line.strip()), "(empty log)")
-    return last, last
+    return found
 
 
 def launch(name: str, command: list[str], run_dir: Path, timeout_s: float, ray_dir: str, steps: int,
@@ -134,36 +249,44 @@ def launch(name: str, command: list[str], run_dir: Path, timeout_s: float, ray_d
     env = {**(env or {}), cpu_vllm.RECORD_ENV: str(records), cpu_vllm.SOCKET_ENV: ray_dir}
     echo(f"[{name}] {' '.join(command[:4])} ... ({len(command) - 4} overrides); log: {log}")
     start = time.perf_counter()
+    overrun: Overrun | None = None
     with open(log, "w") as sink:
         sink.write(" ".join(command) + "\n\n")
         sink.flush()
         process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                   env=environment(metrics, env), start_new_session=True, bufsize=1)
+                                   errors="replace", env=environment(metrics, env), start_new_session=True, bufsize=1)
         if on_start is not None:
             on_start(process)
-        assert process.stdout is not None
-        deadline = start + timeout_s
+
+        def heard(line: str) -> None:
+            sink.write(line)
+            step = _STEP_LINE.search(line)
+            if step:
+                echo(f"[{name}] step {step.group(1)}/{steps} logged ({time.perf_counter() - start:.0f} s)")
+                if on_step is not None:
+                    on_step(int(step.group(1)))
+
+        interrupted = False
         try:
-            for line in process.stdout:
-                sink.write(line)
-                step = _STEP_LINE.search(line)
-                if step:
-                    echo(f"[{name}] step {step.group(1)}/{steps} logged ({time.perf_counter() - start:.0f} s)")
-                    if on_step is not None:
-                        on_step(int(step.group(1)))
-                if time.perf_counter() > deadline:
-                    raise subprocess.TimeoutExpired(command, timeout_s)
-            returncode = process.wait()
-        except (subprocess.TimeoutExpired, KeyboardInterrupt):
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
-            returncode = -signal.SIGKILL
-            sink.write(f"\n[dapo-verl rehearse] stopped after {time.perf_counter() - start:.0f} s\n")
+            overrun = follow(process, heard, timeout_s, stop=lambda: stop_tree(process, ray_dir))
+            if overrun is not None:
+                sink.write(f"\n{_NOTE}{overrun.describe(name)}\n")
+        except KeyboardInterrupt:
+            interrupted = True
+            stop_tree(process, ray_dir)
+            sink.write(f"\n{_NOTE}stopped by Ctrl-C after {time.perf_counter() - start:.0f} s\n")
         finally:
+            if process.returncode is None:  # a hook raised while the run was going
+                stop_tree(process, ray_dir)
             kill_leftovers(ray_dir)
+        returncode = -signal.SIGKILL if overrun is not None or interrupted else process.returncode
     record = RunRecord(name, command, returncode, time.perf_counter() - start, log, metrics, records=records,
                        leftovers_removed=cpu_leftovers.remove_recorded(records))
-    if returncode != 0:
+    if overrun is not None:
+        found = _exceptions(_log_lines(log))
+        record.first_error, record.error = (found[0] if found else ""), overrun.describe(name)
+        echo(f"[{name}] {record.error}")
+    elif returncode != 0:
         record.first_error, record.error = errors(log)
     echo(f"[{name}] {'finished' if returncode == 0 else 'FAILED'} in {record.wall_s:.0f} s")
     if record.leftovers_removed:
