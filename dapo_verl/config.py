@@ -312,6 +312,13 @@ class SamplerConfig:
     """Informative groups beyond a full batch: discard (paper) or carry to the next steps (opt-in, slightly off-policy).
     """
 
+    stream_oversample: float = field(default=1.0, metadata=verl_key("algorithm.filter_groups.stream_oversample",
+                                                                     verl_native=False))
+    """Streaming engines only: keep this many times what one round would ask for the missing groups in flight, so the
+    batch fills from the groups that finish first. With surplus=carry what is aborted continues at the next step (APRIL,
+    arXiv 2509.18521, suggests about 2); with discard it is lost. Range >= 1.
+    """
+
     max_staleness_steps: int = field(default=1, metadata=verl_key("algorithm.filter_groups.max_staleness_steps",
                                                                    verl_native=False))
     """Carried groups older than this many training steps are dropped and counted. Range >= 1."""
@@ -420,6 +427,7 @@ class SamplerConfig:
         require_number(self, "max_oversample_factor", low=1.0, fix="4.0 allows a keep rate down to 25%.")
         require_number(self, "keep_rate_smoothing", low=0.0, high=1.0, low_open=True, fix="0.3 is a good start.")
         require_choice(self, "surplus", SurplusPolicy)
+        require_number(self, "stream_oversample", low=1.0, fix="1.0 keeps one round in flight; 2.0 twice that.")
         require_number(self, "max_staleness_steps", low=1, integer=True, fix="1 carries groups one step.")
         require_choice(self, "on_shortfall", ShortfallPolicy)
         if self.skip_keep_base != 0.5:

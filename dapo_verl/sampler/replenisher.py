@@ -2,24 +2,32 @@
 
 Each call to :meth:`BatchReplenisher.next_batch` returns exactly ``train_batch_size`` informative prompt
 groups. It first takes carried-over groups (``surplus=carry``, oldest first, dropping those older than
-``max_staleness_steps``), then generates rounds -- sized by ``refill``, within the step's prompt budget
+``max_staleness_steps``), continues carried aborted groups (oldest first, before any new prompt, so long responses
+are not starved), then generates new prompts -- sized by ``refill``, within the step's prompt budget
 (:func:`~dapo_verl.sampler.sizing.step_prompt_budget`; with ``on_shortfall=partial`` adaptive refill stops after
-one round when the rest of the budget confidently cannot fill the batch, :func:`~dapo_verl.sampler.sizing.yield_stops`)
--- until the batch is full, filtering each group
-with :func:`~dapo_verl.core.group_drop_reasons` on the raw metric. Prompts come from a
-:class:`~dapo_verl.sampler.stream.PromptStream`, which with ``skip_uninformative`` chooses them by their
-predicted chance of an informative group (``prompt_selection=predicted``: a
-:class:`~dapo_verl.sampler.prediction.SuccessPredictor` ranks a window of candidates, and the round is sized from
+one round when the rest of the budget cannot be expected to fill the batch, :func:`~dapo_verl.sampler.sizing.
+yield_stops`) -- until the batch is full, filtering each group with :func:`~dapo_verl.core.group_drop_reasons`.
+
+Generation goes through an engine (:mod:`~dapo_verl.sampler.engine`). A streaming engine reports groups as they
+finish: the replenisher counts informative groups as they arrive, keeps in flight what a round would ask for the
+groups still missing (the same keep-rate sizing, less what is already in flight), tops up as groups are dropped,
+and aborts what is still generating the moment the batch is full -- finished surplus and aborted groups are carried
+(``surplus=carry``, continued at the next step from their prefix) or dropped (``discard``). A round-based
+``generate(prompt_ids)`` callback is the engine whose groups all finish at once (:class:`~dapo_verl.sampler.engine.
+RoundEngine`): every top-up is then a new round, and the replenisher generates the rounds it always did.
+
+Prompts come from a :class:`~dapo_verl.sampler.stream.PromptStream`, which with ``skip_uninformative`` chooses them
+by their predicted chance of an informative group (``prompt_selection=predicted``: a
+:class:`~dapo_verl.sampler.prediction.SuccessPredictor` ranks a window of candidates, and a round is sized from
 the predicted yield of the prompts taken, :func:`~dapo_verl.sampler.sizing.predicted_request`) or, by default,
 passes over prompts after uninformative streaks (``prompt_selection=streak``, :mod:`~dapo_verl.sampler.history`). At
-``max_num_gen_batches`` rounds or the end of the budget it either raises (``on_shortfall=error``, saying what
-the keep rate was and which knob to turn) or returns the short batch (``partial``, logged at INFO level: the
-metric ``partial`` records it). It never returns unfiltered groups and never loops without bound.
+``max_num_gen_batches`` rounds or the end of the budget, with nothing left in flight, it either raises
+(``on_shortfall=error``, saying what the keep rate was and which knob to turn) or returns the short batch
+(``partial``: an INFO line and the metric ``partial``). It never returns unfiltered groups nor loops without bound.
 
-Accounting is explicit and conserved: every generated group is trained, carried, or dropped for a named
-reason (``all_correct``, ``all_wrong``, ``zero_spread``, ``stale``, ``surplus``, ``shortfall``);
-:meth:`BatchReplenisher.conservation_gap` is 0 at all times. Training steps, generation rounds, prompts
-consumed and data epochs are separate counters.
+Accounting is conserved (:mod:`~dapo_verl.sampler.ledger`): every finished group is trained, carried, or dropped
+for a named reason, every aborted group continued, carried, or dropped, every response token counted once;
+:meth:`BatchReplenisher.conservation_gap` is 0 at all times.
 
 The metrics of each step (``dapo/sampler/...``) are listed in :mod:`~dapo_verl.sampler.step_metrics`.
 """
@@ -32,49 +40,42 @@ from typing import Any
 
 import torch
 
-from dapo_verl.config import PromptSelection, RefillStrategy, SamplerConfig, ShortfallPolicy, SurplusPolicy
+from dapo_verl.config import PromptSelection, SamplerConfig, ShortfallPolicy, SurplusPolicy
 from dapo_verl.core import DropReason, group_drop_reasons
-from dapo_verl.sampler.contracts import check_state, checked_groups, restoring
+from dapo_verl.sampler.carry import decode_groups, decode_partials, encode_groups, encode_partials, fresh, split_stale
+from dapo_verl.sampler.contracts import check_state, restoring
+from dapo_verl.sampler.engine import Completion, GenerationEngine, PartialGroup, RoundEngine
+from dapo_verl.sampler.flight import Flight
+from dapo_verl.sampler.ledger import ABORTED_DROP_REASONS, DROP_REASONS, Ledger
 from dapo_verl.sampler.prediction import SuccessPredictor, successes
 from dapo_verl.sampler.shortfall import ShortfallError, shortfall_message
 from dapo_verl.sampler.sizing import (
-    budget_can_fill,
     estimate_sample_size,
-    max_request_size,
-    predicted_request,
-    round_request,
+    inflight_target,
+    predicted_round_size,
     step_prompt_budget,
     update_keep_rate,
     yield_stops,
 )
 from dapo_verl.sampler.step_metrics import step_metrics
-from dapo_verl.sampler.stream import PromptStream, RoundSize
+from dapo_verl.sampler.stream import PromptStream
 from dapo_verl.sampler.types import GenerateFn, GroupResult, IdentityCodec, PayloadCodec, SampledBatch
 
-__all__ = ["DROP_REASONS", "BatchReplenisher", "ShortfallError"]
+__all__ = ["ABORTED_DROP_REASONS", "DROP_REASONS", "BatchReplenisher", "ShortfallError"]
 
 logger = logging.getLogger(__name__)
 
-DROP_REASONS = ("all_correct", "all_wrong", "zero_spread", "stale", "surplus", "shortfall")
-"""Every reason a generated group can leave the sampler without being trained."""
-
-_STATE_VERSION = 2
-_READABLE_VERSIONS = (1, 2)  # version 1 had unsigned streaks and no per-bucket rates: histories restart
-_COUNTERS = (
-    "train_steps", "gen_rounds", "prompts_requested", "groups_generated", "groups_kept", "responses_generated",
-    "groups_trained", "responses_trained", "response_tokens_generated", "wasted_response_tokens",
-    "truncated_responses", "metric_sum", "score_sum", "score_count", "prompts_revisited",
-    "predicted_groups", "predicted_sum", "prediction_squared_error",
-)
-
+_STATE_VERSION = 3
+_READABLE_VERSIONS = (1, 2, 3)  # 1: unsigned streaks, no per-bucket rates (histories restart); 2: no aborted groups
 
 class BatchReplenisher:
     """Fills each training batch with informative groups (see the module docstring).
 
     Args:
         config: Sampler settings (``algorithm.filter_groups.*``, ``data.train_batch_size`` ...).
-        num_prompts: Size of the prompt source; ids handed to ``generate`` lie in ``range(num_prompts)``.
-        generate: Callback producing one :class:`GroupResult` per requested prompt id.
+        num_prompts: Size of the prompt source; ids handed to the engine lie in ``range(num_prompts)``.
+        generate: A :class:`~dapo_verl.sampler.engine.GenerationEngine`, or a round-based callback producing one
+            :class:`GroupResult` per requested prompt id (run as a :class:`~dapo_verl.sampler.engine.RoundEngine`).
         codec: Converts carried payloads to plain data for :meth:`state_dict` (default: identity).
         shuffle: Visit prompts in a seeded random order.
     """
@@ -83,13 +84,16 @@ class BatchReplenisher:
         self,
         config: SamplerConfig,
         num_prompts: int,
-        generate: GenerateFn,
+        generate: GenerateFn | GenerationEngine,
         *,
         codec: PayloadCodec | None = None,
         shuffle: bool = True,
     ) -> None:
         self.config = config
         self.generate = generate
+        # A callback is looked up on each round, so a caller may replace ``generate`` (a wrapper, a spy).
+        self.engine: GenerationEngine = (generate if isinstance(generate, GenerationEngine)
+                                         else RoundEngine(lambda prompt_ids: self.generate(prompt_ids)))  # type: ignore[operator]
         self.codec: PayloadCodec = codec or IdentityCodec()
         predicts = config.enable and config.skip_uninformative and config.prompt_selection == PromptSelection.PREDICTED
         self.predictor = SuccessPredictor(
@@ -104,13 +108,25 @@ class BatchReplenisher:
             scorer=self.predictor, selection_window=config.selection_window, explore_fraction=config.explore_fraction,
         )
         self.keep_rate_estimate: float | None = None
-        self.counters: dict[str, float] = dict.fromkeys(_COUNTERS, 0)
-        self.dropped: dict[str, int] = dict.fromkeys(DROP_REASONS, 0)
-        self.carried: list[tuple[int, GroupResult]] = []  # (step the group was generated for, group)
+        self.ledger = Ledger()
+        self.carried: list[tuple[int, GroupResult]] = []  # finished groups: (step of their oldest token, group)
+        self.carried_aborted: list[tuple[int, PartialGroup]] = []  # aborted groups, likewise
+        self._flight = Flight(self.engine)  # what is generating now (nothing between steps)
+        self._streams = bool(getattr(self.engine, "streaming", True))  # a round engine finishes whole rounds
         self._planned: tuple[list[int], int] | None = None  # next step's first round: (prompt ids, revisits among them)
         self._trained_prompts: set[int] = set()  # every prompt a batch held (the pool's coverage)
 
     # -- public API ---------------------------------------------------------------------------------
+
+    @property
+    def counters(self) -> dict[str, float]:
+        """The running counters (:data:`~dapo_verl.sampler.ledger.COUNTERS`)."""
+        return self.ledger.counters
+
+    @property
+    def dropped(self) -> dict[str, int]:
+        """Finished groups dropped, by reason (:data:`DROP_REASONS`)."""
+        return self.ledger.dropped
 
     @property
     def train_steps(self) -> int:
@@ -122,28 +138,35 @@ class BatchReplenisher:
 
         Raises:
             ShortfallError: when a step stops short (round limit, budget, yield) with ``on_shortfall=error``.
-            ValueError: if ``generate`` returns malformed groups.
+            ValueError: if the engine returns malformed groups.
         """
-        before = dict(self.counters), dict(self.dropped)
+        before = self.ledger.snapshot()
         step = self._set_step()
         target = self.config.train_batch_size
-        batch, staleness = self._take_carried(step, target)
+        batch, ages = self._take_carried(step, target)
         from_carry = len(batch)
         rounds = requested = 0
         budget = step_prompt_budget(self.config)
+        self._resume_aborted(step, target - len(batch), budget)
         while len(batch) < target:
-            limit = self._limit_reached(rounds, budget - requested, target - len(batch))
-            if limit:
-                self._shortfall(batch, step, before, limit=limit)
-                break
-            rounds += 1
-            planned, self._planned = self._planned, None  # only a step's first round can have been planned
-            requested += self._run_round(batch, step, target, budget - requested, planned=planned)
+            missing = target - len(batch)
+            if self._flight:  # a streaming engine: top up what a round would ask for, less what is in flight
+                requested += self._submit_new(step, missing, budget - requested, top_up=True)
+            else:
+                limit = self._limit_reached(rounds, budget - requested, missing)
+                if limit:
+                    self._shortfall(batch, step, before, limit=limit)
+                    break
+                rounds += 1
+                requested += self._submit_new(step, missing, budget - requested, top_up=False)
+            self._place(self._flight.collect(), batch, ages, step, target)
+        inflight_at_full = len(self._flight)
+        self._abort_rest(batch, ages, step, target)
         self.counters["train_steps"] = step
         self._trained_prompts.update(g.prompt_id for g in batch)
-        self.counters["groups_trained"] += len(batch)
-        self.counters["responses_trained"] += sum(g.group_size for g in batch)
-        metrics = step_metrics(self, before, len(batch), from_carry, staleness, partial=len(batch) < target)
+        self.ledger.trained(batch, ages)
+        metrics = step_metrics(self, before, len(batch), from_carry, ages, partial=len(batch) < target,
+                               inflight_at_full=inflight_at_full)
         return SampledBatch(groups=batch, metrics=metrics, step=step, is_partial=len(batch) < target)
 
     def plan_next_round(self) -> list[int]:
@@ -158,11 +181,11 @@ class BatchReplenisher:
         if self._planned is not None:
             return list(self._planned[0])
         step = self._set_step()
-        usable = sum(self._fresh(born, step) for born, _ in self.carried)
+        usable = sum(fresh(born, step, self.config.max_staleness_steps) for born, _ in self.carried)
         missing = self.config.train_batch_size - usable
         if missing <= 0:
             return []
-        self._planned = self._choose_round(missing, step_prompt_budget(self.config))
+        self._planned = self._choose(missing, step_prompt_budget(self.config))
         return list(self._planned[0])
 
     def _set_step(self) -> int:
@@ -183,7 +206,7 @@ class BatchReplenisher:
         return self.stream.history.exhausted_fraction >= self.config.exhausted_pool_fraction
 
     def drop_carried(self, reason: str) -> int:
-        """Drop every carried group for ``reason`` (one of :data:`DROP_REASONS`); return how many.
+        """Drop every carried finished group for ``reason`` (one of :data:`DROP_REASONS`); return how many.
 
         A backend whose carried payloads cannot outlive a checkpoint (verl v1 in sync mode keeps them in a
         queue that is not saved) calls this before a checkpoint, so the saved state holds no group it cannot
@@ -193,14 +216,13 @@ class BatchReplenisher:
             raise ValueError(f"reason={reason!r} is not a drop reason; expected one of {DROP_REASONS}.")
         dropped = len(self.carried)
         for _, group in self.carried:
-            self._drop(group, reason)
+            self.ledger.drop(group, reason)
         self.carried = []
         return dropped
 
     def conservation_gap(self) -> int:
-        """generated - (trained + carried + dropped); 0 unless a group went missing."""
-        accounted = self.counters["groups_trained"] + len(self.carried) + sum(self.dropped.values())
-        return int(self.counters["groups_generated"] - accounted)
+        """0 unless a group went missing (:meth:`~dapo_verl.sampler.ledger.Ledger.conservation_gap`)."""
+        return self.ledger.conservation_gap(len(self.carried), len(self.carried_aborted))
 
     def _limit_reached(self, rounds: int, budget_left: int, missing: int) -> str | None:
         """Why the step must stop generating now (``rounds``, ``budget`` or ``yield``), or None."""
@@ -213,78 +235,94 @@ class BatchReplenisher:
             return "yield"  # the probe round is done; more would buy a partial batch at a cost nobody agreed to
         return None
 
-    # -- one round ----------------------------------------------------------------------------------
+    # -- submitting ---------------------------------------------------------------------------------
 
-    def _choose_round(self, missing: int, budget_left: int) -> tuple[list[int], int]:
-        """The prompts of a round that misses ``missing`` groups, and how many of them are revisits."""
-        want = round_request(self.config, missing, self.keep_rate_estimate, budget_left)
-        revisit = bool(self.stream.revisit_capacity) and self.stream.history.revisits_pay(
-            1.0 / self.config.max_oversample_factor)
-        revisited_before = self.stream.prompts_revisited
-        prompt_ids, _ = self.stream.take(want, revisit=revisit, size=self._predicted_size(missing, budget_left))
-        return prompt_ids, self.stream.prompts_revisited - revisited_before
+    def _choose(self, missing: int, budget_left: int, inflight: int = 0) -> tuple[list[int], int]:
+        """The new prompts to generate for ``missing`` groups with ``inflight`` groups already generating, and how
+        many of them are revisits (none when what is in flight already covers the round)."""
+        want = inflight_target(self.config, missing, self.keep_rate_estimate, budget_left + inflight,
+                               streaming=self._streams) - inflight
+        if want <= 0:
+            return [], 0
+        stream, revisited_before = self.stream, self.stream.prompts_revisited
+        revisit = bool(stream.revisit_capacity) and stream.history.revisits_pay(1.0 / self.config.max_oversample_factor)
+        size = None if inflight else predicted_round_size(self.config, self.predictor, self.keep_rate_estimate, missing,
+                                                          budget_left)
+        prompt_ids, _ = stream.take(min(want, budget_left), revisit=revisit, size=size)
+        return prompt_ids, stream.prompts_revisited - revisited_before
 
-    def _predicted_size(self, missing: int, budget_left: int) -> RoundSize | None:
-        """Sizes a round from the predicted yield of the prompts it takes (:func:`predicted_request`), within the
-        bounds the keep rate sets, asking the stream for more candidates while the best it drew fall short; None
-        where the predictions do not size it (no prediction yet, barrier rounds, or a probe round when the budget
-        cannot be expected to fill the batch)."""
-        predictor, config = self.predictor, self.config
-        if (predictor is None or predictor.group_size is None or self.keep_rate_estimate is None
-                or config.refill == RefillStrategy.BARRIER
-                or not budget_can_fill(config, missing, self.keep_rate_estimate, budget_left)):
-            return None
-        cap = max(1, min(budget_left, max_request_size(config, missing)))
-
-        def size(predictions: list[float], final: bool) -> int | None:  # predictions already calibrated
-            count, met = predicted_request(config, missing, predictions, None, stop_at_floor=not final)
-            return min(cap, count) if met or final else None
-
-        return size
-
-    def _run_round(self, batch: list[GroupResult], step: int, target: int, budget_left: int, *,
-                   planned: tuple[list[int], int] | None = None) -> int:
-        """Generate, filter and place one round's groups (``planned``: by :meth:`plan_next_round`); return the
-        number of prompts requested."""
-        prompt_ids, revisited = planned or self._choose_round(target - len(batch), budget_left)
+    def _submit_new(self, step: int, missing: int, budget_left: int, *, top_up: bool) -> int:
+        """Submit new prompts for ``missing`` groups: a round (the first of a step may have been planned), or a top-up
+        of what is in flight, which the budget and the yield rule may refuse; return the prompts submitted."""
+        planned, self._planned = self._planned, None  # only a step's first new prompts can have been planned
+        if top_up and not planned and (budget_left <= 0 or yield_stops(
+                self.config, missing, self.keep_rate_estimate, budget_left, self.counters["groups_generated"])):
+            return 0
+        prompt_ids, revisited = planned or self._choose(missing, budget_left, len(self._flight) if top_up else 0)
         self.counters["prompts_revisited"] += revisited
-        groups = checked_groups(prompt_ids, self.generate(prompt_ids))  # the callback contract (.contracts)
-        self.counters["gen_rounds"] += 1
         self.counters["prompts_requested"] += len(prompt_ids)
+        self.counters["gen_rounds"] += int(not top_up)
+        self._flight.submit([(i, step, None) for i in prompt_ids])
+        return len(prompt_ids)
+
+    def _resume_aborted(self, step: int, missing: int, budget: int) -> None:
+        """Continue carried aborted groups, oldest first, as many as a round would ask for ``missing`` groups; drop
+        those too old to train on; the rest stay carried."""
+        usable, stale = split_stale(self.carried_aborted, step, self.config.max_staleness_steps)
+        for partial in stale:
+            self.ledger.drop_aborted(partial, "stale")
+        count = inflight_target(self.config, missing, self.keep_rate_estimate, budget, streaming=True) if missing else 0
+        resumed, self.carried_aborted = usable[:count], usable[count:]
+        self.counters["resumed_groups"] += len(resumed)
+        self.counters["resumed_tokens"] += sum(p.tokens for _, p in resumed)
+        self._flight.submit([(p.prompt_id, born, p) for born, p in resumed])
+
+    # -- collecting -----------------------------------------------------------------------------------
+
+    def _place(self, completions: Sequence[Completion], batch: list[GroupResult], ages: list[tuple[int, int]],
+               step: int, target: int) -> None:
+        """Filter finished groups and place each in the batch, among the carried, or among the dropped."""
+        if not completions:
+            return
+        groups = [g for _, g in completions]
         reasons = self._reasons(groups)
         kept = 0
-        for group, reason in zip(groups, reasons):
-            self._count_generated(group)
+        for (request, group), reason in zip(completions, reasons):
+            self.ledger.generated(group, request.prefix_tokens)
             informative = reason == DropReason.KEEP
             predicted = self.stream.record(group.prompt_id, reason, correct=successes(group.metric),
                                            group_size=group.group_size)
             if self.predictor is not None:
-                self._count_prediction(predicted, informative)
+                self.ledger.prediction(predicted, informative)
             if not informative and self.config.enable:
-                self._drop(group, reason.label)
+                self.ledger.drop(group, reason.label)
                 continue
             kept += 1
             self.counters["groups_kept"] += 1
             if len(batch) < target:
                 batch.append(group)
+                if request.born_step < step:  # a continued group: its prefix is older than this step
+                    ages.append((step - request.born_step, request.prefix_tokens))
             elif self.config.surplus == SurplusPolicy.CARRY:
-                self.carried.append((step, group))
+                self.carried.append((request.born_step, group))
             else:
-                self._drop(group, "surplus")
+                self.ledger.drop(group, "surplus")
         self.keep_rate_estimate = update_keep_rate(
             self.keep_rate_estimate, kept, len(groups), self.config.keep_rate_smoothing,
             round_size=self.config.train_batch_size,
         )
-        return len(prompt_ids)
 
-    def _count_prediction(self, predicted: float | None, informative: bool) -> None:
-        """Calibration counts: the predicted chance of an informative group against what came back."""
-        if predicted is None:
-            return
-        c = self.counters
-        c["predicted_groups"] += 1
-        c["predicted_sum"] += predicted
-        c["prediction_squared_error"] += (predicted - float(informative)) ** 2
+    def _abort_rest(self, batch: list[GroupResult], ages: list[tuple[int, int]], step: int, target: int) -> None:
+        """The batch is full (or the step stopped short): abort what is still generating; place what finished meanwhile
+        and carry (``surplus=carry``) or drop the unfinished groups."""
+        aborted = self._flight.abort()
+        self._place(aborted.finished, batch, ages, step, target)
+        for request, partial in aborted.partial:
+            self.ledger.aborted(request, partial)
+            if self.config.surplus == SurplusPolicy.CARRY:
+                self.carried_aborted.append((request.born_step, partial))
+            else:
+                self.ledger.drop_aborted(partial, "discarded")
 
     def _reasons(self, groups: Sequence[GroupResult]) -> list[DropReason]:
         metric = torch.stack([g.metric.detach().to("cpu", torch.float32) for g in groups])  # (P, G)
@@ -292,36 +330,15 @@ class BatchReplenisher:
 
     # -- carry, drop, shortfall ---------------------------------------------------------------------
 
-    def _fresh(self, born: int, step: int) -> bool:
-        """Whether a group generated for step ``born`` may still be trained at ``step`` (``max_staleness_steps``)."""
-        return step - born <= self.config.max_staleness_steps
+    def _take_carried(self, step: int, target: int) -> tuple[list[GroupResult], list[tuple[int, int]]]:
+        """Carried finished groups for the batch, oldest first, and (age, tokens) of each."""
+        usable, stale = split_stale(self.carried, step, self.config.max_staleness_steps)
+        for group in stale:
+            self.ledger.drop(group, "stale")
+        taken, self.carried = usable[:target], usable[target:]
+        return [g for _, g in taken], [(step - born, g.num_tokens) for born, g in taken]
 
-    def _take_carried(self, step: int, target: int) -> tuple[list[GroupResult], list[int]]:
-        fresh = []
-        for born, group in self.carried:
-            if not self._fresh(born, step):
-                self._drop(group, "stale")
-            else:
-                fresh.append((born, group))
-        taken, self.carried = fresh[:target], fresh[target:]
-        return [g for _, g in taken], [step - born for born, _ in taken]
-
-    def _drop(self, group: GroupResult, reason: str) -> None:
-        self.dropped[reason] += 1
-        self.counters["wasted_response_tokens"] += group.num_tokens
-
-    def _count_generated(self, group: GroupResult) -> None:
-        c = self.counters
-        c["groups_generated"] += 1
-        c["responses_generated"] += group.group_size
-        c["response_tokens_generated"] += group.num_tokens
-        c["truncated_responses"] += int(group.truncated.sum())
-        c["metric_sum"] += float(group.metric.to(torch.float64).sum())
-        if group.scores is not None:
-            c["score_sum"] += float(group.scores.to(torch.float64).sum())
-            c["score_count"] += group.group_size
-
-    def _shortfall(self, batch: list[GroupResult], step: int, before: tuple[dict, dict], *, limit: str) -> None:
+    def _shortfall(self, batch: list[GroupResult], step: int, before: tuple[dict, ...], *, limit: str) -> None:
         """The step stops short (``limit``): train on the batch (``partial``) or drop it and raise."""
         counters = {key: int(self.counters[key] - before[0][key])
                     for key in ("groups_generated", "gen_rounds", "prompts_requested", "groups_kept")}
@@ -331,7 +348,7 @@ class BatchReplenisher:
             logger.info("%s Training on the %d groups found.", message, len(batch))
             return
         for group in batch:
-            self._drop(group, "shortfall")
+            self.ledger.drop(group, "shortfall")
         batch.clear()
         raise ShortfallError(message)
 
@@ -345,22 +362,11 @@ class BatchReplenisher:
         """
         return {
             "version": _STATE_VERSION,
-            "counters": dict(self.counters),
-            "dropped": dict(self.dropped),
+            **self.ledger.state_dict(),
             "keep_rate_estimate": self.keep_rate_estimate,
             "stream": self.stream.state_dict(),
-            "carried": [
-                {
-                    "born_step": born,
-                    "prompt_id": g.prompt_id,
-                    "metric": g.metric,
-                    "response_lengths": g.response_lengths,
-                    "truncated": g.truncated,
-                    "scores": g.scores,
-                    "payload": self.codec.encode(g.payload),
-                }
-                for born, g in self.carried
-            ],
+            "carried": encode_groups(self.carried, self.codec),
+            "carried_aborted": encode_partials(self.carried_aborted, self.codec),
             "planned": None if self._planned is None else {"prompt_ids": list(self._planned[0]),
                                                            "revisited": self._planned[1]},
             "trained_prompts": sorted(self._trained_prompts),
@@ -370,8 +376,8 @@ class BatchReplenisher:
         """Restore :meth:`state_dict` (the prompt source must be the same size).
 
         Version 1 states (before measured skipping) are read too: everything is restored except the prompt
-        histories, which start afresh because version 1 did not record a streak's kind. The state is checked
-        first, and a load that fails leaves the sampler as it was (:mod:`.contracts`).
+        histories, which start afresh because version 1 did not record a streak's kind; version 2 states hold no
+        aborted groups. The state is checked first, and a load that fails leaves the sampler as it was.
 
         Raises:
             TypeError, ValueError: naming what is wrong with ``state``.
@@ -381,21 +387,11 @@ class BatchReplenisher:
             self._restore(state)
 
     def _restore(self, state: dict[str, Any]) -> None:
-        self.counters = {k: state["counters"].get(k, 0) for k in _COUNTERS}
-        self.dropped = {k: int(state["dropped"][k]) for k in DROP_REASONS}
+        self.ledger.load_state_dict(state)
         self.keep_rate_estimate = state["keep_rate_estimate"]
         self.stream.load_state_dict(state["stream"])
-        self.carried = [
-            (
-                int(item["born_step"]),
-                GroupResult(
-                    prompt_id=int(item["prompt_id"]), metric=item["metric"],
-                    response_lengths=item["response_lengths"], truncated=item["truncated"],
-                    scores=item["scores"], payload=self.codec.decode(item["payload"]),
-                ),
-            )
-            for item in state["carried"]
-        ]
+        self.carried = decode_groups(state["carried"], self.codec)
+        self.carried_aborted = decode_partials(state.get("carried_aborted", []), self.codec)  # absent before version 3
         planned = state.get("planned")  # absent in states written before plan_next_round existed
         self._planned = None if planned is None else ([int(i) for i in planned["prompt_ids"]],
                                                       int(planned["revisited"]))

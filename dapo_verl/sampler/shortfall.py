@@ -1,7 +1,7 @@
 """What the batch replenisher says when a step stops generating before its batch is full.
 
 A step stops at the round limit (``max_num_gen_batches``), at the end of its prompt budget, or, with
-``on_shortfall=partial``, after a probe round when the rest of the budget confidently cannot fill the batch
+``on_shortfall=partial``, after a probe round when the rest of the budget cannot be expected to fill the batch
 (``yield``, :func:`~dapo_verl.sampler.sizing.yield_stops`). The message states what happened --
 the groups found, rounds, prompts and keep rate of the step, and which limit stopped it -- and the settings that
 would have filled the batch; with ``on_shortfall=error`` it is a :class:`ShortfallError`, with ``partial`` one INFO

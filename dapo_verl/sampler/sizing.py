@@ -33,12 +33,11 @@ rest of the step's budget is expected to find fewer groups than are missing (``k
 missing``, :func:`budget_can_fill`), a big round would only buy a partial batch at more than
 ``budget / train_batch_size`` prompts per group; the step's rounds are then ``gen_batch_size`` prompts (probes
 that keep the keep-rate estimate and the prompt histories current, and feed revisits). Whether the step stops
-after its first round (:func:`yield_stops`) depends on ``on_shortfall``. With ``partial`` it stops once the
-estimate is *confidently* too low: the Wilson upper bound of the keep rate, at the ``single_round_probability``
-quantile over the groups the estimate rests on (at most ``N_est``), cannot fill the batch with the rest of the
-budget -- so a 4-prompt step whose first round happened to hold no informative group (an estimate of 0 from 4
-groups, upper bound 0.29) keeps refilling. With ``error`` it never stops early: stopping would end the run, and
-the budget is what the user agreed to spend before that. ``refill=barrier`` keeps verl-recipe's behaviour:
+after its first round (:func:`yield_stops`) depends on ``on_shortfall``. With ``partial`` it stops, but only once
+the estimate rests on as many groups as it averages (``N_est``): before that it is mostly its first round's luck --
+a 4-prompt step whose first round happened to hold no informative group (an estimate of 0 from 4 groups, where
+``N_est`` is 23) keeps refilling. With ``error`` it never stops early: stopping would end the run, and the budget
+is what the user agreed to spend before that. ``refill=barrier`` keeps verl-recipe's behaviour:
 fixed rounds up to the round limit.
 
 Predicted yield (``prompt_selection=predicted``): the prompts a round would take are known before it is
@@ -63,12 +62,17 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from statistics import NormalDist
+from typing import TYPE_CHECKING
 
 from dapo_verl.config import RefillStrategy, SamplerConfig, ShortfallPolicy
+from dapo_verl.sampler.stream import RoundSize
+
+if TYPE_CHECKING:
+    from dapo_verl.sampler.prediction import SuccessPredictor
 
 __all__ = [
-    "budget_can_fill", "estimate_sample_size", "max_request_size", "predicted_request", "request_size",
-    "round_request", "step_prompt_budget", "update_keep_rate", "yield_stops",
+    "budget_can_fill", "estimate_sample_size", "inflight_target", "max_request_size", "predicted_request",
+    "predicted_round_size", "request_size", "round_request", "step_prompt_budget", "update_keep_rate", "yield_stops",
 ]
 
 
@@ -155,6 +159,32 @@ def predicted_request(config: SamplerConfig, missing: int, predictions: Sequence
     return max(1, len(predictions)), False
 
 
+def predicted_round_size(config: SamplerConfig, predictor: SuccessPredictor | None, keep_rate: float | None,
+                         missing: int, budget_left: int) -> RoundSize | None:
+    """Sizes a round from the predicted yield of the prompts it takes (:func:`predicted_request`), within the bounds
+    the keep rate sets, asking the prompt stream for more candidates while the best it drew fall short; None where
+    the predictions do not size it (no predictor or no prediction yet, barrier rounds, or a probe round when the
+    budget cannot be expected to fill the batch).
+
+    Args:
+        config: The sampler settings.
+        predictor: The sampler's :class:`~dapo_verl.sampler.prediction.SuccessPredictor`, or None.
+        keep_rate: The running keep-rate estimate, or None before the first round.
+        missing: Groups still needed (>= 1).
+        budget_left: Prompts the step may still generate.
+    """
+    if (predictor is None or predictor.group_size is None or keep_rate is None
+            or config.refill == RefillStrategy.BARRIER or not budget_can_fill(config, missing, keep_rate, budget_left)):
+        return None
+    cap = max(1, min(budget_left, max_request_size(config, missing)))
+
+    def size(predictions: list[float], final: bool) -> int | None:  # predictions already calibrated
+        count, met = predicted_request(config, missing, predictions, None, stop_at_floor=not final)
+        return min(cap, count) if met or final else None
+
+    return size
+
+
 def step_prompt_budget(config: SamplerConfig) -> int:
     """Most prompts one training step may generate: ``max_num_gen_batches * max(gen_batch_size,
     train_batch_size)`` (one round of ``train_batch_size`` with the filter off)."""
@@ -177,27 +207,22 @@ def budget_can_fill(config: SamplerConfig, missing: int, keep_rate: float | None
 def yield_stops(config: SamplerConfig, missing: int, keep_rate: float | None, budget_left: int,
                 groups_seen: float) -> bool:
     """Whether a step stops generating after its first round because the rest of its budget cannot be expected to
-    fill the batch (module docstring): only with ``on_shortfall=partial`` and adaptive refill, and only when the
-    Wilson upper bound of ``keep_rate`` over ``min(groups_seen, N_est)`` groups times ``budget_left`` is below
-    ``missing``.
+    fill the batch (module docstring): only with ``on_shortfall=partial`` and adaptive refill, only once the
+    keep-rate estimate rests on as many groups as it averages (``groups_seen >= N_est``), and only when
+    ``keep_rate * budget_left < missing``.
     """
     if (config.on_shortfall != ShortfallPolicy.PARTIAL or config.refill == RefillStrategy.BARRIER
-            or not config.enable or keep_rate is None):
+            or not config.enable or keep_rate is None or groups_seen < estimate_sample_size(config)):
         return False
-    groups = min(groups_seen, estimate_sample_size(config))
-    return keep_rate_upper_bound(keep_rate, groups, config.single_round_probability) * budget_left < missing
+    return not budget_can_fill(config, missing, keep_rate, budget_left)
 
 
-def keep_rate_upper_bound(keep_rate: float, groups: float, probability: float) -> float:
-    """The Wilson score upper bound of a keep rate measured over ``groups`` groups, at the one-sided
-    ``probability`` (1 when nothing was measured)."""
-    if groups <= 0:
-        return 1.0
-    z = max(NormalDist().inv_cdf(probability), 0.0)
-    z2n = z * z / groups
-    centre = keep_rate + z2n / 2.0
-    margin = z * math.sqrt(keep_rate * (1.0 - keep_rate) / groups + z2n / (4.0 * groups))
-    return min(1.0, (centre + margin) / (1.0 + z2n))
+def inflight_target(config: SamplerConfig, missing: int, keep_rate: float | None, budget_left: int, *,
+                    streaming: bool) -> int:
+    """Groups a step should have generating for ``missing`` groups: one round (:func:`round_request`), times
+    ``stream_oversample`` on a streaming engine, within ``budget_left``."""
+    size = round_request(config, missing, keep_rate, budget_left)
+    return min(budget_left, math.ceil(config.stream_oversample * size)) if streaming else size
 
 
 def round_request(config: SamplerConfig, missing: int, keep_rate: float | None, budget_left: int) -> int:

@@ -9,6 +9,13 @@ Counts are this step's (the difference of the sampler's counters over the step);
   filtering), ``keep_rate`` (this step) and ``keep_rate_estimate``, ``responses_generated``,
   ``responses_trained``, ``generated_per_trained``, ``wasted_response_tokens``, ``truncated_fraction``;
 * carried groups: ``carried_groups``, ``carried_staleness_mean`` / ``max``;
+* tokens and streaming (:mod:`~dapo_verl.sampler.engine`): ``response_tokens_generated`` (every token generated this
+  step, aborted ones included), ``response_tokens_trained``, ``tokens_generated_per_trained``, ``aborted_groups``,
+  ``aborted_responses`` and ``aborted_tokens`` (unfinished when the batch filled), ``resumed_groups`` and
+  ``resumed_tokens`` (aborted groups continued this step, and the tokens they already held), ``carried_aborted_groups``,
+  ``dropped_aborted/<reason>``, ``inflight_at_full`` (groups still generating when the batch filled),
+  ``trained_token_age_mean`` / ``max`` (steps since the trained tokens were generated; a continued group's prefix
+  counts from the step it was first submitted in, an upper bound);
 * the prompt pool (:mod:`~dapo_verl.sampler.history`): ``history_size``, ``pool_exhausted_fraction``,
   ``pool_solved_fraction``, ``pool_failed_fraction``, ``pool_exhausted`` (1 once ``exhausted_pool_fraction`` of
   the pool is exhausted), ``pool_trained_fraction`` (share of the pool any batch has held), ``keep_rate_no_streak``
@@ -46,21 +53,27 @@ def _or_minus_one(value: float | None) -> float:
     return -1.0 if value is None else value
 
 
-def step_metrics(sampler: BatchReplenisher, before: tuple[dict, dict], trained: int, from_carry: int,
-                 staleness: list[int], *, partial: bool) -> dict[str, float]:
+def step_metrics(sampler: BatchReplenisher, before: tuple[dict, ...], trained: int, from_carry: int,
+                 ages: list[tuple[int, int]], *, partial: bool, inflight_at_full: int = 0) -> dict[str, float]:
     """The step's metrics (module docstring), keyed ``dapo/sampler/<name>``.
 
     Args:
         sampler: The replenisher, as the step ends.
         before: Its counters and drop counts as the step began.
         trained: Groups in the step's batch.
-        from_carry: Of those, groups carried from earlier steps.
-        staleness: Steps since each carried group in the batch was generated.
+        from_carry: Of those, groups carried from earlier steps (they come first).
+        ages: (steps since generated, tokens) of the batch's tokens generated before this step: the carried groups'
+            first, in order, then the prefixes of continued groups.
         partial: Whether the batch is short.
+        inflight_at_full: Groups still generating when the batch filled.
     """
-    c0, d0 = before
+    c0, d0, a0 = before
     delta = {k: sampler.counters[k] - c0[k] for k in sampler.counters}
     dropped = {f"dropped/{k}": float(count - d0[k]) for k, count in sampler.dropped.items()}  # every reason, in order
+    dropped_aborted = {f"dropped_aborted/{k}": float(count - a0[k])
+                       for k, count in sampler.ledger.dropped_aborted.items()}
+    staleness = [age for age, _ in ages[:from_carry]]
+    trained_tokens = delta["response_tokens_trained"]
     generated = delta["groups_generated"]
     stream = sampler.stream
     metrics = {
@@ -86,11 +99,24 @@ def step_metrics(sampler: BatchReplenisher, before: tuple[dict, dict], trained: 
         "carried_groups": float(len(sampler.carried)),
         "carried_staleness_mean": _ratio(sum(staleness), len(staleness)),
         "carried_staleness_max": float(max(staleness, default=0)),
+        "response_tokens_generated": delta["response_tokens_generated"],
+        "response_tokens_trained": trained_tokens,
+        "tokens_generated_per_trained": _ratio(delta["response_tokens_generated"], trained_tokens),
+        "aborted_groups": delta["aborted_groups"],
+        "aborted_responses": delta["aborted_responses"],
+        "aborted_tokens": delta["aborted_tokens"],
+        "resumed_groups": delta["resumed_groups"],
+        "resumed_tokens": delta["resumed_tokens"],
+        "carried_aborted_groups": float(len(sampler.carried_aborted)),
+        "inflight_at_full": float(inflight_at_full),
+        "trained_token_age_mean": _ratio(delta["old_token_steps"], trained_tokens),
+        "trained_token_age_max": float(max((age for age, tokens in ages if tokens), default=0)),
         "partial": float(partial),
         "history_size": float(stream.history_size),
         **_prediction_metrics(sampler.predictor, delta),
         **_pool_metrics(sampler),
         **dropped,
+        **dropped_aborted,
     }
     return {PREFIX + k: float(v) for k, v in metrics.items()}
 

@@ -128,7 +128,7 @@ def test_a_version_1_state_resumes_with_fresh_prompt_histories(tmp_path):
     assert resumed.stream.position == sampler.stream.position and resumed.stream.history_size == 0
     assert resumed.conservation_gap() == 0
     assert resumed.next_batch().step == 4
-    with pytest.raises(ValueError, match=r"version 7 is not one of \[1, 2\]"):
+    with pytest.raises(ValueError, match=r"version 7 is not one of \[1, 2, 3\]"):
         resumed.load_state_dict({**state, "version": 7})
 
 
@@ -154,9 +154,12 @@ def test_round_limit_partial_trains_on_what_was_found():
 
 def test_hopeless_data_never_loops_forever():
     sampler, policy = _sampler(rates=(1.0,), max_num_gen_batches=3, on_shortfall="partial")
-    batch = sampler.next_batch()
-    assert batch.groups == [] and policy.calls == 1  # nothing informative: no reason to spend the budget
-    assert batch.metrics["dapo/sampler/prompts_requested"] == 8 < step_prompt_budget(sampler.config) == 3 * 8
+    first = sampler.next_batch()  # an estimate from 8-16 groups is not trusted yet (N_est = 45): the budget is spent
+    assert first.groups == [] and policy.calls == 3
+    assert first.metrics["dapo/sampler/prompts_requested"] == step_prompt_budget(sampler.config) == 3 * 8
+    assert sampler.next_batch().metrics["dapo/sampler/gen_rounds"] == 3  # 32 and 40 groups seen: still too few
+    third = sampler.next_batch()  # 56 groups seen: nothing informative, no reason to spend the budget any more
+    assert third.groups == [] and third.metrics["dapo/sampler/prompts_requested"] == 8 and policy.calls == 7
     barrier, policy = _sampler(rates=(1.0,), max_num_gen_batches=3, on_shortfall="partial", refill="barrier")
     assert barrier.next_batch().groups == [] and policy.calls == 3  # verl-recipe: every round up to the limit
 
@@ -181,13 +184,15 @@ def test_budget_is_rounds_times_the_larger_of_gen_and_train_batch():
     assert step_prompt_budget(SamplerConfig(train_batch_size=8, enable=False)) == 8
 
 
-def test_when_the_budget_confidently_cannot_fill_the_batch_a_partial_step_spends_one_round_and_says_why():
-    """No informative group in 12: the keep rate's upper bound (0.12) times the 36 prompts left is below 8 missing."""
+def test_when_the_budget_cannot_fill_the_batch_a_partial_step_spends_one_round_and_says_why():
+    """All-correct prompts: once the estimate (0) rests on N_est = 45 groups, a step stops after its probe round."""
     sampler, policy = _sampler(num_prompts=500, rates=(1.0,), gen_batch_size=12, on_shortfall="partial",
                                max_num_gen_batches=4, skip_uninformative=False, revisit_informative=False)
-    batch = sampler.next_batch()
-    assert batch.is_partial and policy.calls == 1 and sampler.conservation_gap() == 0
-    assert batch.metrics["dapo/sampler/gen_rounds"] == 1 and batch.metrics["dapo/sampler/prompts_requested"] == 12
+    first = sampler.next_batch()  # 36 groups seen after 3 rounds: too few to trust the estimate, so 4 rounds
+    assert first.is_partial and first.metrics["dapo/sampler/gen_rounds"] == 4
+    second = sampler.next_batch()
+    assert second.is_partial and policy.calls == 5 and sampler.conservation_gap() == 0
+    assert second.metrics["dapo/sampler/gen_rounds"] == 1 and second.metrics["dapo/sampler/prompts_requested"] == 12
 
 
 def test_with_on_shortfall_error_a_step_spends_its_whole_budget_before_raising():
