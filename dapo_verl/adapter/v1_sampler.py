@@ -29,7 +29,9 @@ round limit and ``on_shortfall``, carried surplus and its staleness, history ski
   TransferQueue itself is checkpointed and carried groups survive.
 
 The same class serves ``sync``, ``colocate_async`` and ``separate_async``; for separate_async's hybrid switching
-it answers ``get_sampleable_count`` and ``wait_for_sampleable``. In ``separate_async`` the rollout replicas are a
+it answers ``get_sampleable_count`` (groups of the asked step that need no more generation: carried fresh ones and
+finished informative ones of the prefetched round) and ``wait_for_sampleable`` (builds the step's batch while verl's
+GPUs are lent). In ``separate_async`` the rollout replicas are a
 pool of their own that keeps generating while the trainer trains, so at the end of each step's sampling the
 buffer submits the *next* step's first round (:meth:`~dapo_verl.sampler.BatchReplenisher.plan_next_round`: the
 very prompts the next step would choose when it starts); it generates during this step's training, on weights
@@ -49,6 +51,7 @@ from collections.abc import Collection, Sequence
 from typing import Any
 
 import numpy as np
+import torch
 import transfer_queue as tq
 from omegaconf import open_dict
 from transfer_queue import KVBatchMeta
@@ -60,7 +63,9 @@ from dapo_verl.adapter.epochs import epoch_divisor
 from dapo_verl.adapter.reward import overlong_metrics
 from dapo_verl.adapter.v1_groups import GroupKeys, GroupKeysCodec, read_round, train_listing, wait_terminal
 from dapo_verl.config import DapoConfig, SurplusPolicy
+from dapo_verl.core import DropReason, group_drop_reasons
 from dapo_verl.sampler import BatchReplenisher, GroupResult
+from dapo_verl.sampler.carry import fresh
 from dapo_verl.state_io import load_state, save_state
 
 __all__ = ["SAMPLER_STATE_FILE", "DapoCheckpointCallback", "DapoReplayBuffer", "GroupKeys"]
@@ -113,6 +118,7 @@ class DapoReplayBuffer(ReplayBufferAsync):
         self._prefetch = trainer_mode == "separate_async" and bool((sampler_kwargs or {}).get("prefetch", True))
         self._inflight: tuple[tuple[int, ...], list[str]] | None = None  # next step's first round: (prompt ids, uids)
         self._restored_inflight: list[str] | None = None  # saved prompt keys to reconcile with TransferQueue
+        self._verdicts: dict[str, bool] = {}  # prompt key -> informative, for finished groups of the prefetched round
         self._check_off_policy_span(max_off_policy_threshold)
 
     def _check_off_policy_span(self, threshold: int | None) -> None:
@@ -185,17 +191,83 @@ class DapoReplayBuffer(ReplayBufferAsync):
                                                                                            "truncated")})
 
     def get_sampleable_count(self, global_steps: int, partition_id: str) -> int:
-        """Groups ready for step ``global_steps`` (separate_async hybrid switching)."""
+        """How many of step ``global_steps``'s ``train_batch_size`` groups need no more generation; never waits.
+
+        verl's ``separate_async`` trainer with ``hybrid_rollout.enable_switch=true`` reads this to decide whether
+        to lend its GPUs to generation: at the end of step k for step k+1, and at the start of a step and of each
+        slice for that step. It lends while the count is below its switch threshold (a share of
+        ``data.train_batch_size``, at least one slice). The answer:
+
+        * the step's batch is already built: its groups not served yet;
+        * otherwise: carried groups still fresh at that step (``max_staleness_steps``) plus the informative groups
+          of the prefetched round that TransferQueue already holds as finished, at most ``train_batch_size``.
+          Groups still generating count nothing (lending GPUs is what finishes them sooner), and neither do
+          finished all-correct or all-wrong ones (the step would drop them).
+
+        The batch is built whole before its first slice is served, so a count below ``train_batch_size`` means
+        the step will wait for generation even when it reaches verl's threshold.
+        """
         if partition_id != "train":
             return super().get_sampleable_count(global_steps, partition_id)
-        return len(self._step_groups) if self._served_step == global_steps else 0
+        if self._served_step == global_steps:
+            return len(self._step_groups)
+        if self._replenisher is None:  # nothing submitted yet: the first step builds its batch from scratch
+            return 0
+        staleness = self.dapo.sampler.max_staleness_steps
+        usable = sum(fresh(born, global_steps, staleness) for born, _ in self._replenisher.carried)
+        return min(usable + self._finished_informative(), self.dapo.sampler.train_batch_size)
 
     def wait_for_sampleable(self, global_steps: int, partition_id: str, target_count: int) -> tuple[set[str], dict]:
-        """Produce step ``global_steps``'s batch now (``sample`` then serves it); return its prompt uids."""
+        """Build step ``global_steps``'s batch now (``sample`` then serves it); return its prompt uids and ``{}``.
+
+        verl calls it while its GPUs are lent to generation and takes them back when it returns. verl's own
+        buffer returns once ``target_count`` groups are sampleable; this one returns once the whole batch is built
+        (``train_batch_size`` groups, which verl's threshold never exceeds; fewer only with
+        ``on_shortfall=partial``), because no slice can be served before that: the lent GPUs keep generating for
+        as long as the step needs generation. The sampler's metrics come with the first slice, not here.
+        """
         if partition_id != "train":
             return super().wait_for_sampleable(global_steps, partition_id, target_count)
         self._prepare(global_steps)
         return {g.payload.uid for g in self._step_groups}, {}
+
+    def _prefetched_round(self) -> tuple[tuple[int, ...], list[str]] | None:
+        """(prompt ids, prompt keys) of the round generating for the next step, or None.
+
+        A resumed run holds the checkpoint's keys until its first ``sample()`` reconciles them; the restored plan
+        is the same round (:meth:`_resume_inflight` pairs them the same way).
+        """
+        if self._inflight is not None:
+            return self._inflight
+        if self._restored_inflight and self._replenisher is not None:
+            planned = self._replenisher.plan_next_round()  # the restored plan; calling it again returns the same
+            if len(planned) == len(self._restored_inflight):
+                return tuple(planned), self._restored_inflight
+        return None
+
+    def _finished_informative(self) -> int:
+        """Informative groups of the prefetched round that TransferQueue holds as finished (read without waiting).
+
+        A group's verdict is read once and kept while its round is in flight: a finished group does not change.
+        """
+        prefetched = self._prefetched_round()
+        if prefetched is None:
+            self._verdicts = {}
+            return 0
+        prompt_ids, uids = prefetched
+        current = set(uids)
+        self._verdicts = {uid: v for uid, v in self._verdicts.items() if uid in current}
+        listing = train_listing()
+        unread = [(p, u) for p, u in zip(prompt_ids, uids)
+                  if u not in self._verdicts and listing.get(u, {}).get("status") == "finished"]
+        if unread:
+            assert self._replenisher is not None
+            groups = read_round([p for p, _ in unread], [u for _, u in unread], listing,
+                                metric=self._replenisher.config.metric,
+                                response_length=int(self.trainer.config.actor_rollout_ref.rollout.response_length))
+            for (_, uid), group in zip(unread, groups):
+                self._verdicts[uid] = _is_informative(group, filtering=self._replenisher.config.enable)
+        return sum(self._verdicts.values())
 
     # -- one training step -------------------------------------------------------------------------------
 
@@ -392,6 +464,12 @@ class DapoReplayBuffer(ReplayBufferAsync):
         orphans = [key for key in listing if key.split("_")[0] not in self._live and key.split("_")[0] not in keep]
         if orphans:
             tq.kv_clear(partition_id="train", keys=orphans)
+
+
+def _is_informative(group: GroupResult, *, filtering: bool) -> bool:
+    """Whether the replenisher would keep ``group`` (every group when ``algorithm.filter_groups.enable=false``)."""
+    metric = group.metric.detach().to("cpu", torch.float32).unsqueeze(0)  # (1, G)
+    return not filtering or DropReason(int(group_drop_reasons(metric)[0])) == DropReason.KEEP
 
 
 def _no_submission(*args: Any) -> None:
