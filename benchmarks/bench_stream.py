@@ -1,0 +1,427 @@
+"""Generation time per training step at the paper's scale, simulated: rounds, verl's buffers, streaming with abort.
+
+Run: ``.venv/bin/python -m benchmarks.bench_stream`` (``--help`` for sizes, seeds and strategies; a progress line
+every tenth of a strategy's steps). Pure Python on a virtual clock: nothing sleeps, nothing depends on the machine,
+and every number reproduces exactly from its seed.
+
+Scenario (:class:`StreamScenario`): the paper's batch (512 prompts x 16 responses a step, responses up to 20,480
+tokens: 16,384 plus the 4,096-token overlong buffer, paper §4.1), a 17,398-prompt pool (DAPO-Math-17k's size),
+pass rates ``sigmoid(l_i + 7.5 * step / steps)`` with ``l_i ~ N(-1.5, 4^2)`` (bench_sampler's drift: informative
+groups fall from about 54% to 25% of a fresh batch over the run, the paper's falling share), and DAPO-like response
+lengths: log-normal around a per-prompt median (:class:`~dapo_verl.sampler.simulated_engine.LongTailLengths`,
+median 2,500 tokens, response sigma 0.7, prompt sigma 0.5: mean about 3,600, most responses far below the limit,
+about 0.7% past it and truncated -- and wrong, as a response cut off before its answer is). The lengths are an
+assumption stated here, not a measurement: early DAPO-32B runs on verl logged a mean of 787 tokens with a maximum of
+5,120 (verl issue 816), later ones means of 13K at a 32K limit (verl PR 7373); the mean rises over training.
+
+Engine (:class:`~dapo_verl.sampler.simulated_engine.SimulatedEngine`): continuous batching, one token per running
+response per decode iteration, at most ``max_num_seqs`` responses per replica; a group is usable when its last
+response finishes. Every strategy meets the same group for the same (prompt, step): its lengths and outcomes are
+drawn from (seed, prompt, step, occurrence).
+
+Cost model (:class:`RooflineCost`; the constants and their sources are in ``benchmarks/README.md``): a decode
+iteration of a replica holding S sequences with C context tokens takes ``max((W + kappa C) / (eta_bw BW),
+2 P S / (eta_fl F)) + t_sched`` (memory-bound until the batch passes the ridge), summed exactly over iterations as C
+grows; prefill (a resumed response's prompt and prefix, and every new prompt) is compute-bound, ``2 P tokens /
+(eta_fl F)``. Qwen2.5-32B in bf16 on 128 H100 SXM GPUs as 32 tensor-parallel-4 replicas; requests spread evenly over
+the replicas (pooled: the replicas' imbalance is not modelled, nor KV-cache capacity and preemption; both would
+lengthen tails and so favour aborting them).
+
+Strategies, each on its own engine with the same draws:
+
+* ``verl_sync`` -- verl v1 ``ReplayBuffer`` with ``algorithm.filter_groups`` (``replay_buffer.py`` ``sample``): one
+  batch submitted per step; each group found uninformative earns 2 refill prompts, dispatched while fewer than
+  ``max_inflight_gen_batches (1) x train_batch_size`` prompts are in flight; once enough informative groups are
+  finished it stops dispatching, drains everything in flight, and discards the surplus.
+* ``verl_async`` -- verl v1 ``colocate_async`` with ``ReplayBufferAsync`` and ``filter_groups``: one warm-up batch,
+  then one batch submitted per step; each uninformative group refilled by one prompt; the oldest informative groups
+  served; when the batch is full every request in flight is aborted and resumed after the weight update from its
+  prefix (verl's ``FullyAsyncLLMServerClient``); finished surplus waits for later steps (``max_off_policy_threshold``
+  8, ``drop``).
+* ``dapo_rounds`` -- :class:`~dapo_verl.sampler.BatchReplenisher` with the shipped defaults, each round generated to
+  its end before the next (what ``DapoReplayBuffer`` does today: it waits until every group of a round finished).
+* ``dapo_stream`` / ``dapo_stream_carry`` -- the same replenisher on the streaming engine: groups counted as they
+  finish, what is in flight topped up, everything aborted once the batch is full; aborted groups dropped
+  (``surplus=discard``, the default) or carried and continued first at the next step (``surplus=carry``).
+* ``dapo_stream_carry_2x`` -- the same with ``stream_oversample=2``: twice a round's groups kept in flight, so the
+  batch fills from those that finish first (APRIL's suggested setting, arXiv 2509.18521; verl's colocate_async keeps
+  about as much in flight with its warm-up batch).
+
+Reaction is immediate for every strategy (each looks at every finished group the moment it finishes): verl's
+2-second poll and dapo_verl's 0.05-second poll cost nothing here, so no figure is decided by a sleep.
+
+Metrics per strategy (steps ``--warmup`` on; the first steps fill verl_async's pipeline):
+
+* ``gen_s_per_step`` -- virtual seconds from a step's start to its batch being ready (training time excluded: in
+  the colocated modes nothing generates while the trainer trains), mean over steps; ``x_verl_sync``: the ratio
+  to verl_sync's on the same seed.
+* ``tokens_per_trained`` -- response tokens decoded (aborted ones included) / response tokens trained;
+  ``responses_per_trained``; ``aborted_tokens``, ``resumed_prefill_tokens`` per step; ``waves`` -- rounds per step
+  for rounds, submissions for the streaming strategies; ``token_age_max`` -- the most steps any trained token
+  was generated before its step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from benchmarks.sampler_report import commit_id
+from dapo_verl.config import SamplerConfig
+from dapo_verl.core import DropReason, group_drop_reasons
+from dapo_verl.report.stats import paired_t_test
+from dapo_verl.sampler import BatchReplenisher, PromptStream
+from dapo_verl.sampler.engine import Aborted, Completion, Request
+from dapo_verl.sampler.simulated_engine import LongTailLengths, SimulatedEngine
+from dapo_verl.sampler.simulation import drifting_pass_rates
+
+STRATEGIES = ("verl_sync", "verl_async", "dapo_rounds", "dapo_stream", "dapo_stream_carry", "dapo_stream_carry_2x")
+
+
+@dataclass(frozen=True)
+class RooflineCost:
+    """Decode and prefill time of a pool of identical tensor-parallel replicas (module docstring).
+
+    Defaults: Qwen2.5-32B in bf16 (P = 32.5e9 parameters, W = 2P bytes; 64 layers x 8 KV heads x 128 dims x K and
+    V x 2 bytes = 262,144 bytes of KV cache per token) on H100 SXM (3.35 TB/s, 989 dense bf16 TFLOPS per GPU),
+    4 GPUs per replica, 32 replicas; eta_bw 0.75, eta_fl 0.5, t_sched 1 ms.
+    """
+
+    params: float = 32.5e9
+    kv_bytes_per_token: float = 262_144.0
+    gpu_bandwidth: float = 3.35e12
+    gpu_flops: float = 989e12
+    gpus_per_replica: int = 4
+    replicas: int = 32
+    eta_bw: float = 0.75
+    eta_fl: float = 0.5
+    t_sched: float = 1e-3
+
+    def decode_time(self, running: int, context: int, iterations: int) -> float:
+        """Exact sum over ``iterations`` of the per-replica iteration time, context growing by ``running`` each."""
+        if iterations <= 0 or running <= 0:
+            return 0.0
+        s, c0 = running / self.replicas, context / self.replicas
+        bandwidth = self.eta_bw * self.gpu_bandwidth * self.gpus_per_replica
+        memory0 = (2 * self.params + self.kv_bytes_per_token * c0) / bandwidth
+        slope = self.kv_bytes_per_token * s / bandwidth
+        compute = 2 * self.params * s / (self.eta_fl * self.gpu_flops * self.gpus_per_replica)
+        # iterations j < first are compute-bound (memory0 + slope j < compute), the rest memory-bound
+        first = min(iterations, max(0, math.ceil((compute - memory0) / slope))) if slope > 0 else (
+            iterations if compute > memory0 else 0)
+        rest = iterations - first
+        memory = rest * memory0 + slope * (first * rest + rest * (rest - 1) / 2)
+        return first * compute + memory + iterations * self.t_sched
+
+    def prefill_time(self, tokens: int) -> float:
+        return 2 * self.params * tokens / (self.eta_fl * self.gpu_flops * self.gpus_per_replica * self.replicas)
+
+
+@dataclass(frozen=True)
+class StreamScenario:
+    """The simulated run (module docstring)."""
+
+    num_prompts: int = 17_398
+    train_batch_size: int = 512
+    group_size: int = 16
+    steps: int = 40
+    start_logit_mean: float = -1.5
+    start_logit_std: float = 4.0
+    logit_gain: float = 7.5
+    max_response_length: int = 20_480
+    prompt_tokens: int = 256
+    median_length: float = 2_500.0
+    length_sigma: float = 0.7
+    prompt_length_sigma: float = 0.5
+    max_num_seqs: int = 256
+
+    def engine(self, seed: int, cost: RooflineCost) -> SimulatedEngine:
+        rates = drifting_pass_rates(self.num_prompts, seed=seed, start_logit_mean=self.start_logit_mean,
+                                    start_logit_std=self.start_logit_std, drift_per_step=self.logit_gain / self.steps)
+        return SimulatedEngine(rates, group_size=self.group_size, max_response_length=self.max_response_length,
+                               lengths=LongTailLengths(self.median_length, self.length_sigma,
+                                                       self.prompt_length_sigma),
+                               prompt_tokens=self.prompt_tokens, max_running=self.max_num_seqs * cost.replicas,
+                               cost=cost, seed=seed)
+
+
+def _informative(groups: list[Any]) -> list[bool]:
+    metric = torch.stack([g.metric.to(torch.float32) for g in groups])
+    return [DropReason(int(code)) == DropReason.KEEP for code in group_drop_reasons(metric)]
+
+
+class _Requests:
+    """Numbers a driver's requests."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def fresh(self, prompt_ids: list[int], step: int) -> list[Request]:
+        made = []
+        for prompt_id in prompt_ids:
+            self.count += 1
+            made.append(Request(self.count, prompt_id, step))
+        return made
+
+
+@dataclass
+class StepRecord:
+    gen_s: float
+    trained_tokens: int
+    trained_responses: int
+    waves: int
+    token_age_max: int = 0
+
+
+class VerlSync:
+    """verl v1 ``ReplayBuffer.sample`` with filter_groups, as the module docstring describes it."""
+
+    def __init__(self, scenario: StreamScenario, engine: SimulatedEngine, seed: int) -> None:
+        self.s, self.engine = scenario, engine
+        self.prompts = PromptStream(scenario.num_prompts, seed=seed)
+        self.requests = _Requests()
+
+    def step(self, step: int) -> StepRecord:
+        s, engine = self.s, self.engine
+        engine.step, start = step, engine.clock
+        inflight = s.train_batch_size
+        engine.submit(self.requests.fresh(self.prompts.take(s.train_batch_size)[0], step))
+        ready: list[Completion] = []
+        credit, draining, waves = 0, False, 1
+        while inflight:
+            done = engine.collect()
+            inflight -= len(done)
+            for (request, group), keep in zip(done, _informative([g for _, g in done])):
+                if keep:
+                    ready.append((request, group))
+                elif not draining:
+                    credit += 2
+            draining = draining or len(ready) >= s.train_batch_size
+            dispatch = 0 if draining else min(credit, s.train_batch_size - inflight)
+            if dispatch:
+                engine.submit(self.requests.fresh(self.prompts.take(dispatch)[0], step))
+                inflight, credit, waves = inflight + dispatch, credit - dispatch, waves + 1
+        batch = [g for _, g in ready[:s.train_batch_size]]  # the surplus is discarded
+        return StepRecord(engine.clock - start, sum(g.num_tokens for g in batch), len(batch) * s.group_size, waves)
+
+
+class VerlColocateAsync:
+    """verl v1 ``colocate_async`` with ``ReplayBufferAsync`` and filter_groups (module docstring)."""
+
+    THRESHOLD = 8
+
+    def __init__(self, scenario: StreamScenario, engine: SimulatedEngine, seed: int) -> None:
+        self.s, self.engine = scenario, engine
+        self.prompts = PromptStream(scenario.num_prompts, seed=seed)
+        self.requests = _Requests()
+        self.pool: list[Completion] = []  # finished informative groups waiting to be served
+        self.aborted: Aborted = Aborted()
+        self.warm = False
+
+    def _submit(self, count: int, step: int) -> None:
+        self.engine.submit(self.requests.fresh(self.prompts.take(count)[0], step))
+
+    def step(self, step: int) -> StepRecord:
+        s, engine = self.s, self.engine
+        engine.step, start = step, engine.clock
+        resumed = [r for r, _ in self.aborted.partial]  # verl's client continues each from its prefix
+        if resumed:
+            engine.submit([Request(r.request_id, r.prompt_id, r.born_step, p) for r, p in self.aborted.partial])
+        if not self.warm:
+            self._submit(s.train_batch_size, step)  # num_warmup_batches = 1
+            self.warm = True
+        self._submit(s.train_batch_size, step)  # prepare_step
+        inflight = len(resumed) + s.train_batch_size * (2 if step == 1 else 1)
+        self.pool = [(r, g) for r, g in self.pool if step - r.born_step + 1 <= self.THRESHOLD]
+        while len(self.pool) < s.train_batch_size:
+            done = engine.collect()
+            inflight -= len(done)
+            refill = 0
+            for (request, group), keep in zip(done, _informative([g for _, g in done])):
+                if keep and step - request.born_step + 1 <= self.THRESHOLD:
+                    self.pool.append((request, group))
+                else:
+                    refill += 1  # evicted: refilled one for one
+            if refill:
+                self._submit(refill, step)
+                inflight += refill
+        self.pool.sort(key=lambda item: item[0].born_step)  # oldest first
+        served, self.pool = self.pool[:s.train_batch_size], self.pool[s.train_batch_size:]
+        gen_s = engine.clock - start
+        self.aborted = engine.abort()  # on_sample_end: abort the replicas
+        batch = [g for _, g in served]
+        age = max(step - r.born_step for r, _ in served)
+        return StepRecord(gen_s, sum(g.num_tokens for g in batch), len(batch) * s.group_size, 1, age)
+
+
+class _Counted:
+    """The engine as the replenisher sees it, counting submissions; with ``barrier``, ``collect`` waits for everything
+    submitted, so the replenisher generates rounds (what ``DapoReplayBuffer`` does today: it waits until every group
+    of a round finished)."""
+
+    def __init__(self, engine: SimulatedEngine, *, barrier: bool) -> None:
+        self.engine, self.codec, self.barrier, self.streaming = engine, engine.codec, barrier, not barrier
+        self.inflight = self.submissions = 0
+
+    def submit(self, requests: list[Request]) -> None:
+        self.engine.submit(requests)
+        self.inflight += len(requests)
+        self.submissions += 1
+
+    def collect(self) -> list[Completion]:
+        done = self.engine.collect()
+        while self.barrier and len(done) < self.inflight:
+            done += self.engine.collect()
+        self.inflight -= len(done)
+        return done
+
+    def abort(self) -> Aborted:
+        self.inflight = 0
+        return self.engine.abort()
+
+
+class Dapo:
+    """dapo_verl's replenisher with the shipped defaults (plus ``overrides``), on rounds or streaming."""
+
+    def __init__(self, scenario: StreamScenario, engine: SimulatedEngine, seed: int, *, rounds: bool,
+                 **overrides: Any) -> None:
+        self.engine = engine
+        self.counted = _Counted(engine, barrier=rounds)
+        config = SamplerConfig(train_batch_size=scenario.train_batch_size, seed=seed, on_shortfall="partial",
+                               **overrides)
+        self.sampler = BatchReplenisher(config, scenario.num_prompts, self.counted, codec=engine.codec)
+
+    def step(self, step: int) -> StepRecord:
+        self.engine.step, start, submissions = step, self.engine.clock, self.counted.submissions
+        m = self.sampler.next_batch().metrics
+        return StepRecord(self.engine.clock - start, int(m["dapo/sampler/response_tokens_trained"]),
+                          int(m["dapo/sampler/responses_trained"]), self.counted.submissions - submissions,
+                          int(m["dapo/sampler/trained_token_age_max"]))
+
+
+DRIVERS: dict[str, Callable[[StreamScenario, SimulatedEngine, int], Any]] = {
+    "verl_sync": VerlSync,
+    "verl_async": VerlColocateAsync,
+    "dapo_rounds": lambda s, e, seed: Dapo(s, e, seed, rounds=True),
+    "dapo_stream": lambda s, e, seed: Dapo(s, e, seed, rounds=False),
+    "dapo_stream_carry": lambda s, e, seed: Dapo(s, e, seed, rounds=False, surplus="carry"),
+    "dapo_stream_carry_2x": lambda s, e, seed: Dapo(s, e, seed, rounds=False, surplus="carry", stream_oversample=2.0),
+}
+
+
+def run(strategy: str, scenario: StreamScenario, seed: int, cost: RooflineCost, warmup: int = 2,
+        echo: Callable[[str], None] = print) -> dict[str, Any]:
+    """One strategy on one seed: the module docstring's metrics."""
+    engine = scenario.engine(seed, cost)
+    driver = DRIVERS[strategy](scenario, engine, seed)
+    records: list[StepRecord] = []
+    tokens_before = prefill_before = 0
+    began = time.perf_counter()
+    for step in range(1, scenario.steps + 1):
+        if step == warmup + 1:
+            tokens_before, prefill_before = engine.tokens_generated, engine.prefill_tokens
+        records.append(driver.step(step))
+        if step % max(1, scenario.steps // 10) == 0:
+            echo(f"  {strategy} seed {seed}: step {step}/{scenario.steps} ({time.perf_counter() - began:.0f} s)")
+    kept = records[warmup:]
+    trained_tokens = sum(r.trained_tokens for r in kept)
+    return {
+        "strategy": strategy, "seed": seed, "steps": len(kept),
+        "gen_s_per_step": statistics.fmean(r.gen_s for r in kept),
+        "tokens_per_trained": (engine.tokens_generated - tokens_before) / trained_tokens,
+        "trained_tokens_per_step": trained_tokens / len(kept),
+        "waves_per_step": statistics.fmean(r.waves for r in kept),
+        "token_age_max": max(r.token_age_max for r in kept),
+        "prefill_tokens_per_step": (engine.prefill_tokens - prefill_before) / len(kept),
+        "gen_s": [r.gen_s for r in kept],
+    }
+
+
+CANDIDATES = ("dapo_stream", "dapo_stream_carry", "dapo_stream_carry_2x")
+"""The streaming configurations the declared test judges (benchmarks/README.md, "Streaming at the paper's scale")."""
+
+
+def report(lines: list[dict[str, Any]]) -> str:
+    """The declared test over the seeds every strategy ran: a Markdown table and each candidate's verdict.
+
+    Per seed: a strategy's generation time over verl_sync's (the ratio), its generation time minus verl_async's, and
+    its tokens per trained token minus verl_sync's; means with 95% t-intervals (:func:`~dapo_verl.report.stats.
+    paired_t_test`). A candidate meets the bar when the ratio's interval lies at or below 0.67, the difference to
+    verl_async's time and the difference to verl_sync's tokens lie at or below 0.
+    """
+    by = {(line["strategy"], line["seed"]): line for line in lines}
+    strategies = [s for s in STRATEGIES if any(key[0] == s for key in by)]
+    seeds = sorted({seed for _, seed in by if all((s, seed) in by for s in strategies)})
+    if len(seeds) < 2 or not {"verl_sync", "verl_async"} <= set(strategies):
+        raise ValueError(f"the test needs verl_sync and verl_async and at least 2 seeds every strategy ran; got "
+                         f"strategies {strategies} on seeds {seeds}. Run the missing ones with --seeds.")
+    rows = ["| strategy | gen s/step | x verl_sync (95% CI) | minus verl_async, s (95% CI) | tokens per trained | "
+            "minus verl_sync (95% CI) | waves/step | oldest token |", "|---" * 8 + "|"]
+    verdicts = []
+    for strategy in strategies:
+        runs = [by[(strategy, seed)] for seed in seeds]
+        ratio = paired_t_test([r["gen_s_per_step"] / by[("verl_sync", r["seed"])]["gen_s_per_step"] - 1
+                               for r in runs])
+        versus_async = paired_t_test([r["gen_s_per_step"] - by[("verl_async", r["seed"])]["gen_s_per_step"]
+                                      for r in runs])
+        tokens = paired_t_test([r["tokens_per_trained"] - by[("verl_sync", r["seed"])]["tokens_per_trained"]
+                                for r in runs])
+        rows.append(f"| {strategy} | {statistics.fmean(r['gen_s_per_step'] for r in runs):.1f} | "
+                    f"{1 + ratio.mean:.3f} [{1 + ratio.ci_low:.3f}, {1 + ratio.ci_high:.3f}] | "
+                    f"{versus_async.mean:+.1f} [{versus_async.ci_low:+.1f}, {versus_async.ci_high:+.1f}] | "
+                    f"{statistics.fmean(r['tokens_per_trained'] for r in runs):.3f} | "
+                    f"{tokens.mean:+.3f} [{tokens.ci_low:+.3f}, {tokens.ci_high:+.3f}] | "
+                    f"{statistics.fmean(r['waves_per_step'] for r in runs):.1f} | "
+                    f"{max(r['token_age_max'] for r in runs)} |")
+        if strategy in CANDIDATES:
+            met = 1 + ratio.ci_high <= 0.67 and versus_async.ci_high <= 0 and tokens.ci_high <= 0
+            verdicts.append(f"{strategy}: {'meets' if met else 'does not meet'} the bar")
+    return "\n".join([f"seeds {seeds[0]}-{seeds[-1]} ({len(seeds)})", *rows, "", *verdicts])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0])
+    parser.add_argument("--steps", type=int, default=StreamScenario.steps)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--strategies", nargs="+", default=list(STRATEGIES), choices=STRATEGIES)
+    parser.add_argument("--out", type=Path, default=Path("runs/bench/bench_stream.jsonl"))
+    parser.add_argument("--report", action="store_true", help="print the declared test over --out's lines and exit")
+    args = parser.parse_args(argv)
+    if args.report:
+        if not args.out.is_file():
+            parser.error(f"--out {args.out} is not a file of this benchmark's lines; run the benchmark first.")
+        print(report([json.loads(line) for line in args.out.read_text().splitlines() if line.strip()]))
+        return 0
+    if args.warmup >= args.steps:
+        parser.error(f"--warmup {args.warmup} leaves no step of --steps {args.steps} to measure; use fewer.")
+    scenario, cost = StreamScenario(steps=args.steps), RooflineCost()
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    with args.out.open("a") as out:
+        for seed in args.seeds:
+            for strategy in args.strategies:
+                result = run(strategy, scenario, seed, cost, args.warmup,
+                             echo=lambda line: print(line, file=sys.stderr))
+                result |= {"scenario": asdict(scenario), "cost": asdict(cost), "commit": commit_id(),
+                           "python": platform.python_version(), "torch": torch.__version__}
+                out.write(json.dumps(result) + "\n")
+                out.flush()
+                print(f"{strategy:18s} seed {seed}: {result['gen_s_per_step']:7.1f} s/step, "
+                      f"{result['tokens_per_trained']:.3f} tokens per trained, {result['waves_per_step']:.2f} waves, "
+                      f"age max {result['token_age_max']}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,84 @@
+"""benchmarks.bench_stream: the cost model's exact sums, and every strategy on a small scenario."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from benchmarks import bench_stream
+from benchmarks.bench_stream import STRATEGIES, RooflineCost, StreamScenario
+
+
+def _naive(cost: RooflineCost, running: int, context: int, iterations: int) -> float:
+    """One iteration at a time, straight from the formula."""
+    total, s = 0.0, running / cost.replicas
+    bandwidth = cost.eta_bw * cost.gpu_bandwidth * cost.gpus_per_replica
+    for j in range(iterations):
+        c = (context + j * running) / cost.replicas
+        memory = (2 * cost.params + cost.kv_bytes_per_token * c) / bandwidth
+        compute = 2 * cost.params * s / (cost.eta_fl * cost.gpu_flops * cost.gpus_per_replica)
+        total += max(memory, compute) + cost.t_sched
+    return total
+
+
+@settings(max_examples=60, deadline=None)
+@given(running=st.integers(1, 40_000), context=st.integers(0, 10**8), iterations=st.integers(0, 300),
+       replicas=st.integers(1, 64))
+def test_decode_time_is_the_exact_sum_of_its_iterations(running, context, iterations, replicas):
+    cost = RooflineCost(replicas=replicas)
+    assert cost.decode_time(running, context, iterations) == pytest.approx(
+        _naive(cost, running, context, iterations), rel=1e-9, abs=1e-12)
+
+
+def test_decode_is_memory_bound_in_the_tail_and_compute_bound_past_the_ridge():
+    cost = RooflineCost(replicas=1)
+    one = cost.decode_time(1, 0, 1)  # weights only: 65 GB at 0.75 x 13.4 TB/s, plus scheduling
+    assert one == pytest.approx(2 * 32.5e9 / (0.75 * 4 * 3.35e12) + 1e-3)
+    # a full replica past the ridge costs more per iteration, but far less per token
+    busy = cost.decode_time(2048, 0, 1)
+    assert busy > one and busy / 2048 < one / 10
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_every_strategy_trains_full_batches_and_reports_its_metrics(strategy, capsys):
+    scenario = StreamScenario(num_prompts=300, train_batch_size=8, group_size=4, steps=6, max_response_length=512,
+                              median_length=60.0, prompt_tokens=16, max_num_seqs=8)
+    result = bench_stream.run(strategy, scenario, seed=1, cost=RooflineCost(replicas=2), warmup=1, echo=print)
+    assert result["steps"] == 5 and len(result["gen_s"]) == 5 and all(t > 0 for t in result["gen_s"])
+    assert result["trained_tokens_per_step"] > 0 and result["tokens_per_trained"] >= 1.0
+    oldest = {"verl_async": 7, "dapo_stream_carry": 1, "dapo_stream_carry_2x": 1}.get(strategy, 0)  # 8-step spans
+    assert 0 <= result["token_age_max"] <= oldest
+    assert "step 6/6" in capsys.readouterr().out
+
+
+def test_the_command_line_appends_one_line_per_strategy_and_seed(tmp_path, capsys):
+    out = tmp_path / "bench.jsonl"
+    assert bench_stream.main(["--steps", "3", "--warmup", "1", "--seeds", "0", "--strategies", "verl_sync",
+                              "dapo_stream", "--out", str(out)]) == 0
+    lines = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [(line["strategy"], line["seed"]) for line in lines] == [("verl_sync", 0), ("dapo_stream", 0)]
+    assert "s/step" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        bench_stream.main(["--steps", "2", "--warmup", "2"])
+
+
+def test_the_report_applies_the_declared_bar_to_each_candidate():
+    def line(strategy, seed, time, tokens):
+        return {"strategy": strategy, "seed": seed, "gen_s_per_step": time, "tokens_per_trained": tokens,
+                "waves_per_step": 1.0, "token_age_max": 0}
+
+    lines = []
+    for seed, jitter in enumerate((0.0, 1.0, -1.0)):
+        lines += [line("verl_sync", seed, 600 + jitter, 3.0), line("verl_async", seed, 300 + jitter, 2.0),
+                  line("dapo_stream", seed, 280 + jitter, 2.0),  # 0.47x sync, below async, fewer tokens
+                  line("dapo_stream_carry", seed, 310 + 2 * jitter, 1.5),  # slower than async
+                  line("dapo_stream_carry_2x", seed, 250 + jitter, 3.5)]  # more tokens than sync
+    text = bench_stream.report(lines)
+    assert "seeds 0-2 (3)" in text and "| dapo_stream | 280.0 | 0.467 [" in text
+    assert "dapo_stream: meets the bar" in text
+    assert "dapo_stream_carry: does not meet the bar" in text and "dapo_stream_carry_2x: does not meet" in text
+    with pytest.raises(ValueError, match="at least 2 seeds"):
+        bench_stream.report(lines[:5])
