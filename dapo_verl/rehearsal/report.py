@@ -44,6 +44,12 @@ ROLLOUT_DIFF_LIMIT = 1e-3
 # Not comparable between two processes: wall times, throughput and memory; and verl's bootstrap estimates of
 # validation best@N/worst@N/maj@N, which resample with a generator whose state depends on earlier calls.
 _VOLATILE_PREFIXES = ("timing_s/", "timing_per_token_ms/", "perf/", "actor/perf/")
+# verl's own state that its checkpoint does not hold: separate_async's adaptive switch threshold and idle/calm step
+# counts start again from the config after a resume (verl 0.9.1 trainer_separate_async.py: set in __init__ at 130,
+# adapted at 302-317, never saved), and the switch decision is taken against that threshold. The buffer's own answer
+# (separate_async/decision/sampleable_count) is still compared.
+_VERL_UNSAVED = ("separate_async/switch/", "separate_async/decision/remaining",
+                 "separate_async/decision/should_switch_to_rollout", "separate_async/decision/effective_switch_cost")
 # Float round-off: with several agent-loop workers a group's responses arrive in any order (on vLLM too), which
 # reorders floating-point sums in the update; quantities near zero (ratio - 1, ppo_kl) move by ~1e-6.
 _REL_TOL, _ABS_TOL = 1e-6, 1e-5
@@ -95,7 +101,8 @@ def _resume_check(first: dict[int, dict[str, Any]], second: dict[int, dict[str, 
     if a is None or b is None:
         return {"step": step, "compared": 0, "identical": False, "data_identical": False,
                 "update_max_rel_diff": None, "differences": ["step missing in one run"]}
-    keys = sorted(k for k in set(a) & set(b) if not k.startswith(_VOLATILE_PREFIXES) and not _BOOTSTRAPPED.search(k))
+    keys = sorted(k for k in set(a) & set(b) if not k.startswith(_VOLATILE_PREFIXES + _VERL_UNSAVED)
+                  and not _BOOTSTRAPPED.search(k))
     differences, data_differences, update_rel = [], [], 0.0
     for key in keys:
         x, y = a[key], b[key]
@@ -225,8 +232,13 @@ def build_report(result: RehearsalResult) -> dict[str, Any]:
     if len(result.runs) > 1 and result.runs[1].returncode == 0:
         second = _training_steps(logs[result.runs[1].name])
         report["resume"] = _resume_check(first, second, result.options.steps)
-        # One replica regenerates the same groups; with several, verl routes each request to the less busy one.
-        report["resume"]["required"] = result.options.gpus == 1
+        # One replica regenerates the same groups. With several -- more fake GPUs, or separate_async lending the
+        # trainer's replica to generation -- verl routes each request to the less busy one, and taking lent GPUs back
+        # aborts what they were generating (trainer_separate_async.py switch_to_trainer), which another replica then
+        # finishes from its prefix: which requests that hits depends on timing.
+        lends = (result.recipe.get("trainer.v1.trainer_mode") == "separate_async"
+                 and bool(result.recipe.get("trainer.v1.separate_async.hybrid_rollout.enable_switch")))
+        report["resume"]["required"] = result.options.gpus == 1 and not lends
     engine_ok = (report["engine_started"] and report["rollout_vs_actor"]["ok"]
                  and report.get("weight_sync", {"ok": True})["ok"])
     resume_ok = "resume" not in report or not report["resume"]["required"] or report["resume"]["data_identical"]
@@ -246,7 +258,8 @@ def _resume_verdict(resume: dict[str, Any]) -> str:
         return (f"the sampler's decisions and the data identical, update statistics within "
                 f"{resume['update_max_rel_diff']:.1e} relative (a group's responses arrive in any order)")
     required = "" if resume.get("required", True) else (
-        " (not required: with several rollout replicas verl routes each request to the less busy one)")
+        " (not required: several rollout replicas serve the run -- more fake GPUs, or separate_async lending the "
+        "trainer's replica, whose requests are aborted when verl takes it back -- and verl routes by load)")
     return f"{len(resume['differences'])} differ{required}"
 
 

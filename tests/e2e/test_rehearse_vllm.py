@@ -154,3 +154,28 @@ def test_a_bad_engine_setting_fails_with_vllms_own_error(tmp_path):
     # vLLM's own scheduler config refuses it, naming the key (a pydantic error, its detail lines kept).
     assert "ValidationError: 1 validation error for SchedulerConfig / max_num_seqs" in run["error"], run
     assert report["rollout_engine"] == _vllm_label()  # vLLM's processes had started and recorded themselves
+
+
+def test_v1_separate_async_lends_its_gpus_only_when_the_buffer_is_short_and_resumes(tmp_path):
+    # verl's GPU switch (hybrid_rollout.enable_switch) decides from DapoReplayBuffer's get_sampleable_count: the
+    # carried groups and the finished informative groups of the round prefetched while the step trained.
+    report, logged, out = run_rehearsal(
+        tmp_path, "dapo_trainer", "trainer.v1.trainer_mode=separate_async",
+        "trainer.v1.separate_async.parameter_sync_step=1",
+        "trainer.v1.separate_async.hybrid_rollout.enable_switch=true",
+        "actor_rollout_ref.rollout.checkpoint_engine.backend=nccl", "actor_rollout_ref.rollout.n=4",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=4", *SIZES[:3])
+    assert report["ok"], report
+    trained = assert_dapo_metrics_every_step(logged, 3)
+    assert_real_vllm_ran(report, logged, out, 3)
+    for step, data in trained.items():  # verl's own decision, as it logged it
+        count, remaining = data["separate_async/decision/sampleable_count"], data["separate_async/decision/remaining"]
+        assert 0 <= count <= 4, step
+        if data["separate_async/decision/should_switch_to_rollout"]:
+            assert remaining > 0 and step < 3, step  # lent only where the next batch was short, never after the last
+    # verl routes requests by load and aborts what a lent replica generates when it takes it back (another replica
+    # finishes it from its prefix), so the resumed step's data need not repeat; what the checkpoint restored must.
+    assert report["resume"]["required"] is False
+    resumed = training_steps(read_jsonl(out / "run2" / "metrics.jsonl"))
+    for key in ("dapo/sampler/train_step", "dapo/sampler/data_epoch", "training/global_step"):
+        assert resumed[3][key] == trained[3][key], key

@@ -114,3 +114,16 @@ def test_a_barrier_never_released_times_out_naming_the_file(tmp_path):
 def test_without_the_variable_nothing_is_installed(monkeypatch):
     monkeypatch.delenv(resume_barrier.ENV, raising=False)
     assert resume_barrier.install() is False
+
+
+def test_the_resume_check_skips_only_what_verls_checkpoint_does_not_hold():
+    from dapo_verl.rehearsal.report import _resume_check
+
+    first = {3: {"separate_async/switch/threshold_ratio": 1.0, "separate_async/decision/remaining": 0.0,
+                 "separate_async/decision/sampleable_count": 4.0, "dapo/sampler/groups_trained": 4.0}}
+    resumed = {3: {"separate_async/switch/threshold_ratio": 0.4, "separate_async/decision/remaining": 2.0,
+                   "separate_async/decision/sampleable_count": 4.0, "dapo/sampler/groups_trained": 4.0}}
+    assert _resume_check(first, resumed, 3)["identical"]  # verl's adaptive threshold restarts from the config
+    resumed[3]["separate_async/decision/sampleable_count"] = 2.0  # the buffer's own answer must still agree
+    check = _resume_check(first, resumed, 3)
+    assert not check["identical"] and check["differences"] == ["separate_async/decision/sampleable_count: 4.0 vs 2.0"]
