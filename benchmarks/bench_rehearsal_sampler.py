@@ -17,7 +17,11 @@ What is counted, the same way for both, from what verl and vLLM recorded:
   replaces each evicted group as it finishes and logs no round count (only ``filter_groups/evicted_samples``,
   given), so its column is empty. Request timestamps cannot stand in for it: verl's agent loop does not start a
   round's requests together, so requests of one round start after others of the same round have finished;
-* **generation time** per step: verl's own ``timing_s/gen``, from step 2 on (step 1 includes vLLM's warm-up).
+* **engine busy time** per step: how long vLLM's server had at least one of the step's requests in flight (the
+  union of their start-to-end intervals in the engine's own records), from step 2 on (step 1 includes vLLM's
+  warm-up). verl's ``timing_s/gen`` is reported beside it but does not compare the buffers: it includes the
+  buffers' sleeps between polls of TransferQueue (verl's ``ReplayBuffer`` sleeps its 2-second ``poll_interval``,
+  ``DapoReplayBuffer`` 0.05 s), which decide it at this size.
 
 Run: ``python -m benchmarks.bench_rehearsal_sampler --seeds 0 1 --steps 6`` (about 3-4 min per run on 2 cores);
 prints one JSON line per run and per strategy, writes ``--out`` and a Markdown table. ``--reuse`` recomputes
@@ -60,9 +64,20 @@ STRATEGIES = {
 """name -> (label, the overrides that select it)."""
 
 
+def busy_seconds(intervals: Sequence[tuple[float, float]]) -> float:
+    """Length of the union of ``(start, end)`` intervals: the time at least one of them was in flight."""
+    busy, reached = 0.0, -float("inf")
+    for start, end in sorted(intervals):
+        if end > reached:
+            busy += end - max(start, reached)
+            reached = end
+    return busy
+
+
 def step_counts(records: Path, metrics: Path, steps: int, trained_per_step: int) -> list[dict[str, Any]]:
-    """Per training step: responses generated (engine requests with the previous step's weights), the sampler's
-    rounds where it logs them, groups verl's filter evicted, and verl's ``timing_s/gen``."""
+    """Per training step: responses generated (engine requests with the previous step's weights), the engine's busy
+    time for them, the sampler's rounds where it logs them, groups verl's filter evicted, and verl's
+    ``timing_s/gen``."""
     requests = [json.loads(line) for file in sorted(records.glob("requests-*.jsonl"))
                 for line in file.read_text().splitlines() if line.strip()]
     logged: dict[int, dict[str, Any]] = {}
@@ -78,7 +93,8 @@ def step_counts(records: Path, metrics: Path, steps: int, trained_per_step: int)
         data = logged[step]
         evicted = next((v for k, v in data.items() if k.endswith("filter_groups/evicted_samples")), 0)
         rows.append({"generated": len(mine), "trained": trained_per_step, "rounds": data.get("dapo/sampler/gen_rounds"),
-                     "evicted": evicted, "gen_time_s": float(data["timing_s/gen"])})
+                     "evicted": evicted, "gen_time_s": float(data["timing_s/gen"]),
+                     "engine_busy_s": busy_seconds([(r["start"], r["end"]) for r in mine])})
     return rows
 
 
@@ -109,22 +125,23 @@ def run_one(strategy: str, seed: int, args: argparse.Namespace) -> dict[str, Any
             "rounds_mean": statistics.fmean(rounds) if rounds else None, "rounds_max": max(rounds, default=None),
             "evicted_per_step": statistics.fmean(r["evicted"] for r in rows),
             "gen_time_mean": statistics.fmean(r["gen_time_s"] for r in rows[1:] or rows),
+            "engine_busy_mean": statistics.fmean(r["engine_busy_s"] for r in rows[1:] or rows),
             "rollout_engine": report["rollout_engine"]}
 
 
 def table(result: dict[str, Any]) -> str:
     """Markdown table: mean ± sd over seeds, and the ratio against verl's built-in filter."""
     base = result["strategies"].get("verl_filter_groups", {}).get("summary")
-    lines = ["| strategy | gen/trained | x fewer than verl | rounds/step (max) | gen time/step, steps 2+ (s) |",
-             "|---|---|---|---|---|"]
+    lines = ["| strategy | gen/trained | x fewer than verl | rounds/step (max) | engine busy/step, steps 2+ (s) | "
+             "verl timing_s/gen, poll-bound (s) |", "|---|---|---|---|---|---|"]
     for entry in result["strategies"].values():
         s = entry["summary"]
-        gen, time_s = s["generated_per_trained"], s["gen_time_mean"]
+        gen, time_s, busy = s["generated_per_trained"], s["gen_time_mean"], s["engine_busy_mean"]
         ratio = f"{base['generated_per_trained']['mean'] / gen['mean']:.2f}" if base else "-"
         rounds = (f"{s['rounds_mean']['mean']:.2f} ({s['rounds_max']['max']:.0f})" if "rounds_mean" in s
                   else "not logged (streaming refill)")
         lines.append(f"| {entry['label']} | {gen['mean']:.2f} ± {gen['sd']:.2f} | {ratio} | {rounds} | "
-                     f"{time_s['mean']:.2f} ± {time_s['sd']:.2f} |")
+                     f"{busy['mean']:.3f} ± {busy['sd']:.3f} | {time_s['mean']:.2f} ± {time_s['sd']:.2f} |")
     return "\n".join(lines)
 
 
@@ -154,7 +171,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             print(json.dumps({k: v for k, v in run.items() if k != "steps"}), flush=True)
             runs.append(run)
         summary = {key: spread([r[key] for r in runs]) for key in
-                   ("generated_per_trained", "rounds_mean", "rounds_max", "evicted_per_step", "gen_time_mean")
+                   ("generated_per_trained", "rounds_mean", "rounds_max", "evicted_per_step", "gen_time_mean",
+                    "engine_busy_mean")
                    if all(r[key] is not None for r in runs)}
         result["strategies"][strategy] = {"label": STRATEGIES[strategy][0], "runs": runs, "summary": summary}
         print(json.dumps({"strategy": strategy, **{k: round(v["mean"], 3) for k, v in summary.items()}}), flush=True)

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from benchmarks.bench_rehearsal_sampler import STRATEGIES, step_counts
+from benchmarks.bench_rehearsal_sampler import STRATEGIES, busy_seconds, step_counts
 
 
 def _write(path, rows):
@@ -24,8 +24,16 @@ def test_generated_responses_are_counted_at_the_engine_per_weights_version(tmp_p
         {"step": 1, "data": {"timing_s/gen": 7.0, "dapo/sampler/gen_rounds": 2.0}},
         {"step": 2, "data": {"timing_s/gen": 1.0, "train/filter_groups/evicted_samples": 3}}])
     rows = step_counts(records, tmp_path / "metrics.jsonl", steps=2, trained_per_step=16)
-    assert rows == [{"generated": 24, "trained": 16, "rounds": 2.0, "evicted": 0, "gen_time_s": 7.0},
-                    {"generated": 16, "trained": 16, "rounds": None, "evicted": 3, "gen_time_s": 1.0}]
+    assert rows == [{"generated": 24, "trained": 16, "rounds": 2.0, "evicted": 0, "gen_time_s": 7.0,
+                     "engine_busy_s": 1.0},
+                    {"generated": 16, "trained": 16, "rounds": None, "evicted": 3, "gen_time_s": 1.0,
+                     "engine_busy_s": 1.0}]
+
+
+def test_engine_busy_time_is_the_union_of_the_requests_in_flight():
+    assert busy_seconds([]) == 0.0
+    assert busy_seconds([(0, 1), (0.5, 2), (3, 4)]) == 3.0  # overlapping requests count once; the gap not at all
+    assert busy_seconds([(2, 5), (3, 4), (0, 1)]) == 4.0  # nested and out of order
 
 
 def test_a_step_verl_did_not_log_is_an_error_naming_the_log(tmp_path):
