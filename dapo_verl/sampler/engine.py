@@ -13,6 +13,9 @@ calls:
   far, kept opaque in ``payload``), which the sampler may carry and submit again at a later step
   (``Request.resume``). The engine continues a resumed group from its prefix within the remaining response budget.
 
+An engine whose groups finish a round at a time says so with ``streaming = False`` (others are taken to stream): the
+replenisher then sizes rounds, and ``stream_oversample`` does not apply.
+
 Round-based generation is the special case of an engine whose ``collect`` generates everything submitted at once
 and that never has anything left to abort: :class:`RoundEngine` adapts the replenisher's documented round-based
 ``generate`` callback (:class:`~dapo_verl.sampler.types.GenerateFn`), and the legacy verl trainer, whose blocking
