@@ -1,12 +1,19 @@
-"""``dapo-verl``: argument parsing and dispatch only; every command's work lives in its own module."""
+"""``dapo-verl``: argument parsing and dispatch only; every command's work lives in its own module.
+
+Every command runs under :func:`dapo_verl.lifetime.stop_signals`: SIGTERM and SIGHUP stop it as Ctrl-C does, with
+every process it started, and it then exits with 128 + the signal's number.
+"""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import errno
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
+
+from dapo_verl.lifetime import Stopped, signal_name, stop_signals
 
 __all__ = ["main"]
 
@@ -395,15 +402,24 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``dapo-verl`` console script."""
+    """Entry point of the ``dapo-verl`` console script; 128 + the signal's number after SIGTERM or SIGHUP."""
     args = _parser().parse_args(argv)
     func: Callable[[argparse.Namespace], int] = args.func
-    try:
-        return func(args)
-    except KeyboardInterrupt:
-        after = " A run continues from its last checkpoint when started again." if args.command in ("train",
-                                                                                                   "ablate") else ""
-        return _fail(args.command, f"interrupted by Ctrl-C.{after}")
+    with stop_signals() as stop:
+        try:
+            status = func(args)
+        except KeyboardInterrupt as err:
+            after = " A run continues from its last checkpoint when started again." if args.command in (
+                "train", "ablate") else ""
+            how = f"stopped by {signal_name(err.signum)}" if isinstance(err, Stopped) else "interrupted by Ctrl-C"
+            status = _fail(args.command, f"{how}.{after}")
+        except Exception as err:
+            if stop.signum is None:
+                raise
+            with contextlib.suppress(OSError):  # after SIGHUP the terminal may be gone
+                _fail(args.command, err)
+            status = 1
+    return stop.exit_status(status)
 
 
 if __name__ == "__main__":

@@ -5,7 +5,8 @@ vLLM's message queues and verl's shared-memory weight transfer create POSIX shar
 unlinked -- about 400 MiB per vLLM run. The names are random, so nothing after the fact tells this run's from
 another program's. Each process of a rehearsal therefore records the names it creates (:func:`track`, installed
 by the rehearsal's plugins only) into the run's record folder, and the rehearsal removes exactly those that
-still exist once the run has ended (:func:`remove_recorded`), and nothing else.
+still exist once the run has ended (:func:`remove_recorded`), and nothing else. Reading and removing the records
+lives in :mod:`dapo_verl.lifetime`, which the watchdog of a killed rehearsal runs without this package.
 """
 
 from __future__ import annotations
@@ -18,16 +19,14 @@ from pathlib import Path
 from typing import Any
 
 from dapo_verl.adapter.import_patches import is_patched, mark
+from dapo_verl.lifetime import SHM_RECORD_PREFIX, SHM_ROOT, recorded_names, remove_recorded
 
 __all__ = ["SHM_ROOT", "recorded_names", "remove_recorded", "track"]
-
-SHM_ROOT = Path("/dev/shm")
-_PREFIX = "dev-shm-"
 
 
 def _record(folder: Path, name: str) -> None:
     # One file per process, appended line by line: processes never write to each other's file.
-    with open(folder / f"{_PREFIX}{os.getpid()}.txt", "a") as sink:
+    with open(folder / f"{SHM_RECORD_PREFIX}{os.getpid()}.txt", "a") as sink:
         sink.write(name + "\n")
 
 
@@ -57,27 +56,3 @@ def track(folder: Path) -> None:
                 _record(folder, "sem." + name.lstrip("/"))
 
         semaphore.__init__ = mark(__init__)
-
-
-def recorded_names(folder: Path) -> list[str]:
-    """The ``/dev/shm`` entries recorded in ``folder`` by :func:`track`, in recording order, without repeats."""
-    names: dict[str, None] = {}
-    for record in sorted(folder.glob(f"{_PREFIX}*.txt")):
-        names.update(dict.fromkeys(line.strip() for line in record.read_text().splitlines() if line.strip()))
-    return list(names)
-
-
-def remove_recorded(folder: Path, root: Path = SHM_ROOT) -> list[tuple[str, int]]:
-    """Unlink what :func:`track` recorded in ``folder`` and is still under ``root``; return (name, bytes) removed."""
-    removed = []
-    for name in recorded_names(folder):
-        path = root / name
-        if "/" in name or not path.is_file():
-            continue
-        size = path.stat().st_size
-        try:
-            path.unlink()
-        except FileNotFoundError:  # its own process unlinked it meanwhile
-            continue
-        removed.append((name, size))
-    return removed

@@ -33,6 +33,7 @@ from packaging.version import InvalidVersion
 from dapo_verl.adapter.preflight import DAPO_ENTRY, VERL_ENTRY, compose_and_check
 from dapo_verl.adapter.preflight_dapo import dapo_entry_problems
 from dapo_verl.config import DapoConfig, PromptSelection, SamplerConfig
+from dapo_verl.lifetime import dying_with_this_process
 from dapo_verl.preflight import ConfigRefused
 
 __all__ = ["Check", "VerlPin", "config_checks", "describe_run", "run_checks", "verl_pin"]
@@ -167,8 +168,8 @@ def _plugin_policy() -> Check:
 
 
 def _fresh_process() -> tuple[Check, dict[str, bool]]:
-    result = subprocess.run([sys.executable, "-c", _FRESH_PROCESS, *_NAMES], capture_output=True, text=True,
-                            check=False)
+    result = subprocess.run(dying_with_this_process([sys.executable, "-c", _FRESH_PROCESS, *_NAMES]), check=False,
+                            capture_output=True, text=True)
     if result.returncode != 0:
         tail = result.stderr.strip().splitlines()[-1:] or ["(no output)"]
         return Check("fresh process", False, f"`import verl` in a fresh process failed: {tail[0]}",

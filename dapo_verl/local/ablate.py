@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import logging
 import multiprocessing
+import os
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor, as_completed
@@ -32,6 +33,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
+from dapo_verl.lifetime import die_with_parent
 from dapo_verl.local.ablation_report import Progress, RunOutcome, write_ablation_report
 from dapo_verl.local.arms import Arm, Study
 from dapo_verl.local.compose import RunSpec, changed_keys, compose_run
@@ -175,8 +177,10 @@ def _train(overrides: Sequence[str], run_dir: str) -> dict[str, Any]:
             "wall_s": result.wall_s}
 
 
-def _init_worker(levels: Mapping[str, int]) -> None:
-    """Give a worker process the parent's log levels (a spawned process starts unconfigured)."""
+def _init_worker(levels: Mapping[str, int], parent: int) -> None:
+    """Make a worker process die with ``parent`` (even when it is SIGKILLed) and give it the parent's log levels (a
+    spawned process starts unconfigured)."""
+    die_with_parent(parent)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     for name, level in levels.items():
         logging.getLogger(name).setLevel(level)
@@ -194,12 +198,16 @@ def _execute(pending: Sequence[PlannedRun], jobs: int) -> Iterator[tuple[Planned
         return
     context = multiprocessing.get_context("spawn")  # no fork of a process that holds torch's thread pools
     pool = ProcessPoolExecutor(max_workers=jobs, mp_context=context, initializer=_init_worker,
-                               initargs=(_log_levels(),))
+                               initargs=(_log_levels(), os.getpid()))
     futures: dict[Future[dict[str, Any]], PlannedRun] = {}
     try:
         futures = {pool.submit(_train, p.overrides, str(p.run_dir)): p for p in pending}
         for future in as_completed(futures):
             yield futures[future], future.result()
+    except KeyboardInterrupt:  # Ctrl-C, SIGTERM, SIGHUP: end the runs now (each continues from its checkpoint)
+        for process in list((getattr(pool, "_processes", None) or {}).values()):  # the pool has no public handle
+            process.kill()
+        raise
     finally:
         pool.shutdown(wait=True, cancel_futures=True)  # on an error, runs not started yet are dropped
 

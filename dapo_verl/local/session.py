@@ -15,15 +15,19 @@ from typing import Any
 
 import torch
 
+from dapo_verl.lifetime import signal_name
+
 __all__ = ["StopRequest", "device", "quiet_partial_batches", "stop_requests", "torch_settings"]
 
 logger = logging.getLogger("dapo_verl.local.train")  # the run's own messages, under the name users filter on
 
 
 class StopRequest:
-    """Set by the first Ctrl-C; the training loop stops at the next step boundary."""
+    """Set by the first Ctrl-C (or SIGTERM / SIGHUP, which the CLI hands to the same handler); the training loop
+    stops at the next step boundary. ``by`` names what asked."""
 
     requested = False
+    by = "Ctrl-C"
 
 
 @contextmanager
@@ -40,9 +44,9 @@ def stop_requests() -> Iterator[StopRequest]:
     def handler(signum: int, frame: Any) -> None:
         if stop.requested:
             raise KeyboardInterrupt
-        stop.requested = True
-        logger.warning("Ctrl-C: stopping after this step, once its checkpoint is written (Ctrl-C again stops at "
-                       "once and loses the steps since the last checkpoint).")
+        stop.requested, stop.by = True, signal_name(signum)
+        logger.warning("%s: stopping after this step, once its checkpoint is written (Ctrl-C again stops at "
+                       "once and loses the steps since the last checkpoint).", stop.by)
 
     previous = signal.signal(signal.SIGINT, handler)
     try:

@@ -47,9 +47,9 @@ same length changes nothing it recorded: the call returns the recorded result an
 length is refused. A checkpoint whose ``metrics.jsonl`` lacks earlier steps is refused rather than continued
 with a gap.
 
-Ctrl-C (SIGINT) stops the run at the next step boundary: the step is finished, logged and checkpointed,
-and :class:`RunInterrupted` is raised; running the same command again continues from that step. A second
-Ctrl-C stops at once (the run then continues from its last checkpoint).
+Ctrl-C (SIGINT; in the CLI also SIGTERM and SIGHUP) stops the run at the next step boundary: the step is
+finished, logged and checkpointed, and :class:`RunInterrupted` is raised; running the same command again continues
+from that step. A second Ctrl-C stops at once (the run then continues from its last checkpoint).
 """
 
 from __future__ import annotations
@@ -321,8 +321,9 @@ class _Trainer:
     def _interrupted(self, step: int) -> None:
         append_history(self.run_dir, "interrupted", step=step)
         raise RunInterrupted(
-            f"stopped by Ctrl-C after step {step}, whose checkpoint {self.run_dir / 'checkpoints'}/global_step_{step} "
-            f"is written; run the same command to continue from step {step}.", step)
+            f"stopped by {self.stop.by} after step {step}, whose checkpoint "
+            f"{self.run_dir / 'checkpoints'}/global_step_{step} is written; run the same command to continue from step "
+            f"{step}.", step)
 
     def _train_step(self, step: int) -> dict[str, float]:
         dapo, run = self.spec.dapo, self.spec.run

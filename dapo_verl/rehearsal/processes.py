@@ -3,11 +3,12 @@
 Each run is the recipe's own entry point in a subprocess of its own session, with the environment of
 :func:`environment` (the CPU platform and plugin, the file logger's JSONL, the run's record folder and socket folder,
 and whatever the engine adds). :func:`launch` follows its console for verl's step lines (:func:`follow`), stops it
-at a time limit that fires on a timer whether or not the run prints (:func:`stop_tree`: its process group, then
-every process the run left, :func:`kill_leftovers`; :class:`Overrun` says since when it was silent), and removes
-the shared memory they recorded (:mod:`dapo_verl.adapter.cpu_leftovers`). :class:`Resume` runs the resume process
-in a thread, started with the first run or after it, and releases it at verl's checkpoint load once the first
-run's checkpoint is on disk.
+at a time limit that fires on a timer whether or not the run prints (:func:`stop_tree`: its process group and
+session, then every process the run left, :func:`kill_leftovers`; :class:`Overrun` says since when it was silent),
+and removes the shared memory they recorded (:mod:`dapo_verl.adapter.cpu_leftovers`). Ctrl-C, SIGTERM and SIGHUP
+stop a run the same way; a run dies with its launcher (:mod:`dapo_verl.lifetime`). :class:`Resume` runs the resume
+process in a thread, started with the first run or after it, and releases it at verl's checkpoint load once the
+first run's checkpoint is on disk.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from dapo_verl import lifetime
 from dapo_verl.adapter import cpu_leftovers, cpu_vllm
 
 __all__ = ["PLUGIN_MODULE", "RAY_START_TIMEOUT", "Overrun", "Resume", "RunRecord", "checkpointed_step", "environment",
@@ -167,27 +169,20 @@ def follow(process: subprocess.Popen[str], on_line: Callable[[str], None], limit
 
 
 def stop_tree(process: subprocess.Popen[Any], marker: str) -> None:
-    """SIGKILL ``process`` and its process group (it leads a session of its own: ``start_new_session=True``), then
-    every process whose command line or environment names ``marker`` (those that left the group: Ray's daemons,
-    vLLM's engine processes); reap ``process``."""
+    """SIGKILL ``process`` with its process group and session (it leads both: ``start_new_session=True``), then
+    every process whose command line or environment names ``marker`` (any that left the session); reap it."""
     with contextlib.suppress(ProcessLookupError):
         os.killpg(process.pid, signal.SIGKILL)
+    lifetime.kill_session(process.pid)  # not reaped yet, so the number cannot have been reused
     kill_leftovers(marker)
     process.wait()
 
 
 def kill_leftovers(marker: str) -> None:
     """Stop the run's processes still alive: the private Ray cluster's (their command lines name its temporary
-    directory) and those the run's processes started (vLLM's engine processes; their environment names it)."""
-    own = str(os.getpid())
-    for pid_dir in Path("/proc").glob("[0-9]*"):
-        if pid_dir.name == own:
-            continue
-        try:
-            if any(marker in (pid_dir / part).read_bytes().decode(errors="replace") for part in ("cmdline", "environ")):
-                os.kill(int(pid_dir.name), signal.SIGKILL)
-        except (OSError, ValueError):
-            continue
+    directory), those the run's processes started (vLLM's engine processes; their environment names it), and the
+    process groups of both (:func:`dapo_verl.lifetime.kill_marked`)."""
+    lifetime.kill_marked(marker)
 
 
 _NOT_A_MESSAGE = re.compile(r"^(Traceback|File |During handling|The above exception|Error executing|Set the environment"
@@ -253,8 +248,10 @@ def launch(name: str, command: list[str], run_dir: Path, timeout_s: float, ray_d
     with open(log, "w") as sink:
         sink.write(" ".join(command) + "\n\n")
         sink.flush()
-        process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                   errors="replace", env=environment(metrics, env), start_new_session=True, bufsize=1)
+        process = subprocess.Popen(lifetime.dying_with_this_process(command), stdout=subprocess.PIPE, text=True,
+                                   stderr=subprocess.STDOUT, errors="replace", env=environment(metrics, env),
+                                   start_new_session=True, bufsize=1)
+        lifetime.record_session(records, process.pid)  # for the watchdog, should this process be killed
         if on_start is not None:
             on_start(process)
 
@@ -271,10 +268,11 @@ def launch(name: str, command: list[str], run_dir: Path, timeout_s: float, ray_d
             overrun = follow(process, heard, timeout_s, stop=lambda: stop_tree(process, ray_dir))
             if overrun is not None:
                 sink.write(f"\n{_NOTE}{overrun.describe(name)}\n")
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as stop:  # Ctrl-C, or SIGTERM / SIGHUP (lifetime.Stopped)
             interrupted = True
             stop_tree(process, ray_dir)
-            sink.write(f"\n{_NOTE}stopped by Ctrl-C after {time.perf_counter() - start:.0f} s\n")
+            by = lifetime.signal_name(stop.signum) if isinstance(stop, lifetime.Stopped) else "Ctrl-C"
+            sink.write(f"\n{_NOTE}stopped by {by} after {time.perf_counter() - start:.0f} s\n")
         finally:
             if process.returncode is None:  # a hook raised while the run was going
                 stop_tree(process, ray_dir)

@@ -33,13 +33,10 @@ Output layout under ``out``: ``data/`` (train/val parquet), ``model/`` (the stan
 
 from __future__ import annotations
 
-import contextlib
 import importlib.util
 import json
-import shutil
 import sys
-import tempfile
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -57,6 +54,7 @@ from dapo_verl.rehearsal.engine import (
     vllm_environment,
     write_private_site,
 )
+from dapo_verl.rehearsal.folders import RehearsalError, own_out, private_folders
 from dapo_verl.rehearsal.plan import Change, RehearsalShape, override_keys, rehearsal_changes, select
 from dapo_verl.rehearsal.processes import Resume, RunRecord, kill_leftovers, launch_once_more_if_ray_did_not_start
 
@@ -68,11 +66,6 @@ VERL_CONFIG = "ppo_trainer"
 
 MAX_OWN_MODEL_PARAMETERS = 30_000_000
 """A recipe's ``model.path`` is rehearsed as is when it is a local model up to this size; else the stand-in."""
-
-
-
-class RehearsalError(RuntimeError):
-    """The rehearsal could not start or a run failed; the message names the cause and the log."""
 
 
 @dataclass(frozen=True)
@@ -222,44 +215,6 @@ def _longest_prompt(model_path: str, files: Sequence[Path], prompt_key: str) -> 
     return longest
 
 
-@contextlib.contextmanager
-def _own_out(out: Path, overwrite: bool) -> Iterator[None]:
-    """Make ``out`` this rehearsal's for the block: one writer at a time, as a training run directory has.
-
-    The folder's lock (:func:`dapo_verl.local.rundir.run_directory_lock`, ``out/.lock``) is held from before
-    anything is removed until the report is written; a second rehearsal into a folder whose rehearsal still runs is
-    refused, ``--overwrite`` included. ``--overwrite`` empties only a folder that holds an earlier rehearsal (a
-    ``changes.json``), finished or failed, keeping the lock file it holds.
-
-    Raises:
-        RehearsalError: for a file, a folder that is not a rehearsal's, an earlier rehearsal without
-            ``--overwrite``, or a rehearsal still running there.
-    """
-    from dapo_verl.local.rundir import LOCK_FILE, RunDirectoryBusy, run_directory_lock
-
-    if out.exists() and not out.is_dir():
-        raise RehearsalError(f"--out {out} is a file; give a folder (new, empty, or an earlier rehearsal's).")
-    entries = sorted(p for p in out.iterdir() if p.name != LOCK_FILE) if out.is_dir() else []
-    if entries and not (out / "changes.json").exists():
-        raise RehearsalError(f"--out {out} exists and is not a rehearsal folder (it has no changes.json); --overwrite "
-                             f"replaces only an earlier rehearsal's folder. Choose an empty or new folder.")
-    with contextlib.ExitStack() as stack:
-        try:
-            stack.enter_context(run_directory_lock(out))
-        except RunDirectoryBusy as err:
-            raise RehearsalError(f"--out {out} belongs to a rehearsal that is still running, and neither a second "
-                                 f"rehearsal nor --overwrite may replace it: {err}") from None
-        if entries and not overwrite:
-            raise RehearsalError(f"--out {out} holds an earlier rehearsal; pass --overwrite to replace it or choose "
-                                 f"another folder.")
-        for entry in entries:
-            if entry.is_dir() and not entry.is_symlink():
-                shutil.rmtree(entry)
-            else:
-                entry.unlink()
-        yield
-
-
 def _max_positions(model_path: str) -> int | None:
     """The model's ``max_position_embeddings`` from its ``config.json`` (None when absent)."""
     value = json.loads((Path(model_path) / "config.json").read_text()).get("max_position_embeddings")
@@ -313,7 +268,7 @@ def rehearse(options: RehearsalOptions, echo: Callable[[str], None] = print) -> 
     config, entry = compose_recipe(options.config_name, options.overrides)
     check_verl_config(config, entry_module=entry[2], unset_env_is_problem=False)  # the recipe's paths are replaced
     out = options.out_dir.resolve()
-    with _own_out(out, options.overwrite):
+    with own_out(out, options.overwrite):
         result = _rehearse_in(out, options, config, entry, engine, echo)
         from dapo_verl.rehearsal.report import write_report
 
@@ -323,7 +278,7 @@ def rehearse(options: RehearsalOptions, echo: Callable[[str], None] = print) -> 
 
 def _rehearse_in(out: Path, options: RehearsalOptions, config: DictConfig, entry: list[str], engine: EngineChoice,
                  echo: Callable[[str], None]) -> RehearsalResult:
-    """The rehearsal's body, in the folder ``out`` that :func:`_own_out` made its own."""
+    """The rehearsal's body, in the folder ``out`` that :func:`.folders.own_out` made its own."""
     from dapo_verl.rehearsal.stand_in import build_stand_in
 
     own_model = select(config, "actor_rollout_ref.model.path")
@@ -332,47 +287,49 @@ def _rehearse_in(out: Path, options: RehearsalOptions, config: DictConfig, entry
     data = prepare_files(out / "data", train_files=_as_list(select(config, "data.train_files")),
                          val_files=_as_list(select(config, "data.val_files")), train_rows=options.train_rows,
                          val_rows=options.val_rows, seed=options.seed)
-    # One private Ray cluster per run (the two overlap); short paths: Ray's socket paths must fit in 107 bytes.
-    ray_dirs = [tempfile.mkdtemp(prefix="dvr-"), tempfile.mkdtemp(prefix="dvr-")]
-    site = Path(tempfile.mkdtemp(prefix="dvr-site-"))
-    resume: Resume | None = None
-    try:
-        changes = _plan(options, config, out, "run1", ray_dirs[0], data, model_path, replaced, engine.engine)
-        environment = dict(VLLM_ENVIRONMENT) if engine.engine is Engine.VLLM else {}
-        result = RehearsalResult(options, " ".join(entry[1:]), entry[2], changes, data, model_path, replaced,
-                                 engine, environment, recipe=_recipe_summary(config))
-        (out / "changes.json").write_text(json.dumps([asdict(c) for c in changes], indent=1, default=str))
-        echo(_changes_text(options, entry, changes, engine, environment))
+    with private_folders(out) as (ray_dirs, site):
+        resume: Resume | None = None
+        try:
+            changes = _plan(options, config, out, "run1", ray_dirs[0], data, model_path, replaced, engine.engine)
+            environment = dict(VLLM_ENVIRONMENT) if engine.engine is Engine.VLLM else {}
+            result = RehearsalResult(options, " ".join(entry[1:]), entry[2], changes, data, model_path, replaced,
+                                     engine, environment, recipe=_recipe_summary(config))
+            (out / "changes.json").write_text(json.dumps([asdict(c) for c in changes], indent=1, default=str))
+            echo(_changes_text(options, entry, changes, engine, environment))
 
-        def engine_env(ray_dir: str) -> dict[str, str]:
-            if engine.engine is not Engine.VLLM:
-                return {}
-            return vllm_environment(write_private_site(site, str(engine.version)), ray_dir)
+            def engine_env(ray_dir: str) -> dict[str, str]:
+                if engine.engine is not Engine.VLLM:
+                    return {}
+                return vllm_environment(write_private_site(site, str(engine.version)), ray_dir)
 
-        user = list(options.overrides)
-        if options.resume:
-            barrier = Path(ray_dirs[1]) / "checkpoint-ready"
-            resume = Resume(_resume_launcher(options, entry, changes, out, ray_dirs[1], barrier, echo,
-                                              engine_env(ray_dirs[1])),
-                             out / "run1" / "checkpoints", options.steps - 1, barrier, options.timeout_s)
-            if options.overlap:
-                resume.start()
-        first = launch_once_more_if_ray_did_not_start(
-            "run1", [*entry, *user, *(c.override() for c in changes)], out / "run1", options.timeout_s, ray_dirs[0],
-            options.steps, echo=echo, on_step=resume.on_step if resume else None, env=engine_env(ray_dirs[0]))
-        result.runs.append(first)
-        if resume is not None and first.returncode == 0:
-            second = resume.result()
+            resume = _resume(options, entry, changes, out, ray_dirs[1], echo, engine_env(ray_dirs[1]))
+            first = launch_once_more_if_ray_did_not_start(
+                "run1", [*entry, *options.overrides, *(c.override() for c in changes)], out / "run1",
+                options.timeout_s, ray_dirs[0], options.steps, echo=echo, on_step=resume.on_step if resume else None,
+                env=engine_env(ray_dirs[0]))
+            result.runs.append(first)
+            second = resume.result() if resume is not None and first.returncode == 0 else None
             if second is not None:
                 result.runs.append(second)
-    finally:
-        if resume is not None:
-            resume.stop()
-        for ray_dir in ray_dirs:
-            kill_leftovers(ray_dir)
-            shutil.rmtree(ray_dir, ignore_errors=True)
-        shutil.rmtree(site, ignore_errors=True)
+        finally:
+            for ray_dir in ray_dirs:  # first, so that a resume run waiting at its barrier ends and its thread returns
+                kill_leftovers(ray_dir)
+            if resume is not None:
+                resume.stop()
     return result
+
+
+def _resume(options: RehearsalOptions, entry: list[str], changes: list[Change], out: Path, ray_dir: str,
+            echo: Callable[[str], None], engine_env: dict[str, str]) -> Resume | None:
+    """The resume run (None without ``options.resume``), started now when it overlaps the first."""
+    if not options.resume:
+        return None
+    barrier = Path(ray_dir) / "checkpoint-ready"
+    resume = Resume(_resume_launcher(options, entry, changes, out, ray_dir, barrier, echo, engine_env),
+                    out / "run1" / "checkpoints", options.steps - 1, barrier, options.timeout_s)
+    if options.overlap:
+        resume.start()
+    return resume
 
 
 def _resume_launcher(options: RehearsalOptions, entry: list[str], changes: list[Change], out: Path, ray_dir: str,

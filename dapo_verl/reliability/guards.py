@@ -36,6 +36,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dapo_verl.lifetime import dying_with_this_process
+
 __all__ = ["GUARD_CHECKS", "GuardResult", "changed_reruns", "cli_command", "concurrent_writers", "damaged_model_cache",
            "failed_prepare_data", "interrupted_by_sigint", "one_line_error", "write_problems"]
 
@@ -81,8 +83,9 @@ def _tiny(steps: int, cache: Path, seed: int = 0) -> list[str]:
 
 
 def cli_command(*args: str) -> list[str]:
-    """The command line that runs ``dapo-verl ARGS...`` as a user would, with this interpreter."""
-    return [sys.executable, "-m", "dapo_verl.cli", *args]
+    """The command line that runs ``dapo-verl ARGS...`` as a user would, with this interpreter; the process dies
+    with this one (more arguments may be appended)."""
+    return dying_with_this_process([sys.executable, "-m", "dapo_verl.cli", *args])
 
 
 def _train_command(out: Path, overrides: Sequence[str], *flags: str) -> list[str]:

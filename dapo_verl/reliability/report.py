@@ -24,6 +24,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from dapo_verl.lifetime import dying_with_this_process
 from dapo_verl.reliability.determinism import DeterminismResult, run_determinism
 from dapo_verl.reliability.faults import FAULT_KINDS, FaultResult, run_fault_injection
 from dapo_verl.reliability.fuzz import FUZZ_TARGETS, FuzzResult, run_fuzz
@@ -109,7 +110,8 @@ def safe_loading(work_dir: Path) -> SafeLoadingResult:
         folder = work_dir / loader.replace(" ", "_")
         folder.mkdir(parents=True)
         marker = folder / "PLANTED"
-        out = subprocess.run([sys.executable, "-c", _PLANT, str(folder / name), loader, str(marker)],
+        command = [sys.executable, "-c", _PLANT, str(folder / name), loader, str(marker)]
+        out = subprocess.run(dying_with_this_process(command),
                              capture_output=True, text=True, check=False)
         result.loaders.append(loader)
         result.refused += "REFUSED" in out.stdout

@@ -3,6 +3,12 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 
@@ -160,3 +166,59 @@ def test_two_jobs_give_the_same_runs_as_one(tmp_path, cache):
         strip = [[{k: v for k, v in json.loads(x)["data"].items() if not k.startswith("timing_s/")} for x in ls]
                  for ls in lines]
         assert strip[0] == strip[1]
+
+
+def _children(pid: int) -> list[int]:
+    """The live children of ``pid`` (an ablation's worker processes)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid and fields[0] != "Z":
+            found.append(int(stat.parent.name))
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("signum", "status"), [(signal.SIGTERM, 128 + signal.SIGTERM),
+                                                (signal.SIGKILL, -signal.SIGKILL)])
+def test_a_stopped_ablation_ends_its_workers_at_once(tmp_path, cache, signum, status):
+    # Runs far longer than the test: without the stop, the command would wait for them, or they would outlive it.
+    out = tmp_path / "ablate"
+    command = subprocess.Popen([sys.executable, "-m", "dapo_verl.cli", "ablate", *TINY, cache, "--seeds", "2",
+                                "--steps", "5000", "--jobs", "2", "--out", str(out)], stdout=subprocess.DEVNULL,
+                               stderr=subprocess.PIPE, text=True, start_new_session=True)
+    workers: list[int] = []
+    try:
+        deadline = time.monotonic() + 300
+        logs = [out / arm / "seed0" / "metrics.jsonl" for arm in ("eps_high_0.2", "eps_high_0.28")]
+        while not all(log.exists() and log.read_text().count("\n") >= 1 for log in logs):
+            assert command.poll() is None and time.monotonic() < deadline, command.stderr.read()
+            time.sleep(0.5)
+        workers = [pid for pid in _children(command.pid) if b"multiprocessing" in Path(
+            f"/proc/{pid}/cmdline").read_bytes()]
+        assert len(workers) >= 2, workers
+        command.send_signal(signum)
+        assert command.wait(60) == status
+        deadline = time.monotonic() + 10
+        while any(_alive(pid) for pid in workers) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not [pid for pid in workers if _alive(pid)]
+        if signum == signal.SIGTERM:  # (multiprocessing's resource tracker may warn after it of the killed workers)
+            assert ("dapo-verl ablate: stopped by SIGTERM. A run continues from its last checkpoint when started "
+                    "again.") in command.stderr.read().splitlines()
+    finally:
+        if command.poll() is None:
+            command.kill()
+        for pid in workers:
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)

@@ -8,6 +8,8 @@ import logging
 import os
 import signal
 import stat
+import subprocess
+import sys
 
 import pytest
 from safetensors.torch import load_file
@@ -17,6 +19,7 @@ from dapo_verl.local import train as train_module
 from dapo_verl.local.checkpoint import STATE_FILE, checkpoint_dir
 from dapo_verl.local.rundir import HISTORY_FILE, RunDirectoryBusy, run_directory_lock
 from dapo_verl.local.train import RunInterrupted, run
+from dapo_verl.reliability.guards import one_line_error
 from dapo_verl.reliability.runs import tiny_overrides
 
 pytestmark = pytest.mark.e2e
@@ -273,6 +276,35 @@ def test_ctrl_c_stops_at_a_step_boundary_after_writing_a_checkpoint(tmp_path, ca
     strip = [{k: v for k, v in r["data"].items() if not k.startswith("timing_s/")} for r in result.history]
     assert strip == [{k: v for k, v in r["data"].items() if not k.startswith("timing_s/")}
                      for r in reference.history]
+
+
+_STOP_SIGNAL_AT_STEP_3 = """
+import os, signal, sys
+signal.signal(signal.SIGHUP, signal.SIG_DFL)  # as in a terminal, whatever started the test
+from dapo_verl.cli import main
+from dapo_verl.local import train
+real = train._Trainer._train_step
+def step_then_signal(self, step):
+    metrics = real(self, step)
+    if step == 3:
+        os.kill(os.getpid(), getattr(signal, sys.argv[1]))
+    return metrics
+train._Trainer._train_step = step_then_signal
+sys.exit(main(sys.argv[2:]))
+"""
+
+
+@pytest.mark.parametrize("name", ["SIGTERM", "SIGHUP"])
+def test_sigterm_and_sighup_stop_like_ctrl_c_and_exit_128_plus_the_signal(tmp_path, cache, name):
+    # In a process of its own: without the CLI's handler the signal would end the test's process.
+    out = tmp_path / "run"
+    done = subprocess.run([sys.executable, "-c", _STOP_SIGNAL_AT_STEP_3, name, "train", "--out", str(out),
+                           *_tiny(cache, steps=8)], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 128 + getattr(signal, name), done.stderr[-2000:]
+    line = one_line_error(done.stderr)
+    assert line is not None and line.startswith(f"dapo-verl train: stopped by {name} after step 3,"), done.stderr
+    assert "same command" in line
+    assert load_file(str(checkpoint_dir(out, 3) / STATE_FILE))  # save_freq=2, yet step 3 was saved
 
 
 def test_run_outputs_are_readable_by_group_and_others(finished):

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from dapo_verl.local.rundir import run_directory_lock
-from dapo_verl.rehearsal.run import RehearsalError, RehearsalOptions, _own_out, rehearse
+from dapo_verl.rehearsal.folders import RehearsalError, own_out
+from dapo_verl.rehearsal.run import RehearsalOptions, rehearse
 
 
 def _earlier_rehearsal(out):
@@ -30,11 +31,11 @@ def test_a_folder_whose_rehearsal_still_runs_is_refused_even_with_overwrite(tmp_
 def test_overwrite_empties_only_an_earlier_rehearsals_folder(tmp_path):
     out = tmp_path / "rehearsal"
     _earlier_rehearsal(out)
-    with _own_out(out, overwrite=True):
-        assert sorted(p.name for p in out.iterdir()) == [".lock"]  # its lock is held: a second writer is refused
-        with pytest.raises(RehearsalError, match="still running"), _own_out(out, overwrite=True):
+    with own_out(out, overwrite=True):
+        assert sorted(p.name for p in out.iterdir()) == [".lock", ".rehearsal"]  # held: a second writer is refused
+        with pytest.raises(RehearsalError, match="still running"), own_out(out, overwrite=True):
             pass
-    with _own_out(out, overwrite=True):  # released at the end: a finished rehearsal's folder can be replaced
+    with own_out(out, overwrite=True):  # released at the end: a finished rehearsal's folder can be replaced
         pass
 
 
@@ -51,10 +52,10 @@ def test_overwrite_never_empties_a_folder_that_is_not_a_rehearsals(tmp_path):
 def test_an_earlier_rehearsal_needs_overwrite_and_a_file_is_refused(tmp_path):
     out = tmp_path / "rehearsal"
     _earlier_rehearsal(out)
-    with pytest.raises(RehearsalError, match="holds an earlier rehearsal; pass --overwrite"), _own_out(out, False):
+    with pytest.raises(RehearsalError, match="holds an earlier rehearsal; pass --overwrite"), own_out(out, False):
         pass
     assert (out / "changes.json").exists()
     file = tmp_path / "file"
     file.write_text("")
-    with pytest.raises(RehearsalError, match=r"--out .*file is a file; give a folder"), _own_out(file, True):
+    with pytest.raises(RehearsalError, match=r"--out .*file is a file; give a folder"), own_out(file, True):
         pass
