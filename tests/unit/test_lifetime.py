@@ -28,6 +28,7 @@ import pytest
 from dapo_verl import lifetime
 from dapo_verl.adapter.cpu_vllm import RECORD_ENV
 from dapo_verl.rehearsal.folders import RehearsalError, own_out
+from tests.process_helpers import running
 
 _DAEMON = textwrap.dedent("""
     import subprocess, sys, time
@@ -80,15 +81,6 @@ _COMMAND = textwrap.dedent("""
 """)
 
 
-def _running(pid: int) -> bool:
-    """Whether ``pid`` is a live process (a zombie, dead and waiting to be reaped, is not)."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state != "Z"
-
-
 def _wait_until(condition, within_s: float) -> bool:
     deadline = time.monotonic() + within_s
     while not condition():
@@ -116,7 +108,7 @@ def left_behind():
     found: dict[str, list] = {"pids": [], "shm": [], "folders": []}
     yield found
     for pid, started in found["pids"]:
-        if _running(pid) and lifetime.start_time(pid) == started:  # not a pid reused meanwhile
+        if running(pid) and lifetime.start_time(pid) == started:  # not a pid reused meanwhile
             os.kill(pid, signal.SIGKILL)
     for name in found["shm"]:
         (lifetime.SHM_ROOT / name).unlink(missing_ok=True)
@@ -141,17 +133,17 @@ def test_a_stopped_command_leaves_no_process_folder_or_shared_memory_of_its_run(
     mine = [started["driver"], *started["children"], int(agent.read_text())]
     watchdog = [pid for pid, line in lifetime.processes_naming(str(out)) if "lifetime.py" in line]
     left_behind["pids"] += [(pid, lifetime.start_time(pid)) for pid in [*mine, *watchdog]]
-    assert all(_running(pid) for pid in mine) and all(Path(folder).is_dir() for folder in ray_folders)
+    assert all(running(pid) for pid in mine) and all(Path(folder).is_dir() for folder in ray_folders)
     assert len(watchdog) == 1
 
     command.send_signal(signum)
     assert command.wait(30) == status, console.read_text()
 
     def gone() -> bool:
-        return not any(_running(pid) for pid in [*mine, *watchdog]) and not lifetime.processes_naming(str(out)) and \
+        return not any(running(pid) for pid in [*mine, *watchdog]) and not lifetime.processes_naming(str(out)) and \
             not any(lifetime.processes_naming(folder) for folder in ray_folders)
 
-    assert _wait_until(gone, 15), (lifetime.processes_naming(str(out)), [p for p in mine if _running(p)])
+    assert _wait_until(gone, 15), (lifetime.processes_naming(str(out)), [p for p in mine if running(p)])
     assert not (lifetime.SHM_ROOT / started["shm"]).exists()
     assert not any(Path(folder).exists() for folder in ray_folders)
     if signum != signal.SIGKILL:
@@ -170,12 +162,12 @@ def test_the_watchdog_leaves_everything_alone_once_the_command_cleaned_up(tmp_pa
             watchdog.kill(str(folder))
             watchdog.remove(folder)
         assert watchdog._process.returncode == 0
-        assert _running(sleeper.pid) and folder.is_dir()  # "done": a re-run may already use the same names
+        assert running(sleeper.pid) and folder.is_dir()  # "done": a re-run may already use the same names
         with pytest.raises(RuntimeError), lifetime.Watchdog("test") as watchdog:
             watchdog.kill(str(folder))
             watchdog.remove(folder)
             raise RuntimeError("the command failed before it cleaned up")
-        assert _wait_until(lambda: not _running(sleeper.pid), 5) and not folder.exists()
+        assert _wait_until(lambda: not running(sleeper.pid), 5) and not folder.exists()
     finally:
         sleeper.kill()
         sleeper.wait()
@@ -196,9 +188,9 @@ def test_a_child_started_through_the_wrapper_dies_when_its_parent_is_killed(tmp_
             sys.executable.encode() + b"\0-c\0import time"), 10)  # the wrapper exec'd the command in place
         parent.kill()
         parent.wait()
-        assert _wait_until(lambda: not _running(child), 5)
+        assert _wait_until(lambda: not running(child), 5)
     finally:
-        if _running(child):
+        if running(child):
             os.kill(child, signal.SIGKILL)
 
 

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 from dapo_verl.rehearsal.processes import Overrun, launch
+from tests.process_helpers import running
 
 _SILENT = textwrap.dedent("""
     import subprocess, sys, time
@@ -35,18 +36,9 @@ _ENDS = textwrap.dedent("""
 """)
 
 
-def _running(pid: int) -> bool:
-    """Whether ``pid`` is a live process (a zombie, dead and waiting to be reaped, is not)."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state != "Z"
-
-
 def _still_running(pids: list[int], within_s: float = 5.0) -> list[int]:
     deadline = time.monotonic() + within_s  # SIGKILL is delivered asynchronously
-    while (alive := [pid for pid in pids if _running(pid)]) and time.monotonic() < deadline:
+    while (alive := [pid for pid in pids if running(pid)]) and time.monotonic() < deadline:
         time.sleep(0.05)
     return alive
 
