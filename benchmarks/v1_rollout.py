@@ -79,6 +79,7 @@ class _Group:
     gate: Any = None
     started: Any = None
     done: Any = None
+    aborted: bool = False
 
 
 class _SimulatedWorker(_VerlWorker):
@@ -168,6 +169,7 @@ class SimulatedRollout:
         if writer not in ("verl", "batched"):
             raise ValueError(f"writer={writer!r}; expected 'verl' or 'batched'.")
         self.writer = writer
+        self._keep_aborted = False
         self.config = config
         self.pass_rate = pass_rate
         self.seed = seed
@@ -185,6 +187,9 @@ class SimulatedRollout:
         self._lock = threading.Lock()
         self._worker = _SimulatedWorker(self, config)
         self._loop = asyncio.new_event_loop()
+        self._open = asyncio.Event()  # thread timing: set while the replicas generate (verl's gate is open)
+        self._open.set()
+        self._abort = asyncio.Event()  # replaced after each abort; the generations running then wait on the old one
         self._thread: threading.Thread | None = None
         if timing == "thread":
             self._thread = threading.Thread(target=self._loop.run_forever, daemon=True, name="simulated-agent-loop")
@@ -241,12 +246,56 @@ class SimulatedRollout:
     async def _generation(self, uid: str) -> _Group:
         group = self.groups[uid]
         if self.timing == "thread":
-            await asyncio.sleep(group.latency * self.latency_scale_s)
-            return group
+            return await self._timed_generation(group)
         if not group.started.done():
             group.started.set_result(None)
         await group.gate
         return group
+
+    async def _timed_generation(self, group: _Group) -> _Group:
+        """Thread timing: generate for the group's latency while the gate is open; an abort either returns what the
+        group held (``keep=False``, verl's sync client) or parks it to continue after :meth:`resume`
+        (``FullyAsyncLLMServerClient`` in colocate_async). Every session of a group shares its clock."""
+        total = remaining = group.latency * self.latency_scale_s
+        while True:
+            await self._open.wait()  # parked behind the closed gate, as vLLM parks requests after an abort
+            abort, started = self._abort, self._loop.time()
+            try:
+                await asyncio.wait_for(abort.wait(), timeout=remaining)
+            except TimeoutError:
+                return group
+            remaining = max(remaining - (self._loop.time() - started), 0.0)
+            if not self._keep_aborted:
+                if not group.aborted:  # what each response held at the abort
+                    group.aborted = True
+                    group.lengths = [int(length * (1.0 - remaining / total)) for length in group.lengths]
+                return group
+
+    def abort(self, *, keep: bool) -> None:
+        """Thread timing: abort every running generation and close the gate (verl's ``abort_replicas``); with
+        ``keep`` the aborted generations continue after :meth:`resume`, else they return what they held."""
+        if self._thread is None:
+            raise NotImplementedError("abort() needs thread timing; virtual timing models no abort.")
+
+        async def close_gate() -> None:
+            self._keep_aborted = keep
+            self._open.clear()
+            abort, self._abort = self._abort, asyncio.Event()
+            abort.set()
+
+        asyncio.run_coroutine_threadsafe(close_gate(), self._loop).result()
+
+    def resume(self) -> None:
+        """Open the gate again (verl's ``resume_generation_replicas``)."""
+        self._loop.call_soon_threadsafe(self._open.set)
+
+    def replicas_sleep(self) -> None:
+        """verl's ``sleep_replicas``: refused while a dispatched group is still generating (a real replica would
+        free the weights under it)."""
+        running = [uid for uid, g in self.groups.items() if g.completion_seq is None]
+        if running:
+            raise RuntimeError(f"sleep_replicas with {len(running)} groups still generating (e.g. {running[0]}); a "
+                               f"sync trainer must not leave requests in flight when its replicas sleep.")
 
     def _completed(self, uid: str) -> None:
         group = self.groups[uid]

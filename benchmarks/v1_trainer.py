@@ -160,6 +160,9 @@ class SimulatedTrainer(trainer_base.PPOTrainer):
         self.train_budgets = train_budgets  # virtual generation time each step's training takes (0: none)
         self.actor_rollout_wg = types.SimpleNamespace(save_checkpoint=lambda *a, **k: None,
                                                       load_checkpoint=lambda *a, **k: None)
+        self.checkpoint_manager = types.SimpleNamespace(  # verl's replica controls, on the simulated rollout
+            abort_replicas=lambda **_: rollout.abort(keep=self.trainer_mode != "sync"),
+            resume_generation_replicas=rollout.resume)
         self.tokenizer = self.processor = None
         self.records: list[StepRecord] = []
         self._current: StepRecord | None = None
@@ -183,10 +186,19 @@ class SimulatedTrainer(trainer_base.PPOTrainer):
             self._add_async_warmup_batches(self.config.trainer.v1[self.trainer_mode].num_warmup_batches)
 
     def on_sample_end(self) -> None:
-        """Replicas sleep / abort: nothing to do without a model."""
+        """As verl's trainers, with thread timing: sync puts the replicas to sleep (refused while a group is still
+        generating); colocate_async aborts them (what was generating continues after the weight update)."""
+        if self.rollout.timing != "thread":
+            return
+        if self.trainer_mode == "sync":
+            self.rollout.replicas_sleep()
+        elif self.trainer_mode == "colocate_async":
+            self.checkpoint_manager.abort_replicas()
 
     def on_step_end(self) -> None:
-        """Weight sync: nothing to do without a model."""
+        """Weight sync (nothing to do without a model); colocate_async then resumes generation."""
+        if self.rollout.timing == "thread" and self.trainer_mode == "colocate_async":
+            self.checkpoint_manager.resume_generation_replicas()
 
     def train_step(self) -> StepRecord:
         """One iteration of ``fit()``'s loop (TB:466-531) without the model: step, save, clear the trained keys."""

@@ -312,6 +312,12 @@ class SamplerConfig:
     """Informative groups beyond a full batch: discard (paper) or carry to the next steps (opt-in, slightly off-policy).
     """
 
+    streaming: bool = field(default=False, metadata=verl_key("algorithm.filter_groups.streaming", verl_native=False))
+    """Generate as a stream (verl v1 sync and colocate_async, the local backend): count groups as they finish, top up
+    what is in flight as groups are dropped, and abort the rest once the batch is full instead of waiting for whole
+    rounds; aborted groups are continued at the next step with surplus=carry (docs/verl.md). Off: rounds.
+    """
+
     stream_oversample: float = field(default=1.0, metadata=verl_key("algorithm.filter_groups.stream_oversample",
                                                                      verl_native=False))
     """Streaming engines only: keep this many times what one round would ask for the missing groups in flight, so the
@@ -407,7 +413,7 @@ class SamplerConfig:
 
     def __post_init__(self) -> None:
         require_bool(self, "enable", "skip_uninformative", "revisit_informative", "stop_when_exhausted",
-                     "prefer_informative")
+                     "prefer_informative", "streaming")
         if not isinstance(self.metric, str) or not self.metric:
             config_error(key_of(self, "metric"), self.metric, "must name a per-response value",
                          "Use acc (raw correctness); filtering on a length-shaped score lets all-wrong groups through.")

@@ -126,6 +126,10 @@ class DapoRayTrainer(RayPPOTrainer):
         from verl.utils.dataset.rl_dataset import collate_fn as default_collate_fn
 
         self.dapo_config = DapoConfig.from_verl(self.config)
+        if self.dapo_config.sampler.streaming:
+            raise ValueError("algorithm.filter_groups.streaming=true needs verl's v1 trainer (trainer.use_v1=true, "
+                             "trainer_mode sync or colocate_async): this trainer's generate_sequences returns whole "
+                             "rounds, so there is nothing to stream or abort. Set streaming=false or use_v1=true.")
         self._collate = collate_fn or default_collate_fn
         self.sampler = BatchReplenisher(self.dapo_config.sampler, len(self.train_dataset), self._generate_groups,
                                         codec=_GroupCodec(), shuffle=bool(self.config.data.get("shuffle", True)))

@@ -12,8 +12,16 @@ round limit and ``on_shortfall``, carried surplus and its staleness, history ski
   the trainer's dataset by index, so the prompt identity is the dataset position), waits until verl's agent
   loop has published every group as finished, and reads each response's ``acc``, score, length and truncation
   from TransferQueue (:mod:`dapo_verl.adapter.v1_groups`). The trainer's per-step baseline submission
-  (``_add_batch_to_generate``) is switched off: the replenisher submits exactly what it decided, and nothing of
-  it is still generating when ``sample()`` returns (replicas may sleep).
+  (``_add_batch_to_generate``) is switched off: the replenisher submits exactly what it decided, and with rounds
+  nothing of it is still generating when ``sample()`` returns (replicas may sleep).
+* With ``algorithm.filter_groups.streaming=true`` (``sync`` and ``colocate_async``) the replenisher drives verl's
+  agent loop as a streaming engine (:mod:`dapo_verl.adapter.v1_engine`) instead of through rounds: it counts groups
+  as verl publishes them, tops up what is in flight as groups are dropped, and ``sample()`` returns the moment the
+  batch is full. In ``colocate_async`` what is still generating is left to verl, which aborts it after the sample
+  and continues it after the weight update; the replenisher carries those groups and follows them first at the next
+  step (``surplus=carry`` is required there), and a step that a checkpoint follows lets them finish instead,
+  because verl restarts a checkpointed in-flight prompt from scratch and the resumed run would differ. In ``sync``
+  the engine aborts them on the replicas, and they are discarded.
 * With ``trainer.v1.parameter_sync_step > 1`` the step's groups are served in that many slices; the
   sampler's metrics come with the first slice only, so verl's per-step aggregation never averages a counter.
 * Dropped groups (uninformative, surplus, stale) are cleared from TransferQueue; selected groups' prompt keys
@@ -51,7 +59,6 @@ from collections.abc import Collection, Sequence
 from typing import Any
 
 import numpy as np
-import torch
 import transfer_queue as tq
 from omegaconf import open_dict
 from transfer_queue import KVBatchMeta
@@ -61,11 +68,12 @@ from verl.utils import tensordict_utils as tu
 
 from dapo_verl.adapter.epochs import epoch_divisor
 from dapo_verl.adapter.reward import overlong_metrics
+from dapo_verl.adapter.v1_engine import AgentLoopEngine
 from dapo_verl.adapter.v1_groups import GroupKeys, GroupKeysCodec, read_round, train_listing, wait_terminal
 from dapo_verl.config import DapoConfig, SurplusPolicy
-from dapo_verl.core import DropReason, group_drop_reasons
 from dapo_verl.sampler import BatchReplenisher, GroupResult
 from dapo_verl.sampler.carry import fresh
+from dapo_verl.sampler.verdicts import is_kept
 from dapo_verl.state_io import load_state, save_state
 
 __all__ = ["SAMPLER_STATE_FILE", "DapoCheckpointCallback", "DapoReplayBuffer", "GroupKeys"]
@@ -119,7 +127,26 @@ class DapoReplayBuffer(ReplayBufferAsync):
         self._inflight: tuple[tuple[int, ...], list[str]] | None = None  # next step's first round: (prompt ids, uids)
         self._restored_inflight: list[str] | None = None  # saved prompt keys to reconcile with TransferQueue
         self._verdicts: dict[str, bool] = {}  # prompt key -> informative, for finished groups of the prefetched round
+        self._abandoned: set[str] = set()  # prompt keys dropped while verl may still generate them (colocate_async)
+        self._engine: AgentLoopEngine | None = None
         self._check_off_policy_span(max_off_policy_threshold)
+        self._check_streaming()
+
+    def _check_streaming(self) -> None:
+        """Refuse ``streaming`` where verl's trainer cannot stream as dapo_verl's sampler needs (module docstring)."""
+        sampler = self.dapo.sampler
+        if not sampler.streaming:
+            return
+        key = "algorithm.filter_groups.streaming"
+        if self.trainer_mode == "separate_async":
+            raise ValueError(f"{key}=true is not available in trainer.v1.trainer_mode=separate_async: there the next "
+                             f"step's first round generates while this step trains (prefetch), and streaming is "
+                             f"built for sync and colocate_async. Set {key}=false or use another trainer mode.")
+        if self.trainer_mode == "colocate_async" and sampler.surplus != SurplusPolicy.CARRY:
+            raise ValueError(f"{key}=true with algorithm.filter_groups.surplus={sampler.surplus} in colocate_async: "
+                             f"verl continues every request still generating after the weight update, so what the "
+                             f"batch does not need cannot be discarded there. Set surplus=carry (what verl's own "
+                             f"colocate_async does), or use trainer_mode=sync to discard it.")
 
     def _check_off_policy_span(self, threshold: int | None) -> None:
         """Refuse settings under which a served group could span more policy versions than verl allows.
@@ -266,7 +293,7 @@ class DapoReplayBuffer(ReplayBufferAsync):
                                 metric=self._replenisher.config.metric,
                                 response_length=int(self.trainer.config.actor_rollout_ref.rollout.response_length))
             for (_, uid), group in zip(unread, groups):
-                self._verdicts[uid] = _is_informative(group, filtering=self._replenisher.config.enable)
+                self._verdicts[uid] = is_kept(group, filtering=self._replenisher.config.enable)
         return sum(self._verdicts.values())
 
     # -- one training step -------------------------------------------------------------------------------
@@ -283,15 +310,18 @@ class DapoReplayBuffer(ReplayBufferAsync):
             raise RuntimeError(f"Step {self._served_step} left {len(self._step_groups)} groups unserved; verl's "
                                f"trainer asked for fewer than train_batch_size. This is a dapo_verl bug.")
         self._step_uids = []
-        sampled = replenisher.next_batch()
+        # verl re-generates a checkpointed in-flight prompt from scratch, so a checkpointed step leaves none in flight
+        settle = self._engine is not None and self._engine.resumes_partials and self._checkpoint_follows(global_steps)
+        sampled = replenisher.next_batch(settle=settle)
         metrics = dict(sampled.metrics)
         if self._checkpoint_follows(global_steps) and self.trainer_mode == "sync" and replenisher.carried:
             metrics["dapo/sampler/dropped/surplus"] += replenisher.drop_carried("surplus")
             metrics["dapo/sampler/carried_groups"] = 0
-        kept = {g.payload.uid for g in sampled.groups} | {g.payload.uid for _, g in replenisher.carried}
+        carried = [g.payload for _, g in replenisher.carried] + [p.payload for _, p in replenisher.carried_aborted]
+        kept = {g.payload.uid for g in sampled.groups} | {payload.uid for payload in carried}
         dropped = [uid for uid in [*self._live, *self._step_uids] if uid not in kept]
-        self._clear(dropped)
-        self._live = {g.payload.uid: g.payload for _, g in replenisher.carried}
+        self._abandon(dropped)
+        self._live = {payload.uid: payload for payload in carried}
         self._live.update({g.payload.uid: g.payload for g in sampled.groups})
         self._step_groups = list(sampled.groups)
         self._served_in_step = 0
@@ -340,17 +370,51 @@ class DapoReplayBuffer(ReplayBufferAsync):
         keys = [key for key in listing if key.split("_")[0] in wanted]
         tq.kv_clear(partition_id="train", keys=keys)
 
+    def _abandon(self, uids: Sequence[str]) -> None:
+        """Clear dropped groups; one verl is still generating (an aborted group dropped as stale in colocate_async,
+        which verl continues regardless) is cleared once it finishes, at a later step."""
+        self._abandoned.update(uids)
+        if not self._abandoned:
+            return
+        listing = train_listing()
+        running = {uid for uid in self._abandoned if listing.get(uid, {}).get("status") in ("pending", "running")}
+        self._clear(sorted(self._abandoned - running))
+        self._abandoned = running
+
     # -- the replenisher and its generate callback ----------------------------------------------------------
 
     def _ensure_replenisher(self, global_steps: int) -> BatchReplenisher:
         if self._replenisher is not None:
             return self._replenisher
         config = self.trainer.config
-        self._replenisher = BatchReplenisher(self.dapo.sampler, len(self.trainer.train_dataset), self._generate_groups,
+        generate = self._generate_groups if not self.dapo.sampler.streaming else self._streaming_engine()
+        self._replenisher = BatchReplenisher(self.dapo.sampler, len(self.trainer.train_dataset), generate,
                                              codec=GroupKeysCodec(), shuffle=bool(config.data.get("shuffle", True)))
         if global_steps > 1:
             self._restore(global_steps)
         return self._replenisher
+
+    def _streaming_engine(self) -> AgentLoopEngine:
+        """verl's agent loop as a streaming engine (:mod:`dapo_verl.adapter.v1_engine`): verl continues what is still
+        generating in colocate_async; in sync the engine aborts it on the replicas and it is discarded."""
+        rollout = self.trainer.config.actor_rollout_ref.rollout
+        replicas = self.trainer.checkpoint_manager
+        aborts = None if self.trainer_mode == "colocate_async" else (replicas.abort_replicas,
+                                                                     replicas.resume_generation_replicas)
+        self._engine = AgentLoopEngine(self._submit_step, self._read_groups, group_size=int(rollout.n),
+                                       poll_interval=self.poll_interval, abort_replicas=aborts)
+        return self._engine
+
+    def _submit_step(self, prompt_ids: Sequence[int]) -> list[str]:
+        uids = self._submit(prompt_ids)
+        self._step_uids.extend(uids)
+        return uids
+
+    def _read_groups(self, prompt_ids: Sequence[int], uids: Sequence[str], listing: dict[str, dict]
+                     ) -> list[GroupResult]:
+        assert self._replenisher is not None
+        return read_round(prompt_ids, uids, listing, metric=self._replenisher.config.metric,
+                          response_length=int(self.trainer.config.actor_rollout_ref.rollout.response_length))
 
     def _generate_groups(self, prompt_ids: Sequence[int]) -> list[GroupResult]:
         """Submit ``prompt_ids`` to verl's agent loop and wait for their groups (the replenisher's callback).
@@ -360,10 +424,7 @@ class DapoReplayBuffer(ReplayBufferAsync):
         """
         uids = self._take_inflight(prompt_ids) or self._submit(prompt_ids)
         self._step_uids.extend(uids)
-        listing = wait_terminal(uids, self.poll_interval)
-        assert self._replenisher is not None
-        return read_round(prompt_ids, uids, listing, metric=self._replenisher.config.metric,
-                          response_length=int(self.trainer.config.actor_rollout_ref.rollout.response_length))
+        return self._read_groups(prompt_ids, uids, wait_terminal(uids, self.poll_interval))
 
     def _submit(self, prompt_ids: Sequence[int]) -> list[str]:
         """Hand ``prompt_ids`` to verl's agent loop under fresh prompt keys; return the keys."""
@@ -464,12 +525,6 @@ class DapoReplayBuffer(ReplayBufferAsync):
         orphans = [key for key in listing if key.split("_")[0] not in self._live and key.split("_")[0] not in keep]
         if orphans:
             tq.kv_clear(partition_id="train", keys=orphans)
-
-
-def _is_informative(group: GroupResult, *, filtering: bool) -> bool:
-    """Whether the replenisher would keep ``group`` (every group when ``algorithm.filter_groups.enable=false``)."""
-    metric = group.metric.detach().to("cpu", torch.float32).unsqueeze(0)  # (1, G)
-    return not filtering or DropReason(int(group_drop_reasons(metric)[0])) == DropReason.KEEP
 
 
 def _no_submission(*args: Any) -> None:

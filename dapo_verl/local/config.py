@@ -91,11 +91,17 @@ class RolloutConfig:
     default) evaluates greedily only. Set it to n for pass@k up to the group size.
     """
 
+    chunk_tokens: int = field(default=8, metadata=verl_key("local.rollout.chunk_tokens", verl_native=False))
+    """With algorithm.filter_groups.streaming=true: tokens every running response advances per decoding pass (groups
+    finish, and can be aborted, between passes). Range >= 1.
+    """
+
     def __post_init__(self) -> None:
         require_number(self, "n", low=2, integer=True, fix="Group-normalised advantages need G >= 2; use 8.")
         require_number(self, "temperature", low=0.0, low_open=True, fix="The paper samples at 1.0.")
         require_number(self, "val_n", low=1, integer=True,
                        fix="Use 1 for greedy evaluation only, or e.g. 8 (the group size) for pass@1..8.")
+        require_number(self, "chunk_tokens", low=1, integer=True, fix="8 lets groups finish every 8 tokens.")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -89,6 +89,7 @@ from dapo_verl.local.rundir import (
     run_directory_lock,
 )
 from dapo_verl.local.session import StopRequest, device, quiet_partial_batches, stop_requests, torch_settings
+from dapo_verl.local.streaming import ChunkedEngine
 from dapo_verl.local.tasks import make_task
 from dapo_verl.local.tracking import MetricsLog
 from dapo_verl.local.warm_start import warm_start
@@ -204,7 +205,9 @@ class _Trainer:
                                temperature=run.rollout.temperature, max_response_length=dapo.max_response_length,
                                overlong=dapo.overlong, device=self.device, val_n=run.rollout.val_n,
                                seed=spec.seed)
-        self.sampler = BatchReplenisher(dapo.sampler, len(self.task.train_prompts), self.rollout)
+        self.engine = ChunkedEngine(self.rollout, chunk_tokens=run.rollout.chunk_tokens) if dapo.sampler.streaming \
+            else None
+        self.sampler = BatchReplenisher(dapo.sampler, len(self.task.train_prompts), self.engine or self.rollout)
         self.idle_steps = self.partial_steps = 0
         logger.info("Task %s: %d training prompts, %d evaluation prompts (%s); model %s from %s.", self.task.name,
                     len(self.task.train_prompts), len(self.task.eval_prompts),
@@ -329,6 +332,8 @@ class _Trainer:
         dapo, run = self.spec.dapo, self.spec.run
         began = time.perf_counter()
         tokens_before = self.rollout.generated_tokens
+        if self.engine is not None:
+            self.engine.policy_version = step
         sampled = self.sampler.next_batch()
         self.partial_steps += sampled.is_partial
         generated = time.perf_counter()

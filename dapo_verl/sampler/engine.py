@@ -15,6 +15,8 @@ calls:
 
 An engine whose groups finish a round at a time says so with ``streaming = False`` (others are taken to stream): the
 replenisher then sizes rounds, and ``stream_oversample`` does not apply.
+An engine that cannot continue an aborted group says so with ``resumes_partials = False``: the replenisher then drops
+its aborted groups (``discarded``) whatever ``surplus`` says.
 
 Round-based generation is the special case of an engine whose ``collect`` generates everything submitted at once
 and that never has anything left to abort: :class:`RoundEngine` adapts the replenisher's documented round-based

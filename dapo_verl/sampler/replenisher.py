@@ -25,11 +25,8 @@ passes over prompts after uninformative streaks (``prompt_selection=streak``, :m
 (``on_shortfall=error``, saying what the keep rate was and which knob to turn) or returns the short batch
 (``partial``: an INFO line and the metric ``partial``). It never returns unfiltered groups nor loops without bound.
 
-Accounting is conserved (:mod:`~dapo_verl.sampler.ledger`): every finished group is trained, carried, or dropped
-for a named reason, every aborted group continued, carried, or dropped, every response token counted once;
-:meth:`BatchReplenisher.conservation_gap` is 0 at all times.
-
-The metrics of each step (``dapo/sampler/...``) are listed in :mod:`~dapo_verl.sampler.step_metrics`.
+Accounting is conserved (:mod:`~dapo_verl.sampler.ledger`; :meth:`BatchReplenisher.conservation_gap` is 0 at all
+times). The metrics of each step (``dapo/sampler/...``) are listed in :mod:`~dapo_verl.sampler.step_metrics`.
 """
 
 from __future__ import annotations
@@ -38,10 +35,8 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
-import torch
-
 from dapo_verl.config import PromptSelection, SamplerConfig, ShortfallPolicy, SurplusPolicy
-from dapo_verl.core import DropReason, group_drop_reasons
+from dapo_verl.core import DropReason
 from dapo_verl.sampler.carry import decode_groups, decode_partials, encode_groups, encode_partials, fresh, split_stale
 from dapo_verl.sampler.contracts import check_state, restoring
 from dapo_verl.sampler.engine import Completion, GenerationEngine, PartialGroup, RoundEngine
@@ -60,6 +55,7 @@ from dapo_verl.sampler.sizing import (
 from dapo_verl.sampler.step_metrics import step_metrics
 from dapo_verl.sampler.stream import PromptStream
 from dapo_verl.sampler.types import GenerateFn, GroupResult, IdentityCodec, PayloadCodec, SampledBatch
+from dapo_verl.sampler.verdicts import drop_reasons
 
 __all__ = ["ABORTED_DROP_REASONS", "DROP_REASONS", "BatchReplenisher", "ShortfallError"]
 
@@ -113,6 +109,7 @@ class BatchReplenisher:
         self.carried_aborted: list[tuple[int, PartialGroup]] = []  # aborted groups, likewise
         self._flight = Flight(self.engine)  # what is generating now (nothing between steps)
         self._streams = bool(getattr(self.engine, "streaming", True))  # a round engine finishes whole rounds
+        self._resumes = bool(getattr(self.engine, "resumes_partials", True))  # else aborted groups are discarded
         self._planned: tuple[list[int], int] | None = None  # next step's first round: (prompt ids, revisits among them)
         self._trained_prompts: set[int] = set()  # every prompt a batch held (the pool's coverage)
 
@@ -133,8 +130,13 @@ class BatchReplenisher:
         """Training steps produced so far (the LR schedule's and the run length's unit)."""
         return int(self.counters["train_steps"])
 
-    def next_batch(self) -> SampledBatch:
+    def next_batch(self, *, settle: bool = False) -> SampledBatch:
         """Produce the next training batch (see the module docstring).
+
+        Args:
+            settle: Leave nothing partial: continue every carried aborted group and, once the batch is full, let what
+                is in flight finish instead of aborting it (finished groups beyond the batch are carried or dropped
+                as surplus). For a step that a checkpoint follows when the engine's partial groups cannot be saved.
 
         Raises:
             ShortfallError: when a step stops short (round limit, budget, yield) with ``on_shortfall=error``.
@@ -147,7 +149,7 @@ class BatchReplenisher:
         from_carry = len(batch)
         rounds = requested = 0
         budget = step_prompt_budget(self.config)
-        self._resume_aborted(step, target - len(batch), budget)
+        self._resume_aborted(step, target - len(batch), budget, every=settle)
         while len(batch) < target:
             missing = target - len(batch)
             if self._flight:  # a streaming engine: top up what a round would ask for, less what is in flight
@@ -161,6 +163,8 @@ class BatchReplenisher:
                 requested += self._submit_new(step, missing, budget - requested, top_up=False)
             self._place(self._flight.collect(), batch, ages, step, target)
         inflight_at_full = len(self._flight)
+        while settle and self._flight:
+            self._place(self._flight.collect(), batch, ages, step, target)
         self._abort_rest(batch, ages, step, target)
         self.counters["train_steps"] = step
         self._trained_prompts.update(g.prompt_id for g in batch)
@@ -265,13 +269,14 @@ class BatchReplenisher:
         self._flight.submit([(i, step, None) for i in prompt_ids])
         return len(prompt_ids)
 
-    def _resume_aborted(self, step: int, missing: int, budget: int) -> None:
-        """Continue carried aborted groups, oldest first, as many as a round would ask for ``missing`` groups; drop
-        those too old to train on; the rest stay carried."""
+    def _resume_aborted(self, step: int, missing: int, budget: int, *, every: bool) -> None:
+        """Continue carried aborted groups, oldest first, as many as a round would ask for ``missing`` groups (or
+        ``every`` one); drop those too old to train on; the rest stay carried."""
         usable, stale = split_stale(self.carried_aborted, step, self.config.max_staleness_steps)
         for partial in stale:
             self.ledger.drop_aborted(partial, "stale")
         count = inflight_target(self.config, missing, self.keep_rate_estimate, budget, streaming=True) if missing else 0
+        count = len(usable) if every else count
         resumed, self.carried_aborted = usable[:count], usable[count:]
         self.counters["resumed_groups"] += len(resumed)
         self.counters["resumed_tokens"] += sum(p.tokens for _, p in resumed)
@@ -285,7 +290,7 @@ class BatchReplenisher:
         if not completions:
             return
         groups = [g for _, g in completions]
-        reasons = self._reasons(groups)
+        reasons = drop_reasons(groups)
         kept = 0
         for (request, group), reason in zip(completions, reasons):
             self.ledger.generated(group, request.prefix_tokens)
@@ -319,14 +324,10 @@ class BatchReplenisher:
         self._place(aborted.finished, batch, ages, step, target)
         for request, partial in aborted.partial:
             self.ledger.aborted(request, partial)
-            if self.config.surplus == SurplusPolicy.CARRY:
+            if self.config.surplus == SurplusPolicy.CARRY and self._resumes:
                 self.carried_aborted.append((request.born_step, partial))
             else:
                 self.ledger.drop_aborted(partial, "discarded")
-
-    def _reasons(self, groups: Sequence[GroupResult]) -> list[DropReason]:
-        metric = torch.stack([g.metric.detach().to("cpu", torch.float32) for g in groups])  # (P, G)
-        return [DropReason(int(code)) for code in group_drop_reasons(metric)]
 
     # -- carry, drop, shortfall ---------------------------------------------------------------------
 

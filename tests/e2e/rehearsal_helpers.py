@@ -45,7 +45,8 @@ def assert_dapo_metrics_every_step(logged, steps, *, predicted=False):
     for step, data in trained.items():
         missing = [key for key in REQUIRED_METRICS if key not in data]
         assert not missing, f"step {step} lacks {missing}"
-        assert data["dapo/sampler/gen_rounds"] >= 1 or data["dapo/sampler/groups_from_carry"] > 0
+        assert (data["dapo/sampler/gen_rounds"] >= 1 or data["dapo/sampler/groups_from_carry"] > 0
+                or data["dapo/sampler/resumed_groups"] > 0)  # streaming: a step may only continue aborted groups
         assert 0 < data["dapo/sampler/pool_trained_fraction"] <= 1
         if predicted:  # the predictor's calibration in verl's own log: predicted against observed informative groups
             missing = [key for key in PREDICTION_METRICS if key not in data]

@@ -93,12 +93,27 @@ def test_the_paper_recipe_runs_on_real_vllm_and_resumes_exactly(tmp_path):
     assert "waiting for the first run's checkpoint" in (out / "run2" / "log.txt").read_text()
 
 
-def test_v1_colocate_async_runs_on_real_vllm_and_resumes(tmp_path):
-    # Prompts chosen by prediction: its calibration metrics reach verl's log, its state survives the resume.
+STREAMING = ["algorithm.filter_groups.streaming=true", "algorithm.filter_groups.stream_oversample=2.0",
+             "algorithm.rollout_correction.rollout_is=token"]
+
+
+def test_v1_colocate_async_streams_on_real_vllm_and_resumes(tmp_path):
+    # Streaming: verl aborts what is still generating when the batch is full and continues it after the weight update;
+    # the sampler follows those groups first at the next step. The engine runs 2 sequences at a time (max_num_seqs
+    # scaled), so groups finish one by one. Prompts chosen by prediction: its calibration metrics reach verl's log,
+    # its state survives the resume.
     report, logged, out = run_rehearsal(tmp_path, "dapo_trainer", "trainer.v1.trainer_mode=colocate_async",
-                                        "actor_rollout_ref.rollout.n=4", *SIZES, *CARRY, *PREDICTED)
+                                        "actor_rollout_ref.rollout.n=4", *SIZES, *CARRY, *PREDICTED, *STREAMING)
     assert report["ok"], report
     trained = assert_dapo_metrics_every_step(logged, 3, predicted=True)
+    sampler = {step: {k.removeprefix("dapo/sampler/"): v for k, v in data.items() if k.startswith("dapo/sampler/")}
+               for step, data in trained.items()}
+    assert sampler[1]["aborted_groups"] > 0  # the batch filled while groups were still generating ...
+    assert sampler[2]["resumed_groups"] == sampler[1]["carried_aborted_groups"] > 0  # ... followed at the next step
+    assert max(s["trained_token_age_max"] for s in sampler.values()) <= 1  # continued tokens: at most 1 step old
+    assert sampler[2]["carried_aborted_groups"] == 0  # a checkpointed step leaves nothing in flight
+    for data in trained.values():  # verl's truncated importance weights, which the dapo loss applies per token
+        assert 0 < data["rollout_corr/rollout_is_mean"] <= 2.0  # rollout_is_threshold
     assert next(c for c in report["components"] if c["component"] == "prompt prediction")["active"]
     assert_real_vllm_ran(report, logged, out, 3)
     assert report["resume"]["data_identical"], report["resume"]["differences"]

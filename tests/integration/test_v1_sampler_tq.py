@@ -28,6 +28,7 @@ from benchmarks.v1_trainer import SimulatedTrainer, StepRecord, compose_v1_confi
 from dapo_verl.adapter.v1_sampler import SAMPLER_STATE_FILE, DapoReplayBuffer  # noqa: E402
 from dapo_verl.sampler import ShortfallError  # noqa: E402
 from dapo_verl.sampler.simulation import drifting_pass_rates  # noqa: E402
+from dapo_verl.state_io import load_state  # noqa: E402
 
 N = 4  # responses per prompt (actor_rollout_ref.rollout.n)
 TBS = 4  # data.train_batch_size
@@ -492,3 +493,85 @@ def test_separate_async_resumes_waiting_for_the_round_generating_at_the_checkpoi
 def test_a_span_above_verls_off_policy_threshold_is_refused_naming_the_knobs(make_trainer):
     with pytest.raises(ValueError, match=r"max_off_policy_threshold=2.*spanning 3 policy versions.*prefetch=false"):
         make_trainer(*SURPLUS, *SEPARATE, "trainer.v1.sampler.max_off_policy_threshold=2", mode="separate_async")
+
+
+# --------------------------------------------------------------------------- #
+# Streaming (algorithm.filter_groups.streaming=true). Thread timing with latencies of 0.25-0.5 s, so groups finish
+# one by one and some are still generating when the batch fills; the simulated replicas park, abort and refuse to
+# sleep while generating as verl's do (benchmarks/v1_rollout.py: SimulatedRollout.abort / replicas_sleep).
+# --------------------------------------------------------------------------- #
+
+STREAM = ["algorithm.filter_groups.streaming=true", "algorithm.filter_groups.stream_oversample=2.0"]
+SLOW_GROUPS = {"latency_scale_s": 0.5}
+
+
+def _total(records: list[StepRecord], name: str) -> float:
+    return sum(record.metrics[f"dapo/sampler/{name}"] for record in records)
+
+
+def _assert_informative_full_batches(records: list[StepRecord]) -> None:
+    for record in records:
+        assert len(record.groups) == TBS
+        assert all(0.0 < sum(accs) / len(accs) < 1.0 for _, accs in record.groups.values())
+
+
+def _tracked_uids(trainer: SimulatedTrainer) -> set[str]:
+    """Prompt keys the buffer answers for: carried groups of both kinds, those in flight, dropped ones still running."""
+    buffer, replenisher = trainer.replay_buffer, _replenisher(trainer)
+    assert buffer._engine is not None
+    return ({g.payload.uid for _, g in replenisher.carried} | {p.payload.uid for _, p in replenisher.carried_aborted}
+            | set(buffer._engine.inflight_uids) | buffer._abandoned)
+
+
+def test_streaming_in_colocate_async_leaves_unfinished_groups_to_verl_and_follows_them_first(make_trainer):
+    trainer = make_trainer(*STREAM, *CARRY, mode="colocate_async", **SLOW_GROUPS)
+    records = []
+    for _ in range(5):
+        records += _steps(trainer, 1)
+        assert {_uid(key) for key in train_keys()} <= _tracked_uids(trainer)  # nothing of ours leaks in TQ
+    _assert_informative_full_batches(records)
+    assert _total(records, "aborted_groups") > 0  # the batch filled with groups still generating ...
+    assert _total(records, "resumed_groups") > 0  # ... which were followed at the next step, as verl continued them
+    assert max(record.step - tag["min_global_steps"] for record in records for batch, _ in record.slices
+               for tag in batch.tags) <= 1  # verl's own version tags: never older than max_staleness_steps (1)
+    assert _replenisher(trainer).conservation_gap() == 0
+
+
+def test_streaming_in_sync_aborts_what_the_batch_does_not_need_before_the_replicas_sleep(make_trainer):
+    trainer = make_trainer(*STREAM, mode="sync", **SLOW_GROUPS)
+    records = _steps(trainer, 4)  # on_sample_end's replicas_sleep raises if anything is still generating
+    _assert_informative_full_batches(records)
+    aborted = _total(records, "aborted_groups")
+    assert aborted > 0 and _total(records, "resumed_groups") == 0
+    assert _replenisher(trainer).ledger.dropped_aborted == {"stale": 0, "discarded": aborted}  # sync cannot resume
+    assert _total(records, "aborted_tokens") > 0  # what the aborted requests held, counted
+    assert not train_keys()  # aborted groups and surplus cleared from TQ
+    assert _replenisher(trainer).conservation_gap() == 0
+
+
+def test_streaming_checkpointed_steps_let_unfinished_groups_finish_and_a_resume_continues(make_trainer, tmp_path):
+    # verl restarts a checkpointed in-flight prompt from scratch, so a checkpointed step leaves nothing in flight.
+    run = [*STREAM, *CARRY, "trainer.save_freq=2", "trainer.total_training_steps=4", "trainer.resume_mode=auto"]
+    first = make_trainer(*run, mode="colocate_async", folder="resumed", **SLOW_GROUPS)
+    records = _steps(first, 2)
+    assert records[1].metrics["dapo/sampler/carried_aborted_groups"] == 0
+    assert not first.replay_buffer._engine.inflight_uids
+    saved = load_state(str(tmp_path / "resumed" / "global_step_2" / SAMPLER_STATE_FILE))
+    assert saved["carried_aborted"] == [] and saved["counters"]["aborted_groups"] == _total(records, "aborted_groups")
+    first.rollout.wait_idle()
+    clear_all()
+
+    resumed = make_trainer(*run, mode="colocate_async", folder="resumed", resume=True, **SLOW_GROUPS)
+    tail = _steps(resumed, 2)
+    _assert_informative_full_batches(tail)
+    assert [record.metrics["dapo/sampler/train_step"] for record in tail] == [3, 4]
+    assert _replenisher(resumed).conservation_gap() == 0
+
+
+@pytest.mark.parametrize(("mode", "extra", "expected"), [
+    ("separate_async", [], "not available in trainer.v1.trainer_mode=separate_async"),
+    ("colocate_async", ["algorithm.filter_groups.surplus=discard"], "Set surplus=carry"),
+])
+def test_streaming_where_verl_cannot_stream_so_is_refused_naming_the_keys(make_trainer, mode, extra, expected):
+    with pytest.raises(ValueError, match=expected):
+        make_trainer(*STREAM, *extra, mode=mode, begin=False)

@@ -224,3 +224,36 @@ def test_stream_oversample_keeps_more_in_flight_on_a_streaming_engine_only():
 def test_stream_oversample_below_one_is_refused_with_the_key_and_the_fix():
     with pytest.raises(ValueError, match=r"algorithm\.filter_groups\.stream_oversample.*0\.5.*1\.0 keeps one round"):
         SamplerConfig(stream_oversample=0.5)
+
+
+def test_a_settled_step_continues_every_carried_aborted_group_and_leaves_nothing_in_flight():
+    # What a backend asks for before a checkpoint its engine's partial groups cannot outlive (verl v1 colocate_async).
+    engine = _engine()
+    sampler = _sampler(engine, surplus="carry", stream_oversample=2.0)
+    _run(sampler, engine, 2)
+    fresh = sum(born == 2 for born, _ in sampler.carried_aborted)  # those born at step 1 are stale at step 3
+    assert fresh > 0
+    engine.step = 3
+    settled = sampler.next_batch(settle=True)
+    assert settled.metrics[P + "resumed_groups"] == fresh  # every one still fresh, not just a round's worth
+    assert settled.metrics[P + "aborted_groups"] == 0 and not sampler.carried_aborted and not engine._groups
+    assert settled.metrics[P + "inflight_at_full"] > 0  # there was something to wait for
+    assert len(settled.groups) == 16 and sampler.conservation_gap() == 0
+    assert sampler.counters["response_tokens_generated"] == engine.tokens_generated
+
+
+class _NoResume(_Spy):
+    """An engine that cannot continue an aborted group (verl's sync client)."""
+
+    resumes_partials = False
+
+
+def test_aborted_groups_of_an_engine_that_cannot_continue_them_are_discarded_even_with_carry():
+    spy = _NoResume(_engine())
+    sampler = _sampler(spy, surplus="carry")
+    batches = _run(sampler, spy.engine, 3)
+    aborted = sum(b.metrics[P + "aborted_groups"] for b in batches)
+    assert aborted > 0 and sampler.ledger.dropped_aborted["discarded"] == aborted
+    assert not sampler.carried_aborted and sampler.counters["resumed_groups"] == 0
+    assert all(r.resume is None for submitted in spy.submitted for r in submitted)
+    assert sampler.conservation_gap() == 0
