@@ -21,6 +21,10 @@ imported, no Ray, no worker, no model. Each group of checks reports every proble
 * ``reward settings and filter metric`` (:mod:`.preflight_dapo`): the ``dapo_verl`` reward manager reads every
   ``reward.reward_kwargs`` key given (another would be ignored), and dynamic sampling filters on a value the
   reward manager reports;
+* ``rollout engine settings`` (:mod:`.engine_ranges`): the values verl hands vLLM (``gpu_memory_utilization``,
+  ``max_num_seqs``, ``max_num_batched_tokens``, tensor parallelism, ``dtype``, ... and ``engine_kwargs.vllm``)
+  are inside vLLM's own ranges, which vLLM checks only once the run has started; for every engine,
+  ``max_model_len`` holds ``prompt_length + response_length``;
 * ``verl's config classes`` (:mod:`.preflight_verl`): every section verl turns into a config class at start-up
   (actor, rollout and its checkpoint engine, algorithm, reference policy) is turned into it the same way
   (``omega_conf_to_dataclass``), so unknown keys and each class's ``__post_init__`` checks are verl's own; the
@@ -43,6 +47,7 @@ from typing import Any
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
+from dapo_verl.adapter.engine_ranges import engine_problems
 from dapo_verl.adapter.preflight_dapo import (
     component_settings,
     dapo_settings,
@@ -148,6 +153,7 @@ def verl_config_problems(config: DictConfig, *, entry_module: str, unset_env_is_
         ("data keys", data_keys),
         ("registered names", registered_names),
         ("reward settings and filter metric", reward_and_filter),
+        ("rollout engine settings", engine_problems),
         ("verl's config classes", config_classes),
         ("verl's validate_config", validate_config_problems),
     ]

@@ -7,10 +7,18 @@ recipe, ``dapo_trainer`` with no override, the README's ``loss_mode=dapo`` overr
 
 from __future__ import annotations
 
+import copy
+import functools
+import importlib.util
+import json
+import subprocess
+import sys
+
 import pytest
 from omegaconf import OmegaConf
 
 from dapo_verl.adapter import doctor
+from dapo_verl.adapter.engine_ranges import VLLM_CHOICES, engine_problems
 from dapo_verl.adapter.preflight import DAPO_ENTRY, VERL_ENTRY, compose_and_check, verl_config_problems
 from dapo_verl.cli import main
 from dapo_verl.preflight import ConfigRefused
@@ -60,6 +68,22 @@ REFUSED = {
     "actor_rollout_ref=5": "actor_rollout_ref",
     "+reward.reward_kwargs.overlong_tokenss=1024": "reward.reward_kwargs.overlong_tokenss",
     "+trainer.v1.trainerr_mode=sync": "trainer.v1.trainer_mode",  # found by the fuzzer: verl would ignore it
+    # rollout engine values vLLM refuses only when verl starts the engine (dapo_verl/adapter/engine_ranges.py)
+    "actor_rollout_ref.rollout.gpu_memory_utilization=1.5": "actor_rollout_ref.rollout.gpu_memory_utilization",
+    "actor_rollout_ref.rollout.gpu_memory_utilization=0": "actor_rollout_ref.rollout.gpu_memory_utilization",
+    "actor_rollout_ref.rollout.gpu_memory_utilization=abc": "actor_rollout_ref.rollout.gpu_memory_utilization",
+    "actor_rollout_ref.rollout.max_num_seqs=0": "actor_rollout_ref.rollout.max_num_seqs",
+    "actor_rollout_ref.rollout.max_num_seqs=1.5": "actor_rollout_ref.rollout.max_num_seqs",
+    "actor_rollout_ref.rollout.max_num_batched_tokens=0": "actor_rollout_ref.rollout.max_num_batched_tokens",
+    "actor_rollout_ref.rollout.max_num_batched_tokens=100": "actor_rollout_ref.rollout.max_num_seqs=256",
+    "actor_rollout_ref.rollout.max_model_len=1024": "actor_rollout_ref.rollout.max_model_len",
+    "actor_rollout_ref.rollout.tensor_model_parallel_size=0": "actor_rollout_ref.rollout.tensor_model_parallel_size",
+    "actor_rollout_ref.rollout.data_parallel_size=0": "actor_rollout_ref.rollout.data_parallel_size",
+    "actor_rollout_ref.rollout.dtype=fp16": "actor_rollout_ref.rollout.dtype",
+    "actor_rollout_ref.rollout.logprobs_mode=logprobs": "actor_rollout_ref.rollout.logprobs_mode",
+    "actor_rollout_ref.rollout.scheduling_policy=lifo": "actor_rollout_ref.rollout.scheduling_policy",
+    "+actor_rollout_ref.rollout.engine_kwargs.vllm.gpu_memory_utilization=2":
+        "actor_rollout_ref.rollout.engine_kwargs.vllm.gpu_memory_utilization",
 }
 
 
@@ -133,7 +157,7 @@ def test_doctor_says_ok_only_for_what_it_checked(monkeypatch, capsys):
     assert main(["doctor", "dapo_trainer"]) == 0
     out = capsys.readouterr().out
     assert "[ok] config: dapo_trainer passes: dapo_verl settings, DAPO entry point" in out
-    assert "verl's validate_config" in out
+    assert "verl's validate_config" in out and "rollout engine settings" in out
     assert "[info] trainer:" in out and "[ok] trainer" not in out  # described, not checked
 
 
@@ -147,3 +171,121 @@ def test_a_typo_given_to_rehearse_is_one_line_and_nothing_is_written(tmp_path, c
         rehearse(RehearsalOptions(config_name="dapo_trainer", overrides=("actor_rollout_ref.rollout.n=1",),
                                   out_dir=out))
     assert not out.exists()
+
+
+@functools.cache
+def _dapo_trainer():
+    return compose_recipe("dapo_trainer", [])[0]
+
+
+def _engine(**rollout):
+    """engine_problems of dapo_trainer (vLLM; prompt 512 + response 20480 tokens) with rollout keys replaced."""
+    config = copy.deepcopy(_dapo_trainer())
+    for key, value in rollout.items():
+        OmegaConf.update(config, f"actor_rollout_ref.rollout.{key}", value, force_add=True)
+    return [p.message for p in engine_problems(config)]
+
+
+def test_each_refused_engine_value_is_one_line_with_the_value_vllm_range_and_fix():
+    (memory,) = _engine(gpu_memory_utilization=1.5)
+    assert memory.startswith("actor_rollout_ref.rollout.gpu_memory_utilization=1.5 is outside vLLM's range 0 < "
+                             "gpu_memory_utilization <= 1")
+    assert "Set actor_rollout_ref.rollout.gpu_memory_utilization to a share in (0, 1]" in memory
+    (seqs,) = _engine(max_num_seqs=0)
+    assert "max_num_seqs=0 is outside vLLM's range max_num_seqs >= 1" in seqs and "to an integer >= 1" in seqs
+    (length,) = _engine(max_model_len=1024)
+    assert "max_model_len=1024 is below prompt_length + response_length = 512 + 20480 = 20992" in length
+    assert "verl caps each response at 1024 tokens of prompt and response, cutting responses short of " \
+           "response_length=20480" in length and "max_model_len >= 20992" in length
+    (engine,) = _engine(**{"engine_kwargs.vllm.max_model_len": 4096})
+    assert engine.startswith("actor_rollout_ref.rollout.engine_kwargs.vllm.max_model_len=4096 is below") and \
+        "vLLM stops each sequence at 4096 tokens" in engine
+    (budget,) = _engine(max_num_batched_tokens=100)
+    assert "max_num_batched_tokens=100 is below actor_rollout_ref.rollout.max_num_seqs=256" in budget
+    assert "max_num_batched_tokens >= 256 or actor_rollout_ref.rollout.max_num_seqs <= 100" in budget
+    (raised,) = _engine(enable_chunked_prefill=False, max_model_len=20992, max_num_seqs=30000)
+    assert "(verl raises it to max_model_len=20992 without chunked prefill)" in raised
+    (kind,) = _engine(dtype="fp16")
+    assert "dtype='fp16' is not one of vLLM's dtype values (auto, half, float16, bfloat16, float, float32)" in kind
+    (given,) = _engine(**{"engine_kwargs.vllm.max-num-seqs": "9000"})  # vLLM reads engine_kwargs as text
+    assert given.startswith("actor_rollout_ref.rollout.max_num_batched_tokens=8192 is below "
+                            "actor_rollout_ref.rollout.engine_kwargs.vllm.max-num-seqs='9000'")
+
+
+def test_engine_values_vllm_accepts_pass_at_the_edges_of_its_ranges():
+    assert _engine(gpu_memory_utilization=1, max_num_seqs=1, max_num_batched_tokens=1, tensor_model_parallel_size=1,
+                   max_model_len=20992, dtype="auto", logprobs_mode=None, scheduling_policy="priority") == []
+    assert _engine(max_num_batched_tokens=256, max_num_seqs=256) == []
+    assert _engine(enable_chunked_prefill=False, max_num_batched_tokens=100) == []  # verl raises it to max_model_len
+    assert _engine(**{"engine_kwargs.vllm.gpu_memory_utilization": "0.9", "engine_kwargs.vllm.max_num_seqs": None,
+                      "engine_kwargs.vllm.max_model_len": "32k"}) == []  # text as vLLM parses it; null dropped
+    # vLLM's ranges are vLLM's; the length rule holds for every engine (verl caps responses the same way)
+    assert _engine(name="sglang", dtype="fp16") == []
+    assert len(_engine(name="sglang", max_model_len=1024)) == 1
+
+
+_VLLM_AGREES = """
+import json, typing
+from vllm.config.cache import CacheConfig
+from vllm.config.model import LogprobsMode, ModelDType
+from vllm.config.parallel import ParallelConfig
+from vllm.config.scheduler import SchedulerConfig, SchedulerPolicy
+
+def refused(make):
+    try:
+        make()
+    except ValueError:
+        return True
+    return False
+
+def scheduler(**kw):
+    return lambda: SchedulerConfig(max_model_len=4096, is_encoder_decoder=False, enable_chunked_prefill=True, **kw)
+
+print(json.dumps({
+    "gpu_memory_utilization": [refused(lambda v=v: CacheConfig(gpu_memory_utilization=v)) for v in (1.5, 0, 1, 0.8)],
+    "max_num_seqs": [refused(scheduler(max_num_seqs=v, max_num_batched_tokens=8192)) for v in (0, 1.5, 1, 256)],
+    "max_num_batched_tokens": [refused(scheduler(max_num_seqs=1, max_num_batched_tokens=v)) for v in (0, 1)],
+    "budget": [refused(scheduler(max_num_seqs=256, max_num_batched_tokens=v)) for v in (100, 256)],
+    "tensor_parallel_size": [refused(lambda v=v: ParallelConfig(tensor_parallel_size=v)) for v in (0, 1)],
+    "data_parallel_size": [refused(lambda v=v: ParallelConfig(data_parallel_size=v)) for v in (0, 1)],
+    "dtype": typing.get_args(ModelDType), "logprobs_mode": typing.get_args(LogprobsMode),
+    "scheduling_policy": typing.get_args(SchedulerPolicy),
+}))
+"""
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM (the vllm extra) is not installed")
+def test_vllm_itself_refuses_what_the_check_refuses_and_accepts_what_it_passes():
+    # in a process of its own: importing vLLM sets up its logging and platform for the whole process
+    result = subprocess.run([sys.executable, "-c", _VLLM_AGREES], capture_output=True, text=True, check=False)
+    assert result.returncode == 0, result.stderr[-2000:]
+    vllm = json.loads(result.stdout.strip().splitlines()[-1])
+    assert vllm["gpu_memory_utilization"] == [True, True, False, False]
+    assert vllm["max_num_seqs"] == [True, True, False, False]
+    assert vllm["max_num_batched_tokens"] == [True, False] and vllm["budget"] == [True, False]
+    assert vllm["tensor_parallel_size"] == [True, False] and vllm["data_parallel_size"] == [True, False]
+    assert {argument: list(known) for argument, (_, known) in VLLM_CHOICES.items()} == {
+        argument: vllm[argument] for argument in VLLM_CHOICES}
+    # the same values, through the check
+    assert [bool(_engine(gpu_memory_utilization=v)) for v in (1.5, 0, 1, 0.8)] == vllm["gpu_memory_utilization"]
+    assert [bool(_engine(max_num_seqs=v)) for v in (0, 1.5, 1, 256)] == vllm["max_num_seqs"]
+    assert [bool(_engine(max_num_seqs=1, max_num_batched_tokens=v)) for v in (0, 1)] == vllm["max_num_batched_tokens"]
+    assert [bool(_engine(max_num_batched_tokens=v)) for v in (100, 256)] == vllm["budget"]
+    assert [bool(_engine(tensor_model_parallel_size=v)) for v in (0, 1)] == vllm["tensor_parallel_size"]
+    assert [bool(_engine(data_parallel_size=v)) for v in (0, 1)] == vllm["data_parallel_size"]
+
+
+def test_doctor_and_rehearse_refuse_engine_values_before_anything_starts(monkeypatch, capsys, tmp_path):
+    monkeypatch.setattr(doctor, "run_checks", lambda: [])
+    code = main(["doctor", "dapo_trainer", "actor_rollout_ref.rollout.gpu_memory_utilization=1.5",
+                 "actor_rollout_ref.rollout.max_num_seqs=0", "actor_rollout_ref.rollout.max_model_len=1024"])
+    out = capsys.readouterr().out
+    failed = [line for line in out.splitlines() if line.startswith("[FAIL] config:")]
+    assert code != 0 and len(failed) == 3 and "[ok] config" not in out
+    assert all(f"rollout.{key}" in "".join(failed) for key in ("gpu_memory_utilization=1.5", "max_num_seqs=0",
+                                                                 "max_model_len=1024"))
+    out_dir = tmp_path / "rehearsal"
+    with pytest.raises(ConfigRefused, match="gpu_memory_utilization=1.5 is outside vLLM's range"):
+        rehearse(RehearsalOptions(config_name="dapo_trainer", out_dir=out_dir,
+                                  overrides=("actor_rollout_ref.rollout.gpu_memory_utilization=1.5",)))
+    assert not out_dir.exists()
