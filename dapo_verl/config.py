@@ -441,6 +441,11 @@ class SamplerConfig:
                           f"skipping now follows the informative rate measured for each streak length, bounded by "
                           f"{key_of(self, 'max_skip_probability')}. Remove the key.", DeprecationWarning, stacklevel=3)
         require_choice(self, "prompt_selection", PromptSelection)
+        if self.prompt_selection == PromptSelection.PREDICTED and not (self.enable and self.skip_uninformative):
+            off = key_of(self, "enable" if not self.enable else "skip_uninformative")  # predictions need both on
+            config_error(key_of(self, "prompt_selection"), self.prompt_selection, f"chooses prompts only with {off}="
+                         f"true, but {off}=false, so the predictions would be silently ignored",
+                         f"Set {off}=true, or drop {key_of(self, 'prompt_selection')}=predicted.")
         require_number(self, "prediction_half_life_steps", low=0.0, low_open=True,
                         fix="10 halves a prompt's old evidence every 10 training steps.")
         require_number(self, "selection_window", low=1.0, fix="8.0 draws 8 candidates per prompt generated.")

@@ -23,6 +23,7 @@ __all__ = [
     "check_float_dtype",
     "check_no_nan",
     "check_number",
+    "check_real_data",
     "check_same_device",
     "check_same_shape",
     "check_tensor",
@@ -42,14 +43,15 @@ def check_tensor(name: str, value: object, *, ndim: int | Sequence[int], shape_d
         shape_doc: The expected shape in the shape legend, e.g. ``"(P, G)"``.
 
     Raises:
-        TypeError: if ``value`` is not a ``torch.Tensor``.
-        ValueError: if it has the wrong number of dimensions.
+        TypeError: if ``value`` is not a ``torch.Tensor``, or is complex (:func:`check_real_data`).
+        ValueError: if it has the wrong number of dimensions, or is a meta tensor (:func:`check_real_data`).
     """
     if not isinstance(value, Tensor):
         raise TypeError(
             f"{name} must be a torch.Tensor of shape {shape_doc}, got {type(value).__name__}. "
             f"Convert it with torch.as_tensor(...)."
         )
+    check_real_data(name, value)
     allowed = (ndim,) if isinstance(ndim, int) else tuple(ndim)
     if value.ndim not in allowed:
         raise ValueError(
@@ -57,6 +59,30 @@ def check_tensor(name: str, value: object, *, ndim: int | Sequence[int], shape_d
             f"Reshape it to {shape_doc}."
         )
     return value
+
+
+def check_real_data(name: str, value: Tensor) -> None:
+    """Raise unless ``value`` holds real values that can be read: not a meta tensor, not complex.
+
+    A meta tensor has a shape but no data, so any check or result that reads it fails deep inside torch; a complex
+    tensor would lose its imaginary part in the first conversion to a real dtype. Both checks read only metadata
+    (no device synchronisation).
+
+    Raises:
+        ValueError: for a meta tensor.
+        TypeError: for a complex dtype.
+    """
+    if value.is_meta:
+        raise ValueError(
+            f"{name} is a meta tensor (shape {tuple(value.shape)}, no data); its values are read, so a materialized "
+            f"CPU or GPU tensor is expected. Pass the tensor after its values exist (e.g. created or loaded on 'cpu' "
+            f"or 'cuda')."
+        )
+    if value.is_complex():
+        raise TypeError(
+            f"{name} has dtype {value.dtype} but must be real (bool, integer or floating point); converting it would "
+            f"drop the imaginary part. Pass the real values (e.g. {name}.real)."
+        )
 
 
 def check_same_shape(name_a: str, a: Tensor, name_b: str, b: Tensor, *, hint: str) -> None:

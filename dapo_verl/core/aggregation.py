@@ -24,6 +24,7 @@ from torch import Tensor
 from dapo_verl.core._checks import (
     DeviceCheck,
     check_number,
+    check_real_data,
     check_same_device,
     check_same_shape,
     check_tensor,
@@ -111,6 +112,7 @@ def divisor(
     if isinstance(value, Tensor):
         if value.dtype == torch.bool or value.is_complex():
             raise TypeError(f"{name} has dtype {value.dtype} but must be a real number. {fix}")
+        check_real_data(name, value)  # a meta tensor: no count to read
         if value.numel() != 1:
             raise ValueError(f"{name} has shape {tuple(value.shape)} but must be a single number (an int or a "
                              f"one-element tensor). {fix}")

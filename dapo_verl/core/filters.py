@@ -63,15 +63,15 @@ def dynamic_group_mask(rewards: Tensor) -> Tensor:
     """Keep-mask of the prompt groups whose responses disagree.
 
     Args:
-        rewards: (P, G) bool, integer or float. The filter metric of each response, normally raw
+        rewards: (P, G) bool, integer or float (real, materialized). The filter metric of each response, normally raw
             correctness (``acc``) in 0/1, -1/1 or bool encoding; never the length-shaped reward.
 
     Returns:
         (P,) bool on ``rewards.device``; True for a group holding at least two different values.
 
     Raises:
-        TypeError: if ``rewards`` is not a tensor.
-        ValueError: if ``rewards`` is not 2-D, has G < 2, or contains NaN or +-inf.
+        TypeError: if ``rewards`` is not a tensor, or is complex.
+        ValueError: if ``rewards`` is a meta tensor, is not 2-D, has G < 2, or contains NaN or +-inf.
 
     Example:
         >>> dynamic_group_mask(torch.tensor([[0, 0, 0], [0, 1, 1], [1, 1, 1]]))

@@ -20,6 +20,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from dapo_verl.core._checks import check_real_data
+
 __all__ = ["pass_at_k", "pass_at_k_sizes"]
 
 
@@ -48,8 +50,9 @@ def pass_at_k(correct: Tensor, k: int) -> Tensor:
         (P,) float64 pass@k of each prompt; its mean is the estimate over prompts.
 
     Raises:
-        TypeError: if ``correct`` is not a tensor.
-        ValueError: if ``correct`` is not 2-D or holds values other than 0 and 1, or ``k`` is not in [1, n].
+        TypeError: if ``correct`` is not a tensor, or is complex.
+        ValueError: if ``correct`` is a meta tensor, is not 2-D or holds values other than 0 and 1, or ``k`` is not
+            in [1, n].
 
     Example:
         >>> pass_at_k(torch.tensor([[1, 0, 0, 0], [0, 0, 0, 0], [1, 1, 0, 0]]), 2).tolist()
@@ -57,6 +60,7 @@ def pass_at_k(correct: Tensor, k: int) -> Tensor:
     """
     if not isinstance(correct, Tensor):
         raise TypeError(f"correct must be a (P, n) tensor of 0/1 outcomes, got {type(correct).__name__}.")
+    check_real_data("correct", correct)
     if correct.ndim != 2:
         raise ValueError(f"correct has shape {tuple(correct.shape)} but must be (P, n): one row of outcomes per "
                          "prompt.")

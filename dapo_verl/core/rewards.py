@@ -104,9 +104,13 @@ def _check_overlong_args(max_response_length: int, overlong_tokens: int, overlon
 
 def _check_lengths(response_lengths: object) -> Tensor:
     lengths = check_tensor("response_lengths", response_lengths, ndim=1, shape_doc="(N,)")
-    if lengths.is_floating_point():
-        check_finite("response_lengths", lengths, fix="Pass token counts.")
-    if lengths.dtype != torch.bool and bool((lengths < 0).any()):
+    if lengths.is_floating_point() or lengths.dtype == torch.bool:
+        raise TypeError(
+            f"response_lengths has dtype {lengths.dtype} but must be an integer dtype (int64, int32, ...); lengths "
+            f"are whole token counts, and a fractional one would shift the penalty. Count the valid response tokens "
+            f"(response_mask.sum(-1)), or convert whole-valued lengths with .long()."
+        )
+    if bool((lengths < 0).any()):
         raise ValueError(
             f"response_lengths holds a negative length ({int(lengths.min())}); lengths are token counts. "
             f"Count the valid response tokens (response_mask.sum(-1))."
@@ -125,7 +129,7 @@ def overlong_penalty(
     """The soft overlong punishment alone (the module formula).
 
     Args:
-        response_lengths: (N,) integer or float. Valid tokens of each response.
+        response_lengths: (N,) integer. Valid tokens of each response.
         max_response_length: L_max, the generation budget in tokens.
         overlong_tokens: L_buf, the length of the penalty ramp before L_max.
         overlong_penalty_factor: The penalty at and beyond L_max (paper 1.0).
@@ -138,7 +142,8 @@ def overlong_penalty(
         ValueError: if overlong_tokens <= 0, overlong_tokens > max_response_length, the factor is negative,
             a length is negative, the schedule is unknown, or it returned a value outside [0, 1], a non-finite
             one, or a penalty below the buffer.
-        TypeError: if the schedule returned something other than one value per response.
+        TypeError: if the lengths are not an integer tensor (a float, bool, complex or meta tensor is refused), or
+            the schedule returned something other than one value per response.
 
     Example:
         >>> overlong_penalty(torch.tensor([10, 16, 18, 20, 25]), 20, 4, 1.0)
@@ -188,7 +193,7 @@ def reward_overlong_penalty(
 
     Args:
         rewards: (N,) float. Sequence rewards (e.g. +1 correct / -1 wrong).
-        response_lengths: (N,) integer or float. Valid tokens of each response.
+        response_lengths: (N,) integer. Valid tokens of each response.
         max_response_length, overlong_tokens, overlong_penalty_factor, schedule: As for
             :func:`overlong_penalty`.
 
@@ -197,6 +202,7 @@ def reward_overlong_penalty(
 
     Raises:
         ValueError: as :func:`overlong_penalty`, plus mismatched shapes or non-finite rewards.
+        TypeError: as :func:`overlong_penalty`, plus rewards that are not floating point.
 
     Example:
         >>> reward_overlong_penalty(torch.tensor([1.0, 1.0, -1.0]), torch.tensor([5, 19, 30]), 20, 4, 1.0)

@@ -105,7 +105,18 @@ def _rewards(case: Case, *, name: str = "rewards") -> torch.Tensor:
         rewards = rewards.reshape(-1)
         case.bad.add(name)
     case.note(f"rewards {encoding} {tuple(rewards.shape)} {rewards.dtype}")
-    return case.poison(rewards, name)
+    rewards = case.poison(rewards, name)
+    return _unreadable(case, rewards, name)
+
+
+def _unreadable(case: Case, tensor: torch.Tensor, name: str) -> torch.Tensor:
+    """Rarely, ``tensor`` as a complex tensor (an imaginary part to lose) or a meta tensor (no values): both bad."""
+    kind = case.rng.choice(["complex", "meta"]) if case.chance(0.04) else None
+    if kind is None:
+        return tensor
+    case.bad.add(name)
+    case.note(f"{name} made {kind}")
+    return tensor.to(torch.complex64) if kind == "complex" else torch.empty_like(tensor, device="meta")
 
 
 def advantage_case(case: Case) -> Callable[[], Any]:
@@ -158,13 +169,16 @@ def overlong_case(case: Case) -> Callable[[], Any]:
     lengths = torch.randint(-1 if case.chance(0.05) else 0, 30, (n,), generator=case.gen)
     if bool((lengths < 0).any()):
         case.bad.add("response_lengths")
-    if case.chance(0.15):
-        lengths = case.poison(lengths.float(), "response_lengths", p=0.5)
+    if case.chance(0.15):  # token counts as floats: refused by dtype, whole-valued or not
+        lengths = case.poison(lengths.float() + (0.5 if case.chance(0.5) else 0.0), "response_lengths", p=0.5)
+        case.bad.add("response_lengths")
+    lengths = _unreadable(case, lengths, "response_lengths")
     rewards = case.poison(torch.randn(n, generator=case.gen), "rewards")
     if case.chance(0.05):
         rewards = torch.randn(n + 1, generator=case.gen)
         case.bad |= {"rewards", "response_lengths"}  # a length mismatch may be reported under either name
-    case.note(f"n={n} lmax={lmax} buf={buf} factor={factor} schedule={schedule} lengths={lengths.tolist()}")
+    case.note(f"n={n} lmax={lmax} buf={buf} factor={factor} schedule={schedule} lengths="
+              f"{'meta' if lengths.is_meta else lengths.tolist()}")
 
     def run() -> None:
         shaped = core.reward_overlong_penalty(rewards, lengths, lmax, buf, factor, schedule=schedule)

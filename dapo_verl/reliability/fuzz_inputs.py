@@ -115,7 +115,8 @@ _GENERATE_FAULTS = {
     "count": {"generate"}, "order": {"prompt"}, "singleton": {"metric"}, "shape": {"response_lengths"},
     "nan": {"metric"}, "none_returned": {"generate"}, "not_a_group": {"generate"}, "list_metric": {"metric"},
     "negative_length": {"response_lengths"}, "float_length": {"response_lengths"}, "truncated_2": {"truncated"},
-    "scores_shape": {"scores"}, "scores_nan": {"scores"}, "str_prompt_id": {"prompt"},
+    "scores_shape": {"scores"}, "scores_nan": {"scores"}, "str_prompt_id": {"prompt"}, "meta_metric": {"metric"},
+    "complex_scores": {"scores"},
 }
 
 
@@ -141,6 +142,9 @@ def _faulty_groups(case: Case, ids: Any, fault: str, size: int) -> Any:
             lengths = -lengths if fault == "negative_length" else lengths + 0.5
         if fault == "truncated_2":
             truncated[0] = 2
+        if fault in ("meta_metric", "complex_scores"):
+            metric, scores = ((torch.empty(g, device="meta"), scores) if fault == "meta_metric"
+                              else (metric, scores.to(torch.complex64)))
         metric = metric.tolist() if fault == "list_metric" else metric
         prompt = str(pid) if fault == "str_prompt_id" else pid + (1 if fault == "order" else 0)
         group = GroupResult(prompt, metric, lengths, truncated, scores=scores)
@@ -185,7 +189,7 @@ _REQUIRED_STREAM_KEYS = ["epoch", "num_prompts", "position", "prompts_consumed",
 def _damaged_state(case: Case, state: dict[str, Any]) -> tuple[Any, set[str]]:
     """``state`` damaged one way, and the names an error may use for the damage (empty: not damaged)."""
     how = case.pick("state", ["intact"], bad=["not_a_mapping", "version", "drop_part", "wrong_type", "stream_key",
-                                              "carried_item", "prompt_count"], p_bad=0.6)
+                                              "carried_item", "prompt_count", "negative_count"], p_bad=0.6)
     part = case.rng.choice(["counters", "dropped", "keep_rate_estimate", "stream", "carried"])
     case.note(f"state damage={how} part={part}")
     if how == "not_a_mapping":
@@ -201,6 +205,10 @@ def _damaged_state(case: Case, state: dict[str, Any]) -> tuple[Any, set[str]]:
         return {**state, "stream": {k: v for k, v in state["stream"].items() if k != key}}, {key, "stream"}
     if how == "carried_item":
         return {**state, "carried": [{"prompt_id": 1}]}, {"carried"}
+    if how == "negative_count":  # a count below 0 would break the conservation check and every rate
+        key = case.rng.choice(["counters", "dropped", "stream"])
+        field = {"counters": "groups_generated", "dropped": "all_wrong", "stream": "prompts_consumed"}[key]
+        return {**state, key: {**state[key], field: -case.rng.randint(1, 5)}}, {field, key}
     if how == "prompt_count":
         return {**state, "stream": {**state["stream"], "num_prompts": state["stream"]["num_prompts"] + 1}}, {"state"}
     return state, set()

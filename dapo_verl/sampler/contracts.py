@@ -65,6 +65,12 @@ def _check_group(prompt_id: int, group: object) -> None:
         if not isinstance(value, Tensor):
             raise TypeError(f"prompt {prompt_id}: {name} is a {type(value).__name__}; it must be a (G,) tensor, one "
                             f"value per response. Convert it with torch.as_tensor(...).")
+        if value.is_meta:
+            raise ValueError(f"prompt {prompt_id}: {name} is a meta tensor (no data); the sampler reads every value, "
+                             f"so generate must return materialized CPU or GPU tensors.")
+        if value.is_complex():
+            raise TypeError(f"prompt {prompt_id}: {name} has dtype {value.dtype}; it must hold real values (bool, "
+                            f"integer or floating point). Return the real per-response values.")
     size = group.metric.shape
     if group.metric.ndim != 1 or size[0] < 2:
         raise ValueError(f"prompt {prompt_id}: metric has shape {tuple(size)}; expected (G,) with G >= 2 responses. "
@@ -97,7 +103,7 @@ _PARTS: dict[str, Callable[[Any], bool]] = {
     "counters": lambda v: isinstance(v, Mapping),
     "dropped": lambda v: isinstance(v, Mapping),
     "keep_rate_estimate": lambda v: v is None or (isinstance(v, int | float) and not isinstance(v, bool)
-                                                  and math.isfinite(v)),
+                                                  and math.isfinite(v) and 0 <= v <= 1),
     "stream": lambda v: isinstance(v, Mapping),
     "carried": lambda v: isinstance(v, list | tuple),
 }
@@ -122,11 +128,36 @@ def check_state(state: object, readable_versions: Sequence[int]) -> None:
             shown = "missing" if part not in state else f"a {type(state[part]).__name__}"
             raise ValueError(f"the sampler state's {part!r} is {shown}; the state is damaged or was not written by "
                              f"BatchReplenisher.state_dict(). {_STATE_FIX}")
+    _check_counts(state)
     for index, item in enumerate(state["carried"]):
         missing = [key for key in _CARRIED if not isinstance(item, Mapping) or key not in item]
         if missing:
             raise ValueError(f"the sampler state's carried group {index} lacks {missing}; the state is damaged. "
                              f"{_STATE_FIX}")
+
+
+_SIGNED_COUNTERS = ("metric_sum", "score_sum")
+"""Counters that sum a metric or score (-1/1 encodings make them negative); every other counter counts up from 0."""
+
+
+def _check_counts(state: Mapping[str, Any]) -> None:
+    """Raise unless every counter is a finite number (>= 0 unless it sums a signed metric) and every drop count an
+    integer >= 0: a negative count would make the conservation check and every rate metric wrong."""
+    parts = [("counters", key, value) for key, value in state["counters"].items()]
+    for part in ("dropped", "dropped_aborted"):
+        drops = state.get(part, {})
+        if not isinstance(drops, Mapping):
+            raise ValueError(f"the sampler state's {part!r} is a {type(drops).__name__}; the state is damaged or was "
+                             f"not written by BatchReplenisher.state_dict(). {_STATE_FIX}")
+        parts += [(part, key, value) for key, value in drops.items()]
+    for part, key, value in parts:
+        number = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+        whole = part == "counters" or (number and float(value).is_integer())
+        if not number or not whole or (value < 0 and key not in _SIGNED_COUNTERS):
+            kind = ("a finite number" if key in _SIGNED_COUNTERS else "a finite number >= 0" if part == "counters"
+                    else "an integer >= 0")
+            raise ValueError(f"the sampler state's {part}[{key!r}] is {value!r}; it must be {kind}, as "
+                             f"BatchReplenisher.state_dict() writes it. {_STATE_FIX}")
 
 
 @contextlib.contextmanager

@@ -39,6 +39,8 @@ from __future__ import annotations
 from typing import Any
 
 from dapo_verl.core import DropReason
+from dapo_verl.sampler.arguments import require_int, require_real
+from dapo_verl.sampler.state_parts import read_amounts, read_count, read_rows, state_mapping
 
 __all__ = ["PRIOR_GROUPS", "STREAK_LEVELS", "PromptHistory", "generate_probability", "next_streak", "revisits_pay"]
 
@@ -90,22 +92,47 @@ def revisits_pay(stream_rate: float | None, revisit_rate: float | None, floor: f
     return revisit_rate is None or revisit_rate > stream_rate
 
 
+def check_record(prompt_id: object, reason: object, num_prompts: int, correct: object = None,
+                 group_size: object = None) -> None:
+    """Raise unless a group's record fits: ``prompt_id`` in ``range(num_prompts)``, ``reason`` a DropReason, and
+    (when given) ``group_size`` an integer >= 2 with ``correct`` in [0, group_size]."""
+    require_int("prompt_id", prompt_id, low=0, high=num_prompts - 1,
+                fix="Pass the prompt's index in the prompt source (the ids the sampler handed out).")
+    if not isinstance(reason, DropReason):
+        raise TypeError(f"reason={reason!r} must be a dapo_verl.core.DropReason (the group filter's verdict); take "
+                        f"it from group_drop_reasons.")
+    if group_size is not None:
+        size = require_int("group_size", group_size, low=2, fix="Pass G, the responses generated for the prompt.")
+        if correct is not None:
+            require_int("correct", correct, low=0, high=size,
+                        fix=f"Pass how many of the group's {size} responses were right.")
+
+
 class PromptHistory:
     """Per-prompt streaks and the informative rate measured per streak bucket (see the module docstring).
 
     Args:
-        num_prompts: Size of the prompt pool (the denominator of the pool shares).
-        smoothing_groups: Groups each bucket's rate averages over (its effective sample size).
-        max_skip_probability: Cap on any prompt's skip probability; must be < 1.
-        exhausted_streak: Streak length from which a prompt counts as exhausted.
+        num_prompts: Size of the prompt pool (the denominator of the pool shares; an integer >= 1).
+        smoothing_groups: Groups each bucket's rate averages over (its effective sample size; finite, >= 1).
+        max_skip_probability: Cap on any prompt's skip probability, in [0, 1).
+        exhausted_streak: Streak length from which a prompt counts as exhausted (an integer >= 1).
+
+    Raises:
+        TypeError, ValueError: naming an argument that is not of its type or out of its range.
     """
 
     def __init__(self, num_prompts: int, *, smoothing_groups: float, max_skip_probability: float,
                  exhausted_streak: int) -> None:
-        self.num_prompts = num_prompts
-        self.max_skip_probability = max_skip_probability
-        self.exhausted_streak = exhausted_streak
-        self._decay = 1.0 - 1.0 / max(smoothing_groups, 1.0)
+        self.num_prompts = require_int("num_prompts", num_prompts, low=1,
+                                       fix="Pass the number of prompts in the training data.")
+        self.max_skip_probability = require_real(
+            "max_skip_probability", max_skip_probability, low=0.0, high=1.0, high_open=True,
+            fix="1 would skip prompts for good; use e.g. 0.9 (algorithm.filter_groups.max_skip_probability).")
+        self.exhausted_streak = require_int("exhausted_streak", exhausted_streak, low=1,
+                                            fix="Use e.g. 3 (algorithm.filter_groups.exhausted_streak).")
+        smoothing_groups = require_real("smoothing_groups", smoothing_groups, low=1.0,
+                                        fix="The sampler passes estimate_sample_size(config).")
+        self._decay = 1.0 - 1.0 / smoothing_groups
         self._streak: dict[int, int] = {}
         size = 2 * STREAK_LEVELS + 2  # streak buckets, then the revisit bucket
         self._generated = [0.0] * size  # decayed counts per bucket, index streak + STREAK_LEVELS
@@ -130,7 +157,13 @@ class PromptHistory:
 
     def record(self, prompt_id: int, reason: DropReason, *, revisit: bool = False) -> None:
         """Account one generated group of ``prompt_id``: its bucket's rate (the revisit bucket for a revisited
-        prompt, else its streak's), the stream rate, then its streak."""
+        prompt, else its streak's), the stream rate, then its streak.
+
+        Raises:
+            TypeError, ValueError: for a prompt id outside ``range(num_prompts)`` or a reason that is not a
+                :class:`~dapo_verl.core.DropReason`.
+        """
+        check_record(prompt_id, reason, self.num_prompts)
         old = self._streak.get(prompt_id, 0)
         b = self.REVISIT if revisit else self.bucket(old)
         informative = float(reason == DropReason.KEEP)
@@ -225,14 +258,24 @@ class PromptHistory:
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore :meth:`state_dict`; an empty dict restores an empty history.
+        """Restore :meth:`state_dict`; an empty dict restores an empty history, and a missing part starts empty.
 
         The exhausted counts are recomputed from the streaks.
+
+        Raises:
+            TypeError: for a state that is not a mapping.
+            ValueError: naming a key that is not part of the state, or a part of the wrong type or range (a prompt
+                outside the pool, negative counts, ...); the history is then unchanged.
         """
-        empty = [0.0] * (self.REVISIT + 1)
-        self._streak = {int(pid): int(k) for pid, k in state.get("streak", [])}
-        self._generated = [float(v) for v in state.get("generated", empty)]
-        self._informative = [float(v) for v in state.get("informative", empty)]
-        self._stream = [float(v) for v in state.get("stream", [0.0, 0.0])]
+        owner, size = "PromptHistory", self.REVISIT + 1
+        parts = state_mapping(owner, state, ("streak", "generated", "informative", "stream"))
+        rows = read_rows(owner, "streak", parts.get("streak", []), 2)
+        streak = {read_count(owner, "streak", pid, high=self.num_prompts - 1): read_count(owner, "streak", k, low=None)
+                  for pid, k in rows}
+        generated = read_amounts(owner, "generated", parts.get("generated", [0.0] * size), size)
+        informative = read_amounts(owner, "informative", parts.get("informative", [0.0] * size), size)
+        stream = read_amounts(owner, "stream", parts.get("stream", [0.0, 0.0]), 2)
+        self._streak = {pid: k for pid, k in streak.items() if k}  # a streak of 0 is kept as no entry
+        self._generated, self._informative, self._stream = generated, informative, stream
         self._solved = sum(k >= self.exhausted_streak for k in self._streak.values())
         self._failed = sum(k <= -self.exhausted_streak for k in self._streak.values())

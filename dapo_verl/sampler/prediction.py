@@ -63,6 +63,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from dapo_verl.sampler.arguments import require_flag, require_int, require_real
+from dapo_verl.sampler.prediction_state import read_predictor_state
+
 __all__ = [
     "CALIBRATION_PRIOR_GROUPS", "MAX_CONCENTRATION", "MIN_CONCENTRATION", "SuccessPredictor",
     "beta_prior_from_moments", "informative_probability", "successes",
@@ -81,22 +84,45 @@ MAX_CONCENTRATION = 100.0
 def informative_probability(alpha: float, beta: float, group_size: int) -> float:
     """Probability that a group of ``group_size`` responses is mixed when p ~ Beta(alpha, beta).
 
-    ``1 - E[p^G] - E[(1 - p)^G]`` (module docstring).
+    ``1 - E[p^G] - E[(1 - p)^G]`` (module docstring). A parameter of 0 is the limit of the Beta distribution as it
+    goes to 0: ``alpha = 0`` puts all belief on p = 0 (every response wrong), ``beta = 0`` on p = 1 (every response
+    right); either way no group is mixed and the result is 0. Beta(0, 0) is no distribution and is refused.
 
     Args:
-        alpha: Beta parameter of the correct responses (> 0).
-        beta: Beta parameter of the wrong responses (> 0).
-        group_size: G, responses per prompt (>= 2).
+        alpha: Beta parameter of the correct responses (finite, >= 0).
+        beta: Beta parameter of the wrong responses (finite, >= 0; not both 0).
+        group_size: G, responses per prompt (an integer >= 2).
 
     Returns:
         A probability in [0, 1].
+
+    Raises:
+        TypeError: for a parameter that is not a real number, or a group size that is not an integer.
+        ValueError: for a negative or non-finite parameter, both parameters 0, or a group size below 2.
 
     Example:
         >>> round(informative_probability(1.0, 1.0, 2), 4)  # p uniform: P(one right, one wrong) = 1/3
         0.3333
         >>> informative_probability(1e6, 1.0, 8) < 1e-4  # almost surely solved
         True
+        >>> informative_probability(0.0, 3.0, 8)  # all belief on p = 0: never mixed
+        0.0
     """
+    fix = "Pass the Beta(alpha, beta) belief about the prompt's correct rate, e.g. (1.0, 1.0) for a uniform one."
+    alpha = require_real("alpha", alpha, low=0.0, fix=fix)
+    beta = require_real("beta", beta, low=0.0, fix=fix)
+    group_size = require_int("group_size", group_size, low=2, fix="Pass G, the responses generated per prompt.")
+    if alpha == 0.0 and beta == 0.0:
+        raise ValueError(f"alpha=0.0 and beta=0.0: Beta(0, 0) is not a distribution, so no chance follows from it. "
+                         f"{fix}")
+    if alpha == 0.0 or beta == 0.0:
+        return 0.0
+    return _informative(alpha, beta, group_size)
+
+
+def _informative(alpha: float, beta: float, group_size: int) -> float:
+    """:func:`informative_probability` without its checks (alpha, beta > 0 and G >= 2 known), for the predictor's
+    per-candidate calls."""
     total = math.lgamma(alpha + beta) - math.lgamma(alpha + beta + group_size)
     all_correct = math.exp(math.lgamma(alpha + group_size) - math.lgamma(alpha) + total)
     all_wrong = math.exp(math.lgamma(beta + group_size) - math.lgamma(beta) + total)
@@ -108,12 +134,25 @@ def beta_prior_from_moments(mean: float, second_moment: float, group_size: int) 
 
     Args:
         mean: Average correct fraction of recent groups, in [0, 1].
-        second_moment: Average squared correct fraction, in [mean**2, mean].
-        group_size: G of those groups (>= 2).
+        second_moment: Average squared correct fraction, in [0, 1] (about [mean**2, mean]; a rounding error outside
+            that only changes the fitted spread, which is clamped at 0).
+        group_size: G of those groups (an integer >= 2).
 
     Returns:
         (a0, b0), with a0 + b0 in [MIN_CONCENTRATION, MAX_CONCENTRATION] (module docstring).
+
+    Raises:
+        TypeError, ValueError: for a moment that is not a finite number in [0, 1], or a group size that is not an
+            integer >= 2.
     """
+    fix = "Pass the averages of k / G and (k / G)**2 over recent groups, each in [0, 1]."
+    mean = require_real("mean", mean, low=0.0, high=1.0, fix=fix)
+    second_moment = require_real("second_moment", second_moment, low=0.0, high=1.0, fix=fix)
+    group_size = require_int("group_size", group_size, low=2, fix="Pass G, the responses generated per prompt.")
+    return _prior_from_moments(mean, second_moment, group_size)
+
+
+def _prior_from_moments(mean: float, second_moment: float, group_size: int) -> tuple[float, float]:
     m = min(max(mean, 1e-4), 1.0 - 1e-4)
     spread = max(second_moment - mean * mean, 0.0)  # Var[x]
     between = (spread - m * (1.0 - m) / group_size) / (1.0 - 1.0 / group_size)  # Var[p]
@@ -123,7 +162,20 @@ def beta_prior_from_moments(mean: float, second_moment: float, group_size: int) 
 
 
 def successes(metric: Tensor) -> int:
-    """Correct responses of a group: those whose filter metric equals 1 (0/1, -1/1 and bool encodings)."""
+    """Correct responses of a group: those whose filter metric equals 1 (0/1, -1/1 and bool encodings).
+
+    Raises:
+        TypeError: for a metric that is not a tensor, or is complex.
+        ValueError: for a meta tensor (it has no values to count).
+    """
+    if not isinstance(metric, Tensor):
+        raise TypeError(f"metric is a {type(metric).__name__}; it must be a (G,) tensor of the group's filter metric. "
+                        f"Convert it with torch.as_tensor(...).")
+    if metric.is_meta or metric.is_complex():
+        kind = "a meta tensor (no data)" if metric.is_meta else f"of dtype {metric.dtype}"
+        raise (ValueError if metric.is_meta else TypeError)(
+            f"metric is {kind}; its correct responses are counted, so a materialized tensor of real values is "
+            f"expected. Pass the group's filter metric as computed on CPU or GPU.")
     return int((metric.detach().to("cpu").double() == 1.0).sum())
 
 
@@ -131,18 +183,29 @@ class SuccessPredictor:
     """Per-prompt Beta beliefs about the correct rate, forgotten by training steps, over a fitted population prior.
 
     Args:
-        half_life_steps: Training steps after which a prompt's own groups weigh half as much (> 0).
-        smoothing_groups: Groups the population prior's moments and the calibration average over (>= 1).
+        half_life_steps: Training steps after which a prompt's own groups weigh half as much (finite, > 0).
+        smoothing_groups: Groups the population prior's moments and the calibration average over (finite, >= 1).
         prefer_informative: Rank prompts predicted more informative than a fresh one above fresh ones (concentrates
             training on fewer prompts); False caps every ranking key at a fresh prompt's (module docstring).
 
     The training step is set by the owner (:attr:`step`) before predictions and records.
+
+    Raises:
+        TypeError, ValueError: naming an argument that is not of its type or out of its range.
     """
 
     def __init__(self, *, half_life_steps: float, smoothing_groups: float, prefer_informative: bool = False) -> None:
-        self.half_life_steps = half_life_steps
-        self.prefer_informative = prefer_informative
-        self._decay = 1.0 - 1.0 / max(smoothing_groups, 1.0)
+        self.half_life_steps = require_real(
+            "half_life_steps", half_life_steps, low=0.0, low_open=True,
+            fix="It is the training steps after which a prompt's old groups weigh half; use e.g. 10 "
+                "(algorithm.filter_groups.prediction_half_life_steps).")
+        smoothing_groups = require_real(
+            "smoothing_groups", smoothing_groups, low=1.0,
+            fix="It is the number of groups the prior and calibration average over; the sampler passes "
+                "estimate_sample_size(config).")
+        self.prefer_informative = require_flag("prefer_informative", prefer_informative,
+                                               fix="Set algorithm.filter_groups.prefer_informative.")
+        self._decay = 1.0 - 1.0 / smoothing_groups
         self.step = 0
         self.group_size: int | None = None  # G of the latest group; predictions need it
         # prompt id -> (correct, wrong, step of its last group, whether that group was informative)
@@ -158,7 +221,7 @@ class SuccessPredictor:
         groups, first, second = self._moments
         if not groups or self.group_size is None:
             return 1.0, 1.0
-        return beta_prior_from_moments(first / groups, second / groups, self.group_size)
+        return _prior_from_moments(first / groups, second / groups, self.group_size)
 
     def belief(self, prompt_id: int, prior: tuple[float, float] | None = None) -> tuple[float, float]:
         """The prompt's Beta(alpha, beta) at the current step (the prior for a prompt never seen; ``prior``: the
@@ -176,15 +239,15 @@ class SuccessPredictor:
         first group (nothing is known yet, and G is not)."""
         if self.group_size is None:
             return 1.0
-        return informative_probability(*self.belief(prompt_id), self.group_size)
+        return _informative(*self.belief(prompt_id), self.group_size)
 
     def informative_many(self, prompt_ids: Sequence[int]) -> list[float]:
         """:meth:`informative` of each prompt, the prior computed once."""
         if self.group_size is None:
             return [1.0] * len(prompt_ids)
         size, prior = self.group_size, self.prior()
-        fresh = informative_probability(*prior, size)
-        return [informative_probability(*self.belief(pid, prior), size) if pid in self._prompts else fresh
+        fresh = _informative(*prior, size)
+        return [_informative(*self.belief(pid, prior), size) if pid in self._prompts else fresh
                 for pid in prompt_ids]
 
     def scores(self, prompt_ids: Sequence[int]) -> list[float]:
@@ -202,7 +265,7 @@ class SuccessPredictor:
         keys = self.scores(prompt_ids)
         if self.prefer_informative or self.group_size is None:
             return keys
-        fresh = min(1.0, self.calibration_factors()[0] * informative_probability(*self.prior(), self.group_size))
+        fresh = min(1.0, self.calibration_factors()[0] * _informative(*self.prior(), self.group_size))
         return [min(key, fresh) for key in keys]
 
     def taken(self, prompt_ids: Sequence[int]) -> None:
@@ -262,10 +325,18 @@ class SuccessPredictor:
         the outcome.
 
         Args:
-            prompt_id: The prompt.
-            correct: Correct responses in the group (0 .. group_size).
-            group_size: G of the group.
+            prompt_id: The prompt (an integer >= 0).
+            correct: Correct responses in the group (an integer in [0, group_size]).
+            group_size: G of the group (an integer >= 2: a group of one response is never informative).
+
+        Raises:
+            TypeError, ValueError: naming an argument that is not an integer or out of its range; nothing is recorded.
         """
+        require_int("prompt_id", prompt_id, low=0, fix="Pass the prompt's index in the prompt source.")
+        group_size = require_int("group_size", group_size, low=2,
+                                 fix="Pass G, the responses generated for the prompt (rollout.n >= 2).")
+        correct = require_int("correct", correct, low=0, high=group_size,
+                              fix=f"Pass how many of the group's {group_size} responses were right.")
         informative = 0 < correct < group_size
         noted = self._taken.pop(prompt_id, None)
         if noted is not None:
@@ -299,12 +370,13 @@ class SuccessPredictor:
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore :meth:`state_dict`; an empty dict restores an empty predictor."""
-        self.step = int(state.get("step", 0))
-        size = state.get("group_size")
-        self.group_size = None if size is None else int(size)
-        self._prompts = {int(pid): (float(c), float(w), int(s), bool(i))
-                         for pid, c, w, s, i in state.get("prompts", [])}
-        self._moments = [float(v) for v in state.get("moments", [0.0, 0.0, 0.0])]
-        self._calibration = [[float(v) for v in bucket] for bucket in state.get("calibration", [[0.0, 0.0]] * 2)]
-        self._taken = {int(pid): (int(b), float(q)) for pid, b, q in state.get("taken", [])}
+        """Restore :meth:`state_dict`; an empty dict restores an empty predictor, and a missing part starts empty.
+
+        Raises:
+            TypeError: for a state that is not a mapping.
+            ValueError: naming a key that is not part of the state, or a part of the wrong type or range (negative
+                counts, a group size below 2, a prediction outside [0, 1], ...); the predictor is then unchanged.
+        """
+        read = read_predictor_state(state, set(self.state_dict()))  # a subclass's own parts are known too
+        self.step, self.group_size, self._prompts = read.step, read.group_size, read.prompts
+        self._moments, self._calibration, self._taken = read.moments, read.calibration, read.taken

@@ -65,6 +65,7 @@ from statistics import NormalDist
 from typing import TYPE_CHECKING
 
 from dapo_verl.config import RefillStrategy, SamplerConfig, ShortfallPolicy
+from dapo_verl.sampler.arguments import require_flag, require_int, require_real
 from dapo_verl.sampler.stream import RoundSize
 
 if TYPE_CHECKING:
@@ -74,6 +75,22 @@ __all__ = [
     "budget_can_fill", "estimate_sample_size", "inflight_target", "max_request_size", "predicted_request",
     "predicted_round_size", "request_size", "round_request", "step_prompt_budget", "update_keep_rate", "yield_stops",
 ]
+
+
+def _check(config: object, missing: object = None, keep_rate: object = None, budget_left: object = None, *,
+           budget_low: int = 0) -> None:
+    """Raise, naming the argument, unless the sizing inputs given (not None) fit: a SamplerConfig, ``missing`` an
+    integer >= 1, ``keep_rate`` in [0, 1], ``budget_left`` an integer >= ``budget_low``."""
+    if not isinstance(config, SamplerConfig):
+        raise TypeError(f"config is a {type(config).__name__}; it must be a dapo_verl.config.SamplerConfig. Build it "
+                        f"with SamplerConfig(...) or DapoConfig.from_verl(...).sampler.")
+    if missing is not None:
+        require_int("missing", missing, low=1, fix="Pass the groups still needed to fill the batch.")
+    if keep_rate is not None:
+        require_real("keep_rate", keep_rate, low=0.0, high=1.0,
+                     fix="Pass the running share of groups kept, or None before the first round.")
+    if budget_left is not None:
+        require_int("budget_left", budget_left, low=budget_low, fix="Pass the prompts the step may still generate.")
 
 
 def _prompts_needed(missing: int, p: float, z: float, sample_size: float) -> float:
@@ -89,12 +106,14 @@ def _prompts_needed(missing: int, p: float, z: float, sample_size: float) -> flo
 
 def estimate_sample_size(config: SamplerConfig) -> float:
     """Groups the keep-rate estimate effectively averages: ``train_batch_size * (2 - s) / s``."""
+    _check(config)
     s = config.keep_rate_smoothing
     return config.train_batch_size * (2.0 - s) / s
 
 
 def max_request_size(config: SamplerConfig, missing: int) -> int:
     """The most prompts :func:`request_size` can return for ``missing`` groups, over every keep rate."""
+    _check(config, missing)
     if not config.enable:
         return missing
     if config.refill == RefillStrategy.BARRIER:
@@ -114,7 +133,11 @@ def request_size(config: SamplerConfig, missing: int, keep_rate: float | None) -
 
     Returns:
         A positive number of prompts, at most :func:`max_request_size`.
+
+    Raises:
+        TypeError, ValueError: naming an argument that is not of its type or out of its range.
     """
+    _check(config, missing, keep_rate)
     if config.refill == RefillStrategy.BARRIER or keep_rate is None or not config.enable:
         return config.prompts_per_round if config.enable else missing
     z = NormalDist().inv_cdf(config.single_round_probability)
@@ -141,7 +164,18 @@ def predicted_request(config: SamplerConfig, missing: int, predictions: Sequence
     Returns:
         (prefix length in [1, len(predictions)], whether it meets the probability). Short of it, the length is the
         prompts down to the scarcity floor (all of them when even the best is below it).
+
+    Raises:
+        TypeError, ValueError: naming an argument (a prediction by its index) that is not of its type or out of its
+            range: ``missing`` an integer >= 1, each prediction a probability in [0, 1], ``calibration`` None or a
+            finite number >= 0.
     """
+    _check(config, missing)
+    _check_predictions(predictions)
+    if calibration is not None:
+        require_real("calibration", calibration, low=0.0,
+                     fix="Pass observed over predicted informative groups, or None for 1.")
+    require_flag("stop_at_floor", stop_at_floor, fix="False takes as many prompts as the probability needs.")
     z = NormalDist().inv_cdf(config.single_round_probability)
     factor = 1.0 if calibration is None else calibration
     sample_size = estimate_sample_size(config) if z > 0 else math.inf
@@ -159,6 +193,23 @@ def predicted_request(config: SamplerConfig, missing: int, predictions: Sequence
     return max(1, len(predictions)), False
 
 
+def _check_predictions(predictions: object) -> None:
+    """Raise unless ``predictions`` is a sequence of probabilities; one pass in C on the good path."""
+    if not isinstance(predictions, Sequence) or isinstance(predictions, str):
+        raise TypeError(f"predictions is a {type(predictions).__name__}; it must be a list of probabilities, one per "
+                        f"prompt the round would take, in order.")
+    try:
+        fits = not predictions or (min(predictions) >= 0.0 and max(predictions) <= 1.0
+                                   and math.isfinite(math.fsum(predictions)))
+    except TypeError:
+        fits = False
+    if fits:
+        return
+    for index, value in enumerate(predictions):  # the error path: name the first offender
+        require_real(f"predictions[{index}]", value, low=0.0, high=1.0,
+                     fix="Each prediction is a prompt's chance of an informative group, in [0, 1].")
+
+
 def predicted_round_size(config: SamplerConfig, predictor: SuccessPredictor | None, keep_rate: float | None,
                          missing: int, budget_left: int) -> RoundSize | None:
     """Sizes a round from the predicted yield of the prompts it takes (:func:`predicted_request`), within the bounds
@@ -171,8 +222,9 @@ def predicted_round_size(config: SamplerConfig, predictor: SuccessPredictor | No
         predictor: The sampler's :class:`~dapo_verl.sampler.prediction.SuccessPredictor`, or None.
         keep_rate: The running keep-rate estimate, or None before the first round.
         missing: Groups still needed (>= 1).
-        budget_left: Prompts the step may still generate.
+        budget_left: Prompts the step may still generate (>= 0).
     """
+    _check(config, missing, keep_rate, budget_left)
     if (predictor is None or predictor.group_size is None or keep_rate is None
             or config.refill == RefillStrategy.BARRIER or not budget_can_fill(config, missing, keep_rate, budget_left)):
         return None
@@ -188,6 +240,7 @@ def predicted_round_size(config: SamplerConfig, predictor: SuccessPredictor | No
 def step_prompt_budget(config: SamplerConfig) -> int:
     """Most prompts one training step may generate: ``max_num_gen_batches * max(gen_batch_size,
     train_batch_size)`` (one round of ``train_batch_size`` with the filter off)."""
+    _check(config)
     if not config.enable:
         return config.train_batch_size
     return config.max_num_gen_batches * max(config.prompts_per_round, config.train_batch_size)
@@ -199,6 +252,7 @@ def budget_can_fill(config: SamplerConfig, missing: int, keep_rate: float | None
     Always True for ``refill=barrier`` (verl-recipe generates up to its round limit), with the filter off, and
     before the keep rate is known.
     """
+    _check(config, missing, keep_rate, budget_left)
     if config.refill == RefillStrategy.BARRIER or not config.enable or keep_rate is None:
         return True
     return keep_rate * budget_left >= missing
@@ -211,6 +265,8 @@ def yield_stops(config: SamplerConfig, missing: int, keep_rate: float | None, bu
     keep-rate estimate rests on as many groups as it averages (``groups_seen >= N_est``), and only when
     ``keep_rate * budget_left < missing``.
     """
+    _check(config, missing, keep_rate, budget_left)
+    require_real("groups_seen", groups_seen, low=0.0, fix="Pass the groups the keep-rate estimate has seen.")
     if (config.on_shortfall != ShortfallPolicy.PARTIAL or config.refill == RefillStrategy.BARRIER
             or not config.enable or keep_rate is None or groups_seen < estimate_sample_size(config)):
         return False
@@ -222,6 +278,7 @@ def inflight_target(config: SamplerConfig, missing: int, keep_rate: float | None
     """Groups a step should have generating for ``missing`` groups: one round (:func:`round_request`), times
     ``stream_oversample`` on a streaming engine, within ``budget_left``."""
     size = round_request(config, missing, keep_rate, budget_left)
+    require_flag("streaming", streaming, fix="True for an engine that reports groups as they finish.")
     return min(budget_left, math.ceil(config.stream_oversample * size)) if streaming else size
 
 
@@ -237,7 +294,11 @@ def round_request(config: SamplerConfig, missing: int, keep_rate: float | None, 
 
     Returns:
         Between 1 and ``budget_left`` prompts.
+
+    Raises:
+        TypeError, ValueError: naming an argument that is not of its type or out of its range.
     """
+    _check(config, missing, keep_rate, budget_left, budget_low=1)
     if not budget_can_fill(config, missing, keep_rate, budget_left):
         return max(1, min(config.prompts_per_round, budget_left))
     return max(1, min(request_size(config, missing, keep_rate), budget_left))
@@ -256,11 +317,22 @@ def update_keep_rate(
         round_size: Groups that make a full round (the replenisher passes ``train_batch_size``); a round
             of ``generated`` groups then weighs ``1 - (1 - smoothing)**(generated / round_size)``. None
             weighs every round ``smoothing``, whatever its size.
+
+    Raises:
+        TypeError, ValueError: naming an argument that is not of its type or out of its range.
     """
+    if estimate is not None:
+        require_real("estimate", estimate, low=0.0, high=1.0, fix="Pass the current keep rate, or None.")
+    generated = require_int("generated", generated, low=0, fix="Pass the groups generated in this round.")
+    require_int("kept", kept, low=0, high=generated, fix=f"Pass how many of the {generated} groups were informative.")
+    require_real("smoothing", smoothing, low=0.0, high=1.0, low_open=True,
+                 fix="Pass algorithm.filter_groups.keep_rate_smoothing, in (0, 1].")
+    if round_size is not None:
+        require_int("round_size", round_size, low=1, fix="Pass train_batch_size, or None.")
     if generated == 0:
         return estimate
     observed = kept / generated
     if estimate is None:
         return observed
     weight = smoothing if round_size is None else 1.0 - (1.0 - smoothing) ** (generated / round_size)
-    return (1.0 - weight) * estimate + weight * observed
+    return min(1.0, (1.0 - weight) * estimate + weight * observed)  # an average of rates: at most 1 but for rounding

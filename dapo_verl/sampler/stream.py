@@ -36,8 +36,11 @@ from typing import Any, Protocol
 
 import torch
 
+from dapo_verl.config import MAX_SEED
 from dapo_verl.core import DropReason
-from dapo_verl.sampler.history import PromptHistory
+from dapo_verl.sampler.arguments import require_flag, require_int, require_real
+from dapo_verl.sampler.history import PromptHistory, check_record
+from dapo_verl.sampler.state_parts import read_amount, read_count, read_ids, read_rng_state, read_rows, require_keys
 
 __all__ = ["WINDOW_GROWTH", "PromptScorer", "PromptStream", "RoundSize"]
 
@@ -104,6 +107,9 @@ class PromptStream:
             per-visit skipping by streak. None: per-visit skipping (or none).
         selection_window: Ranked selection: candidates drawn per prompt taken (>= 1).
         explore_fraction: Ranked selection: share of places given to the least known candidate, in [0, 1].
+
+    Raises:
+        TypeError, ValueError: naming an argument that is not of its type or out of its range.
     """
 
     def __init__(
@@ -121,28 +127,28 @@ class PromptStream:
         selection_window: float = 8.0,
         explore_fraction: float = 0.05,
     ) -> None:
-        if isinstance(num_prompts, bool) or not isinstance(num_prompts, int) or num_prompts < 1:
-            raise ValueError(
-                f"num_prompts={num_prompts!r}: the prompt source is empty; the sampler needs at least one prompt. "
-                f"Check the training data path."
-            )
-        self.num_prompts = num_prompts
-        self.seed = seed
-        self.shuffle = shuffle
-        self.skip_uninformative = skip_uninformative
+        self.num_prompts = require_int("num_prompts", num_prompts, low=1, fix=(
+            "It is the number of prompts in the training data: a positive integer (0 means the prompt source is "
+            "empty; check the training data path)."))
+        self.seed = require_int("seed", seed, low=0, high=MAX_SEED, fix="Use the run's data.seed.")
+        self.shuffle = require_flag("shuffle", shuffle, fix="True visits prompts in a seeded random order.")
+        self.skip_uninformative = require_flag("skip_uninformative", skip_uninformative,
+                                               fix="Use True to pass over prompts predicted to be uninformative.")
         self.history = PromptHistory(num_prompts, smoothing_groups=smoothing_groups,
                                      max_skip_probability=max_skip_probability, exhausted_streak=exhausted_streak)
         self.epoch = 0
         self.position = 0
         self.prompts_consumed = 0
         self.prompts_skipped = 0
-        self.revisit_capacity = revisit_capacity
+        self.revisit_capacity = require_int("revisit_capacity", revisit_capacity, low=0, fix="0 never revisits.")
         self.prompts_revisited = 0
         self._revisit: dict[int, None] = {}  # prompt ids waiting for a revisit, oldest first (an ordered set)
         self._handed_out: set[int] = set()  # revisits handed out whose group has not been recorded yet
         self.scorer = scorer
-        self.selection_window = selection_window
-        self.explore_fraction = explore_fraction
+        self.selection_window = require_real("selection_window", selection_window, low=1.0,
+                                             fix="Use e.g. 8.0 candidates per prompt taken.")
+        self.explore_fraction = require_real("explore_fraction", explore_fraction, low=0.0, high=1.0,
+                                             fix="Use e.g. 0.05 (one place in 20 explores).")
         self._scored: dict[int, float] = {}  # prompts handed out by ranked selection -> their score, until recorded
         self._rng = torch.Generator().manual_seed(seed)
         self._order = self._permutation(0)
@@ -184,7 +190,11 @@ class PromptStream:
                 order's length]), or None to draw twice as many candidates, up to ``WINDOW_GROWTH`` windows.
 
         After ``num_prompts`` skips in a row the next prompt is taken regardless, so the call always ends.
+
+        Raises:
+            TypeError, ValueError: for a count that is not an integer >= 0.
         """
+        count = require_int("count", count, low=0, fix="Pass how many prompts the round wants.")
         if self.ranks:
             return self._take_ranked(count, revisit=revisit, size=size)
         ids = self._take_revisits(count) if revisit else []
@@ -292,7 +302,12 @@ class PromptStream:
         Returns:
             The prompt's score when ranked selection took it (its predicted chance of an informative group), else
             None.
+
+        Raises:
+            TypeError, ValueError: for a prompt id outside ``range(num_prompts)``, a reason that is not a DropReason,
+                or (from the scorer) counts that do not fit; nothing is recorded then.
         """
+        check_record(prompt_id, reason, self.num_prompts, correct, group_size)
         revisit = prompt_id in self._handed_out
         self._handed_out.discard(prompt_id)
         self.history.record(prompt_id, reason, revisit=revisit)
@@ -342,22 +357,38 @@ class PromptStream:
 
         A state without ``history`` (sampler state version 1, whose streaks did not record whether they
         were all-correct or all-wrong) restores everything else; prompt histories then start afresh.
+
+        Raises:
+            TypeError, ValueError: naming a part that is missing, of the wrong type or out of range (a negative count,
+                a prompt outside the pool); the stream, its history and its scorer are then unchanged.
         """
-        if int(state["num_prompts"]) != self.num_prompts:
+        owner, last = "PromptStream", self.num_prompts - 1
+        parts = require_keys(owner, state, ("num_prompts", "epoch", "position", "prompts_consumed",
+                                            "prompts_skipped", "rng"))
+        if read_count(owner, "num_prompts", parts["num_prompts"]) != self.num_prompts:
             raise ValueError(
-                f"The saved sampler state covers {state['num_prompts']} prompts but the prompt source has "
+                f"The saved sampler state covers {parts['num_prompts']} prompts but the prompt source has "
                 f"{self.num_prompts}; resume with the same training data, or start a fresh run."
             )
-        self.epoch = int(state["epoch"])
-        self.position = int(state["position"])
-        self.prompts_consumed = int(state["prompts_consumed"])
-        self.prompts_skipped = int(state["prompts_skipped"])
-        self.prompts_revisited = int(state.get("prompts_revisited", 0))
-        self._revisit = dict.fromkeys(int(pid) for pid in state.get("revisit", []))
-        self._handed_out = {int(pid) for pid in state.get("handed_out", [])}
-        self.history.load_state_dict(state.get("history", {}))
-        self._scored = {int(pid): float(score) for pid, score in state.get("scored", [])}
-        if self.scorer is not None:  # a state without one (written before ranked selection) starts it afresh
-            self.scorer.load_state_dict(state.get("scorer", {}))
-        self._rng.set_state(state["rng"])
+        counts = {key: read_count(owner, key, parts.get(key, 0)) for key in (
+            "epoch", "prompts_consumed", "prompts_skipped", "prompts_revisited")}
+        position = read_count(owner, "position", parts["position"], high=self.num_prompts)
+        revisit = read_ids(owner, "revisit", parts.get("revisit", []), self.num_prompts)
+        handed_out = read_ids(owner, "handed_out", parts.get("handed_out", []), self.num_prompts)
+        scored = {read_count(owner, "scored", pid, high=last): read_amount(owner, "scored", score, low=None)
+                  for pid, score in read_rows(owner, "scored", parts.get("scored", []), 2)}
+        rng = read_rng_state(owner, "rng", parts["rng"])
+        history_before = self.history.state_dict()
+        self.history.load_state_dict(parts.get("history", {}))
+        try:
+            if self.scorer is not None:  # a state without one (written before ranked selection) starts it afresh
+                self.scorer.load_state_dict(parts.get("scorer", {}))
+        except (TypeError, ValueError):
+            self.history.load_state_dict(history_before)
+            raise
+        self.epoch, self.position, self.prompts_consumed, self.prompts_skipped, self.prompts_revisited = (
+            counts["epoch"], position, counts["prompts_consumed"], counts["prompts_skipped"],
+            counts["prompts_revisited"])
+        self._revisit, self._handed_out, self._scored = dict.fromkeys(revisit), set(handed_out), scored
+        self._rng.set_state(rng)
         self._order = self._permutation(self.epoch)

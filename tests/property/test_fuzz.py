@@ -79,3 +79,36 @@ def test_the_local_backend_config_is_fuzzed_too():
     assert "LocalRunConfig (dapo-verl train's own keys)" in FUZZ_TARGETS
     result = _run_target("LocalRunConfig (dapo-verl train's own keys)")
     assert result.failures == [] and result.correct > 0 and result.clear_errors > 0
+
+
+def test_the_group_cases_draw_complex_and_meta_rewards_and_each_is_refused_naming_rewards():
+    import random
+
+    from dapo_verl.reliability.fuzz_cases import Case, names_exactly
+    from dapo_verl.reliability.fuzz_core import filter_case
+
+    seen = set()
+    for seed in range(600):
+        case = Case(random.Random(seed))
+        run = filter_case(case)
+        kinds = {kind for kind in ("complex", "meta") if f"rewards made {kind}" in case.notes}
+        if not kinds:
+            continue
+        seen |= kinds
+        with pytest.raises((TypeError, ValueError)) as info:
+            run()
+        assert names_exactly(str(info.value), "rewards"), str(info.value)
+    assert seen == {"complex", "meta"}
+
+
+def test_the_overlong_cases_expect_float_lengths_to_be_refused():
+    result = _run_target("reward_overlong_penalty + truncation masks", cases=400)
+    assert result.drawn["bad:response_lengths"] >= 40
+    assert result.failures == [] and result.correct > 0
+
+
+def test_the_sampler_cases_draw_tensors_without_values_and_negative_counts():
+    generate = _run_target("BatchReplenisher with faulty generate callbacks", cases=400)
+    state = _run_target("BatchReplenisher.load_state_dict with damaged states", cases=300)
+    assert generate.failures == [] and state.failures == []
+    assert generate.drawn["bad:scores"] > 0 and state.drawn["bad:prompts_consumed"] + state.drawn["bad:all_wrong"] > 0

@@ -54,3 +54,17 @@ def test_drop_reasons_name_the_cause():
 def test_bad_rewards_are_rejected_with_the_fix(rewards, match):
     with pytest.raises(ValueError, match=match):
         dynamic_group_mask(rewards)
+
+
+def test_a_complex_metric_is_refused_naming_its_dtype():
+    rewards = torch.tensor([[1 + 1j, 1 + 0j], [0j, 1 + 0j]])  # the first group differs only in its imaginary part
+    for function in (dynamic_group_mask, group_drop_reasons):
+        with pytest.raises(TypeError, match=r"rewards has dtype torch.complex64 but must be real .* imaginary part"):
+            function(rewards)
+
+
+def test_a_meta_tensor_is_refused_as_having_no_values():
+    for function in (dynamic_group_mask, group_drop_reasons):
+        with pytest.raises(ValueError, match=r"rewards is a meta tensor \(shape \(2, 4\), no data\).*materialized CPU "
+                                             r"or GPU tensor is expected"):
+            function(torch.empty(2, 4, device="meta"))

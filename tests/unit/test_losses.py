@@ -538,3 +538,13 @@ def test_large_but_representable_float32_advantages_still_train():
     loss = dapo_loss(logp, old, adv, mask)
     loss.backward()
     assert torch.isfinite(loss) and torch.isfinite(logp.grad).all()
+
+
+def test_meta_tensors_are_refused_before_any_value_is_read():
+    logp, old, adv, mask = _twenty_tokens()
+    with pytest.raises(ValueError, match=r"logp is a meta tensor \(shape \(1, 20\), no data\).*materialized"):
+        dapo_loss(torch.empty(1, 20, device="meta"), old, adv, mask)
+    with pytest.raises(ValueError, match=r"num_valid_tokens is a meta tensor .*materialized CPU or GPU tensor"):
+        dapo_loss(logp, old, adv, mask, num_valid_tokens=torch.empty((), device="meta"))
+    with pytest.raises(TypeError, match=r"num_valid_tokens has dtype torch.complex64 but must be a real number"):
+        dapo_loss(logp, old, adv, mask, num_valid_tokens=torch.tensor(20 + 0j))

@@ -49,3 +49,10 @@ def test_sizes_are_verls_best_at_k_sizes():
     assert pass_at_k_sizes(16) == [2, 4, 8, 16]
     assert pass_at_k_sizes(5) == [2, 4, 5]
     assert pass_at_k_sizes(2) == [2] and pass_at_k_sizes(1) == []
+
+
+def test_a_meta_or_complex_outcome_tensor_is_refused_naming_it():
+    with pytest.raises(ValueError, match=r"correct is a meta tensor .*materialized"):
+        pass_at_k(torch.empty(2, 4, device="meta"), 2)
+    with pytest.raises(TypeError, match=r"correct has dtype torch.complex64 but must be real"):
+        pass_at_k(torch.ones(2, 4, dtype=torch.complex64), 2)

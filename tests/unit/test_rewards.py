@@ -135,3 +135,25 @@ def test_truncation_mask_and_overlong_filter():
     assert torch.all(mask)  # input untouched
     with pytest.raises(ValueError, match="truncated has 2 entries but mask has 3 rows"):
         mask_truncated_responses(mask, truncated[:2])
+
+
+@pytest.mark.parametrize("lengths", [torch.tensor([10.5, 17.25]), torch.tensor([10.0, 18.0]),
+                                     torch.tensor([True, False]), torch.tensor([10.0, 18.0], dtype=torch.float64)])
+def test_lengths_must_be_integer_token_counts(lengths):
+    for call in (lambda: reward_overlong_penalty(torch.ones(2), lengths, 20, 4, 1.0),
+                 lambda: overlong_penalty(lengths, 20, 4, 1.0), lambda: truncated_response_mask(lengths, 20)):
+        with pytest.raises(TypeError, match=rf"response_lengths has dtype {lengths.dtype} but must be an integer "
+                                            r"dtype"):
+            call()
+
+
+def test_meta_and_complex_tensors_are_refused_naming_the_argument():
+    meta = "is a meta tensor .* a materialized CPU or GPU tensor is expected"
+    with pytest.raises(ValueError, match=f"rewards {meta}"):
+        reward_overlong_penalty(torch.empty(2, device="meta"), torch.tensor([5, 18]), 20, 4, 1.0)
+    with pytest.raises(ValueError, match=f"response_lengths {meta}"):
+        reward_overlong_penalty(torch.ones(2), torch.empty(2, dtype=torch.long, device="meta"), 20, 4, 1.0)
+    with pytest.raises(TypeError, match=r"rewards has dtype torch.complex64 but must be real"):
+        reward_overlong_penalty(torch.ones(2, dtype=torch.complex64), torch.tensor([5, 18]), 20, 4, 1.0)
+    with pytest.raises(TypeError, match=r"response_lengths has dtype torch.complex64 but must be real"):
+        overlong_penalty(torch.tensor([5, 18], dtype=torch.complex64), 20, 4, 1.0)

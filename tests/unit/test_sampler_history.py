@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
 from dapo_verl.config import SamplerConfig
 from dapo_verl.core import DropReason
-from dapo_verl.sampler import BatchReplenisher, PromptStream
+from dapo_verl.sampler import BatchReplenisher, PromptStream, SuccessPredictor
 from dapo_verl.sampler.history import (
     PRIOR_GROUPS,
     STREAK_LEVELS,
@@ -61,7 +63,7 @@ def test_a_bucket_is_thinned_only_on_evidence():
 
 
 def test_measured_rates_forget_old_groups():
-    history = _history(smoothing_groups=10.0)
+    history = _history(num_prompts=200, smoothing_groups=10.0)
     for pid in range(100):
         history.record(pid, KEEP)
     for pid in range(100, 200):
@@ -216,3 +218,90 @@ def test_no_revisits_while_informative_groups_are_plentiful():
     config = SamplerConfig(train_batch_size=8, seed=0, revisit_informative=True)
     sampler = BatchReplenisher(config, 200, SimulatedPolicy(lambda pid, step: 0.5, group_size=4))
     assert sum(sampler.next_batch().metrics["dapo/sampler/prompts_revisited"] for _ in range(10)) == 0
+
+
+# -- argument and state checks ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("kwargs", "error", "words"), [
+    ({"num_prompts": 10.5}, TypeError, r"num_prompts=10.5 \(float\) must be an integer >= 1"),
+    ({"num_prompts": 0}, ValueError, r"num_prompts=0 must be an integer >= 1.*prompt source is empty"),
+    ({"seed": -1}, ValueError, r"seed=-1 must be an integer in \[0, 4294967295\]"),
+    ({"shuffle": "yes"}, TypeError, r"shuffle='yes' \(str\) must be True or False"),
+    ({"max_skip_probability": 1.0}, ValueError, r"max_skip_probability=1.0 must be a finite number >= 0 and < 1"),
+    ({"smoothing_groups": 0.5}, ValueError, r"smoothing_groups=0.5 must be a finite number >= 1"),
+    ({"exhausted_streak": 0}, ValueError, r"exhausted_streak=0 must be an integer >= 1"),
+    ({"revisit_capacity": -1}, ValueError, r"revisit_capacity=-1 must be an integer >= 0"),
+    ({"selection_window": math.nan}, ValueError, r"selection_window=nan must be a finite number >= 1"),
+    ({"explore_fraction": 1.5}, ValueError, r"explore_fraction=1.5 must be a finite number >= 0 and <= 1"),
+])
+def test_prompt_stream_settings_are_checked_with_their_name(kwargs, error, words):
+    with pytest.raises(error, match=words):
+        PromptStream(**{"num_prompts": 10, **kwargs})
+
+
+def test_a_fractional_prompt_count_is_named_by_the_replenisher():
+    with pytest.raises(TypeError, match=r"num_prompts=10.5 \(float\) must be an integer >= 1"):
+        BatchReplenisher(SamplerConfig(train_batch_size=2), 10.5, lambda ids: [])
+
+
+def test_take_refuses_a_negative_count_and_takes_nothing_for_zero():
+    stream = PromptStream(10, seed=1)
+    with pytest.raises(ValueError, match=r"count=-1 must be an integer >= 0"):
+        stream.take(-1)
+    with pytest.raises(TypeError, match=r"count=2.0 \(float\)"):
+        stream.take(2.0)
+    assert stream.take(0) == ([], 0) and stream.prompts_consumed == 0
+
+
+@pytest.mark.parametrize(("args", "kwargs", "error", "words"), [
+    ((10, KEEP), {}, ValueError, r"prompt_id=10 must be an integer in \[0, 9\]"),
+    ((1, "keep"), {}, TypeError, r"reason='keep' must be a dapo_verl.core.DropReason"),
+    ((1, KEEP), {"correct": 5, "group_size": 4}, ValueError, r"correct=5 must be an integer in \[0, 4\]"),
+    ((1, KEEP), {"correct": 1, "group_size": 1}, ValueError, r"group_size=1 must be an integer >= 2"),
+])
+def test_a_record_that_does_not_fit_changes_neither_history_nor_scorer(args, kwargs, error, words):
+    stream = PromptStream(10, skip_uninformative=True, scorer=SuccessPredictor(half_life_steps=10.0,
+                                                                                 smoothing_groups=8.0))
+    stream.record(2, CORRECT, correct=4, group_size=4)
+    before = stream.state_dict()
+    with pytest.raises(error, match=words):
+        stream.record(*args, **kwargs)
+    assert str(stream.state_dict()) == str(before)
+
+
+def test_a_prompt_history_refuses_prompts_outside_its_pool():
+    with pytest.raises(ValueError, match=r"prompt_id=-1 must be an integer in \[0, 9\]"):
+        _history().record(-1, KEEP)
+
+
+@pytest.mark.parametrize(("state", "error", "words"), [
+    ([], TypeError, "the PromptHistory state is list, not a mapping"),
+    ({"bogus": 1}, ValueError, r"the PromptHistory state has unknown keys \['bogus'\]"),
+    ({"streak": [[12, 1]]}, ValueError, r"'streak' is 12; expected an integer in \[0, 9\]"),
+    ({"streak": [[1, 1.5]]}, ValueError, r"'streak' is 1.5; expected an integer"),
+    ({"stream": [1.0, -2.0]}, ValueError, r"'stream\[1\]' is -2.0; expected a finite number >= 0"),
+    ({"informative": [0.0] * 3}, ValueError, r"'informative' is .*expected a list of 10 finite non-negative"),
+])
+def test_a_damaged_history_state_is_refused_and_the_history_is_unchanged(state, error, words):
+    history = _history()
+    history.record(1, CORRECT)
+    before = history.state_dict()
+    with pytest.raises(error, match=words):
+        history.load_state_dict(state)
+    assert history.state_dict() == before
+
+
+def test_a_stream_whose_scorer_refuses_its_state_is_left_as_it_was():
+    def stream():
+        return PromptStream(10, skip_uninformative=True, scorer=SuccessPredictor(half_life_steps=10.0,
+                                                                                   smoothing_groups=8.0))
+
+    source, target = stream(), stream()
+    source.take(3)
+    source.record(2, CORRECT, correct=4, group_size=4)
+    state = {**source.state_dict(), "scorer": {"step": -1}}
+    before = str(target.state_dict())
+    with pytest.raises(ValueError, match=r"'step' is -1"):
+        target.load_state_dict(state)
+    assert str(target.state_dict()) == before and target.history_size == 0

@@ -289,7 +289,7 @@ def test_prediction_cuts_generation_where_prompts_differ():
         _steps(sampler, policy, 0, 60)
         return sampler.counters["responses_generated"] / sampler.counters["responses_trained"]
 
-    plain = _sampler(skip_uninformative=False, revisit_informative=False)
+    plain = _sampler(skip_uninformative=False, revisit_informative=False, prompt_selection="streak")
     _steps(*plain, 0, 60)
     uniform = plain[0].counters["responses_generated"] / plain[0].counters["responses_trained"]
     assert cost("predicted") < 0.85 * uniform
@@ -305,3 +305,125 @@ def test_selection_settings_are_validated_with_their_key():
     with pytest.raises(ValueError, match=r"algorithm\.filter_groups\.prediction_half_life_steps"):
         SamplerConfig(prediction_half_life_steps=0)
     assert math.isfinite(SamplerConfig().prediction_half_life_steps)
+
+
+@pytest.mark.parametrize("overrides", [{"skip_uninformative": False}, {"enable": False}])
+def test_prediction_with_prompt_selection_off_is_refused_naming_both_keys(overrides):
+    off = f"algorithm.filter_groups.{next(iter(overrides))}"
+    with pytest.raises(ValueError, match=rf"prompt_selection='predicted' chooses prompts only with {off}=true, but "
+                                         rf"{off}=false.*Set {off}=true, or drop algorithm\.filter_groups\."
+                                         rf"prompt_selection=predicted"):
+        SamplerConfig(prompt_selection="predicted", **overrides)
+    SamplerConfig(prompt_selection="streak", **overrides)  # the default selection stays valid with either off
+
+
+# -- argument and state checks ---------------------------------------------------------------------------
+
+
+def _predictor():
+    return SuccessPredictor(half_life_steps=10.0, smoothing_groups=64.0)
+
+
+@pytest.mark.parametrize(("kwargs", "error", "words"), [
+    ({"half_life_steps": 0}, ValueError, r"half_life_steps=0 must be a finite number > 0"),
+    ({"half_life_steps": math.nan}, ValueError, r"half_life_steps=nan must be a finite number > 0"),
+    ({"half_life_steps": "10"}, TypeError, r"half_life_steps='10' \(str\) must be a finite number"),
+    ({"smoothing_groups": -1}, ValueError, r"smoothing_groups=-1 must be a finite number >= 1"),
+    ({"smoothing_groups": math.inf}, ValueError, r"smoothing_groups=inf must be a finite number"),
+    ({"prefer_informative": 1}, TypeError, r"prefer_informative=1 \(int\) must be True or False"),
+])
+def test_predictor_settings_are_checked_with_their_name(kwargs, error, words):
+    with pytest.raises(error, match=words):
+        SuccessPredictor(**{"half_life_steps": 10.0, "smoothing_groups": 64.0, **kwargs})
+
+
+@pytest.mark.parametrize(("args", "error", "words"), [
+    ((0, 5, 4), ValueError, r"correct=5 must be an integer in \[0, 4\]"),
+    ((0, -1, 4), ValueError, r"correct=-1 must be an integer in \[0, 4\]"),
+    ((0, 1, 1), ValueError, r"group_size=1 must be an integer >= 2"),  # was a ZeroDivisionError in the prior
+    ((0, 0, 0), ValueError, r"group_size=0 must be an integer >= 2"),
+    ((0, 2, 4.0), TypeError, r"group_size=4.0 \(float\) must be an integer >= 2"),
+    ((0, 2.5, 4), TypeError, r"correct=2.5 \(float\) must be an integer"),
+    ((-1, 2, 4), ValueError, r"prompt_id=-1 must be an integer >= 0"),
+])
+def test_a_record_that_does_not_fit_is_refused_and_changes_nothing(args, error, words):
+    predictor = _predictor()
+    predictor.record(3, 2, 4)
+    before = predictor.state_dict()
+    with pytest.raises(error, match=words):
+        predictor.record(*args)
+    assert predictor.state_dict() == before
+    assert 0 < predictor.informative(3) < 1
+
+
+@pytest.mark.parametrize(("state", "error", "words"), [
+    (None, TypeError, "the SuccessPredictor state is NoneType, not a mapping"),
+    ({"bogus": 1}, ValueError, r"the SuccessPredictor state has unknown keys \['bogus'\]"),
+    ({"step": -3}, ValueError, r"'step' is -3; expected an integer >= 0"),
+    ({"group_size": 1}, ValueError, r"'group_size' is 1; expected an integer >= 2"),
+    ({"prompts": [[0, -1.0, 2.0, 0, False]]}, ValueError, r"'prompts' is -1.0; expected a finite number >= 0"),
+    ({"prompts": [[0, 1.0, 2.0]]}, ValueError, r"'prompts\[0\]' is \[0, 1.0, 2.0\]; expected a row of 5 items"),
+    ({"moments": [1.0, math.nan, 0.0]}, ValueError, r"'moments\[1\]' is nan"),
+    ({"calibration": [[0.0, 0.0]]}, ValueError, r"'calibration' is \[\[0.0, 0.0\]\]; expected a list of 2 \[2 items"),
+    ({"taken": [[4, 0, 1.5]]}, ValueError, r"'taken' is 1.5; expected a finite number >= 0 and <= 1"),
+    ({"taken": [[4, 2, 0.5]]}, ValueError, r"'taken' is 2; expected an integer in \[0, 1\]"),
+])
+def test_a_damaged_predictor_state_is_refused_and_the_predictor_is_unchanged(state, error, words):
+    predictor = _predictor()
+    predictor.record(3, 2, 4)
+    predictor.taken([5])
+    before = predictor.state_dict()
+    with pytest.raises(error, match=words):
+        predictor.load_state_dict(state)
+    assert predictor.state_dict() == before
+
+
+def test_a_predictor_state_round_trips_and_an_empty_one_restores_an_empty_predictor():
+    predictor = _predictor()
+    for pid, correct in ((1, 0), (2, 3), (1, 2)):
+        predictor.record(pid, correct, 4)
+    predictor.taken([2, 7])
+    restored = _predictor()
+    restored.load_state_dict(predictor.state_dict())
+    assert restored.state_dict() == predictor.state_dict()
+    restored.load_state_dict({})
+    assert restored.state_dict() == _predictor().state_dict()
+
+
+@pytest.mark.parametrize(("args", "error", "words"), [
+    ((math.nan, 1.0, 8), ValueError, r"alpha=nan must be a finite number >= 0"),
+    ((1.0, -0.5, 8), ValueError, r"beta=-0.5 must be a finite number >= 0"),
+    ((1.0, math.inf, 8), ValueError, r"beta=inf must be a finite number >= 0"),
+    ((0.0, 0.0, 8), ValueError, r"alpha=0.0 and beta=0.0: Beta\(0, 0\) is not a distribution"),
+    ((1.0, 1.0, 2.5), TypeError, r"group_size=2.5 \(float\) must be an integer >= 2"),
+    ((1.0, 1.0, 1), ValueError, r"group_size=1 must be an integer >= 2"),
+    (("1", 1.0, 8), TypeError, r"alpha='1' \(str\) must be a finite number"),
+])
+def test_informative_probability_refuses_what_is_no_belief(args, error, words):
+    with pytest.raises(error, match=words):
+        informative_probability(*args)
+
+
+def test_a_zero_beta_parameter_is_the_limit_where_no_group_is_mixed():
+    assert informative_probability(0.0, 3.0, 8) == 0.0  # all belief on p = 0: every group all wrong
+    assert informative_probability(3.0, 0.0, 8) == 0.0  # all belief on p = 1: every group all correct
+    assert informative_probability(1e-9, 3.0, 8) < 1e-8  # and it is the limit of small parameters
+
+
+@pytest.mark.parametrize(("args", "words"), [
+    ((1.5, 0.5, 8), r"mean=1.5 must be a finite number >= 0 and <= 1"),
+    ((0.5, math.nan, 8), r"second_moment=nan must be a finite number"),
+    ((0.5, 0.3, 1), r"group_size=1 must be an integer >= 2"),
+])
+def test_beta_prior_from_moments_checks_its_moments(args, words):
+    with pytest.raises(ValueError, match=words):
+        beta_prior_from_moments(*args)
+
+
+def test_successes_refuses_a_tensor_without_values():
+    with pytest.raises(ValueError, match="metric is a meta tensor"):
+        successes(torch.empty(4, device="meta"))
+    with pytest.raises(TypeError, match=r"metric is of dtype torch.complex64"):
+        successes(torch.ones(4, dtype=torch.complex64))
+    with pytest.raises(TypeError, match="metric is a list"):
+        successes([1, 0])

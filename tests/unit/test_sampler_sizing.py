@@ -7,8 +7,19 @@ import math
 import pytest
 
 from dapo_verl.config import SamplerConfig
-from dapo_verl.sampler import BatchReplenisher, estimate_sample_size, max_request_size, request_size, update_keep_rate
+from dapo_verl.sampler import (
+    BatchReplenisher,
+    budget_can_fill,
+    estimate_sample_size,
+    max_request_size,
+    predicted_request,
+    request_size,
+    round_request,
+    step_prompt_budget,
+    update_keep_rate,
+)
 from dapo_verl.sampler.simulation import SimulatedPolicy
+from dapo_verl.sampler.sizing import inflight_target, yield_stops
 
 KEEP_RATES = (0.25, 0.3, 0.4, 0.5, 0.7, 0.9, 0.99)
 MISSING = (1, 2, 3, 5, 10, 30, 128)
@@ -89,3 +100,52 @@ def test_at_the_lowest_trusted_keep_rate_one_round_still_fills_the_batch_nine_ti
     rounds = [sampler.next_batch().metrics["dapo/sampler/gen_rounds"] for _ in range(200)][1:]  # step 1: no estimate
     assert 0.03 <= sum(r > 1 for r in rounds) / len(rounds) <= 0.16
     assert sum(rounds) / len(rounds) <= 1.2 and max(rounds) <= 3
+
+
+# -- argument checks ----------------------------------------------------------------------------------------
+
+CONFIG = SamplerConfig(train_batch_size=4)
+
+
+@pytest.mark.parametrize(("args", "error", "words"), [
+    ((CONFIG, -1, [0.5, 0.5], None), ValueError, r"missing=-1 must be an integer >= 1"),
+    ((CONFIG, 2.5, [0.5, 0.5], None), TypeError, r"missing=2.5 \(float\) must be an integer >= 1"),
+    ((CONFIG, 2, [0.5, math.nan], None), ValueError, r"predictions\[1\]=nan must be a finite number >= 0 and <= 1"),
+    ((CONFIG, 2, [-0.5, 0.5], None), ValueError, r"predictions\[0\]=-0.5 must be a finite number >= 0 and <= 1"),
+    ((CONFIG, 2, [0.5, 1.5], None), ValueError, r"predictions\[1\]=1.5"),
+    ((CONFIG, 2, [0.5, "x"], None), TypeError, r"predictions\[1\]='x' \(str\) must be a finite number"),
+    ((CONFIG, 2, "0.5", None), TypeError, "predictions is a str; it must be a list of probabilities"),
+    ((CONFIG, 2, [0.5, 0.5], math.nan), ValueError, r"calibration=nan must be a finite number >= 0"),
+    ((CONFIG, 2, [0.5, 0.5], -1.0), ValueError, r"calibration=-1.0 must be a finite number >= 0"),
+    (({"train_batch_size": 4}, 2, [0.5], None), TypeError, "config is a dict; it must be a dapo_verl.config"),
+])
+def test_predicted_request_refuses_what_is_no_prediction(args, error, words):
+    with pytest.raises(error, match=words):
+        predicted_request(*args)
+
+
+@pytest.mark.parametrize(("call", "error", "words"), [
+    (lambda: request_size(CONFIG, 0, 0.5), ValueError, r"missing=0 must be an integer >= 1"),
+    (lambda: request_size(CONFIG, 4, math.nan), ValueError, r"keep_rate=nan must be a finite number >= 0 and <= 1"),
+    (lambda: request_size(CONFIG, 4, 1.5), ValueError, r"keep_rate=1.5"),
+    (lambda: max_request_size(CONFIG, -2), ValueError, r"missing=-2"),
+    (lambda: round_request(CONFIG, 4, 0.5, 0), ValueError, r"budget_left=0 must be an integer >= 1"),
+    (lambda: budget_can_fill(CONFIG, 4, 0.5, -1), ValueError, r"budget_left=-1 must be an integer >= 0"),
+    (lambda: inflight_target(CONFIG, 4, 0.5, 8, streaming=1), TypeError, r"streaming=1 \(int\) must be True"),
+    (lambda: yield_stops(CONFIG, 4, 0.5, 8, math.nan), ValueError, r"groups_seen=nan"),
+    (lambda: update_keep_rate(0.5, 5, 4, 0.3), ValueError, r"kept=5 must be an integer in \[0, 4\]"),
+    (lambda: update_keep_rate(0.5, 1, -4, 0.3), ValueError, r"generated=-4 must be an integer >= 0"),
+    (lambda: update_keep_rate(0.5, 1, 4, 0.0), ValueError, r"smoothing=0.0 must be a finite number > 0 and <= 1"),
+    (lambda: update_keep_rate(1.5, 1, 4, 0.3), ValueError, r"estimate=1.5 must be a finite number >= 0 and <= 1"),
+    (lambda: update_keep_rate(0.5, 1, 4, 0.3, round_size=0), ValueError, r"round_size=0 must be an integer >= 1"),
+    (lambda: step_prompt_budget(None), TypeError, "config is a NoneType"),
+])
+def test_sizing_functions_name_the_argument_that_does_not_fit(call, error, words):
+    with pytest.raises(error, match=words):
+        call()
+
+
+def test_an_empty_round_and_no_budget_left_are_valid_inputs():
+    assert update_keep_rate(0.4, 0, 0, 0.3) == 0.4
+    assert not budget_can_fill(CONFIG, 4, 0.5, 0)
+    assert predicted_request(CONFIG, 2, [], None) == (1, False)
