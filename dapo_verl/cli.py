@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import errno
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from dapo_verl.cli_errors import fail as _fail
+from dapo_verl.cli_errors import os_error as _os_error
 from dapo_verl.lifetime import Stopped, signal_name, stop_signals
 
 __all__ = ["main"]
@@ -21,36 +22,6 @@ DEFAULTS_YAML = Path(__file__).parent / "configs" / "dapo_defaults.yaml"
 DOCS = Path(__file__).parent.parent / "docs"  # present in a source checkout, not in an installed wheel
 CONFIG_REFERENCE = DOCS / "configuration.md"
 RELIABILITY_PAGE = DOCS / "reliability.md"
-
-
-def _fail(command: str, message: object) -> int:
-    """Print ``dapo-verl <command>: <message>`` on one line of stderr (one line per problem of a refused config);
-    return exit status 2."""
-    problems = getattr(message, "problems", None)  # dapo_verl.preflight.ConfigRefused, imported only when needed
-    for line in [str(p) for p in problems] if problems else [message]:
-        print(f"dapo-verl {command}: {' '.join(str(line).split())}", file=sys.stderr)
-    return 2
-
-
-_OS_FIXES = {
-    errno.ENOSPC: "Free disk space and run the same command again (a run continues from its last checkpoint).",
-    errno.EDQUOT: "Free space within your quota and run the same command again.",
-    errno.EROFS: "Pass an --out on a writable disk.",
-    errno.EACCES: "Pass an --out you may write to, or fix its permissions.",
-    errno.EPERM: "Pass an --out you may write to, or fix its permissions.",
-    errno.ENOTDIR: "--out must name a directory, not a file.",
-    errno.EEXIST: "--out must name a directory, not a file.",
-    errno.EFBIG: "The file outgrew this process's file-size limit (ulimit -f); raise the limit and run the same "
-                 "command again.",
-}
-
-
-def _os_error(err: OSError) -> str:
-    """An OSError as one line that names the file and the fix (a message without errno is already one)."""
-    if err.errno is None or not err.strerror:
-        return str(err)
-    where = f" ({err.filename})" if err.filename else ""
-    return f"{err.strerror}{where}. {_OS_FIXES.get(err.errno, 'Check that path and run the command again.')}"
 
 
 def _cmd_prepare_data(args: argparse.Namespace) -> int:
@@ -192,11 +163,13 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
 def _cmd_compare(args: argparse.Namespace) -> int:
     import logging
 
+    from dapo_verl.local.ablation_report import check_compare_out
     from dapo_verl.report import build_report, group_runs
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     options = {"metrics": args.metrics} | ({"last_frac": args.last_frac} if args.last_frac is not None else {})
     try:
+        check_compare_out(Path(args.out))
         report = build_report(group_runs(args.runs, args.label), args.out, **options)
     except OSError as err:
         return _fail("compare", _os_error(err))
@@ -218,31 +191,29 @@ def _clip_acts_seeds() -> int:
 def _cmd_ablate(args: argparse.Namespace) -> int:
     import logging
 
-    from dapo_verl.local.ablate import DEFAULT_JOBS, DEFAULT_SEEDS, QUIET_LOGGERS, Progress, run_ablation
+    from dapo_verl.local import ablate
     from dapo_verl.local.arms import LADDER_STUDY, SETTINGS
     from dapo_verl.local.rundir import RunDirectoryBusy
     from dapo_verl.local.train import RunInterrupted
     from dapo_verl.sampler import ShortfallError
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    for name in QUIET_LOGGERS:
+    for name in ablate.QUIET_LOGGERS:
         logging.getLogger(name).setLevel(logging.ERROR)
     if args.ladder and args.setting != "default":
         return _fail("ablate", f"--setting {args.setting} is a setting of the clip ablation; the ladder runs the "
                      "default setting only. Drop --ladder or --setting.")
     study = LADDER_STUDY if args.ladder else SETTINGS[args.setting]
-    default_seeds = study.power.seeds if study.power is not None else DEFAULT_SEEDS
-    seeds = args.seed_list if args.seed_list is not None else list(range(
-        default_seeds if args.seeds is None else args.seeds))
     out = args.out or f"runs/ablate/{study.name}"
-    jobs = DEFAULT_JOBS if args.jobs is None else args.jobs
-    print(f"{study.title}: {len(study.arms)} arms x seeds {seeds} -> {out}", flush=True)
+    jobs = ablate.DEFAULT_JOBS if args.jobs is None else args.jobs
     try:
-        result = run_ablation(study, seeds, out, steps=args.steps, extra_overrides=args.overrides,
-                              jobs=jobs, on_run=Progress(lambda line: print(line, flush=True), jobs=jobs))
+        seeds = ablate.seed_list(args.seeds, args.seed_list, study.power.seeds if study.power else ablate.DEFAULT_SEEDS)
+        print(f"{study.title}: {len(study.arms)} arms x seeds {seeds} -> {out}", flush=True)
+        result = ablate.run_ablation(study, seeds, out, steps=args.steps, extra_overrides=args.overrides, jobs=jobs,
+                                     on_run=ablate.Progress(lambda line: print(line, flush=True), jobs=jobs))
     except OSError as err:
         return _fail("ablate", _os_error(err))
-    except (ValueError, ShortfallError, RunDirectoryBusy, RunInterrupted) as err:
+    except (ValueError, ShortfallError, RunDirectoryBusy, RunInterrupted, ablate.AblationInterrupted) as err:
         return _fail("ablate", err)
     print()
     print(result.files["summary"].read_text(), end="")
@@ -258,7 +229,7 @@ def _cmd_rehearse(args: argparse.Namespace) -> int:
 
     options = RehearsalOptions(config_name=args.config_name, overrides=tuple(args.overrides), out_dir=Path(args.out),
                                steps=args.steps, gpus=args.gpus, overwrite=args.overwrite,
-                               overlap=not args.sequential, engine=args.engine)
+                               overlap=args.overlap_resume, engine=args.engine)
     try:
         result = rehearse(options)
     except (RehearsalError, ConfigRefused) as err:
@@ -302,7 +273,7 @@ def _parser() -> argparse.ArgumentParser:
     prep.add_argument("--aime-data-source", metavar="NAME", help="data_source of the AIME rows (default: aime-2024; "
                       "must start with aime or be math_dapo)")
     prep.add_argument("--aime-repeat", type=int, metavar="N", help="also write aime-2024-xN.parquet, each problem "
-                      "N times, for val_kwargs.n=1")
+                      "N times (N <= 1024), for val_kwargs.n=1")
     prep.set_defaults(func=_cmd_prepare_data)
 
     config = commands.add_parser("config", help="print the generated DAPO defaults (verl key paths)")
@@ -339,9 +310,9 @@ def _parser() -> argparse.ArgumentParser:
     rehearse.add_argument("--engine", choices=["vllm", "stand-in"], default=None,
                           help="rollout engine (default: vllm when vLLM's CPU build is installed, else stand-in, "
                                "announced): verl's own vLLM rollout, or the CPU replica of dapo_verl")
-    rehearse.add_argument("--sequential", action="store_true",
-                          help="start the resume run after the first ends (default: together, waiting at the "
-                               "checkpoint load; faster on an idle machine)")
+    rehearse.add_argument("--overlap-resume", action=argparse.BooleanOptionalAction, default=False, help="start the "
+                          "resume run with the first (faster; about twice the memory: docs/rehearse.md, Memory)")
+    rehearse.add_argument("--sequential", dest="overlap_resume", action="store_false", help=argparse.SUPPRESS)
     rehearse.set_defaults(func=_cmd_rehearse)
 
     doctor = commands.add_parser("doctor", help="check that verl sees the dapo loss, estimator and reward manager")

@@ -9,6 +9,7 @@ library, never verl, ray or torch-dependent code. Entry point: ``dapo-verl prepa
 from dapo_verl.data.dedup import ConflictPolicy, DedupKey, DedupStats, Problem, deduplicate
 from dapo_verl.data.prepare import (
     AIME_FILE,
+    MAX_AIME_REPEAT,
     REPORT_FILE,
     TRAIN_FILE,
     PreparedData,
@@ -36,6 +37,7 @@ __all__ = [
     "AIME_FILE",
     "DAPO_PROMPT_PREFIX",
     "DAPO_PROMPT_SUFFIX",
+    "MAX_AIME_REPEAT",
     "OUTPUT_SCHEMA",
     "REPORT_FILE",
     "TRAIN_FILE",

@@ -6,18 +6,26 @@ the key (``DedupKey``):
 
 * ``prompt``: the problem text with the DAPO template removed and whitespace runs collapsed (default; the
   paper's "17K prompts" are problems, and a repeated problem is the same training signal);
-* ``uuid``: the source's ``extra_info.index``, exactly as stored;
+* ``uuid``: the source's ``extra_info.index``, exactly as stored; rows sharing an identifier must hold the same
+  problem and answer (whitespace aside), else they are different problems under one identifier, an error;
 * ``prompt_answer``: the normalised problem text together with the stripped ground truth.
 
 The first occurrence in file order is kept, so results are deterministic. Whatever the key, the counts under
 all three keys are reported, as is the number of problem texts that carry more than one distinct ground truth
 ("conflicting"); ``ConflictPolicy`` keeps those rows (first occurrence wins under ``prompt``) or drops every
 row of such a problem.
+
+Every ground truth must be one that verl's ``math_dapo`` scorer can match (it compares the normalised text after
+the last ``Answer:`` of a response, read up to the line's end, with the normalised ground truth): a blank one
+normalises to ``''``, which only an empty answer matches; one with a line break can never match, because the
+answer is read from one line; other control characters (a NUL byte) are not text a model writes. Such a row is an
+error naming the file, row and value (:func:`unscorable_reason`).
 """
 
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from enum import StrEnum
@@ -26,9 +34,12 @@ from typing import Any, NamedTuple
 from dapo_verl.data.schema import DAPO_PROMPT_PREFIX, DAPO_PROMPT_SUFFIX, dapo_prompt, normalize_text, split_dapo_prompt
 from dapo_verl.data.sources import SourceRow
 
-__all__ = ["ConflictPolicy", "DedupKey", "DedupStats", "Problem", "deduplicate"]
+__all__ = ["ConflictPolicy", "DedupKey", "DedupStats", "Problem", "deduplicate", "unscorable_reason"]
 
 logger = logging.getLogger(__name__)
+
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+"""Control characters other than tab and line feed (a line feed inside an answer has its own reason)."""
 
 
 class DedupKey(StrEnum):
@@ -101,6 +112,35 @@ def _parse_text(text: str, where: str) -> tuple[str, str, bool]:
     return (text, raw, False) if raw is not None else (dapo_prompt(text), text, True)
 
 
+def unscorable_reason(ground_truth: str) -> str | None:
+    """Why verl's ``math_dapo`` can never score a response right against ``ground_truth``; None when it can.
+
+    Example:
+        >>> unscorable_reason("12") is None
+        True
+        >>> unscorable_reason("1\\n2")
+        'spans two lines: math_dapo reads the answer from one line'
+    """
+    text = ground_truth.strip()  # math_dapo strips the normalised answer
+    if not text:
+        return (f"is blank ({len(ground_truth)} whitespace character(s)): math_dapo normalises it to '', which only "
+                "an empty answer matches")
+    if "\n" in text:
+        return "spans two lines: math_dapo reads the answer from one line"
+    control = _CONTROL.search(text)
+    if control:
+        return f"holds the control character {control.group()!r}, which no written answer contains (a damaged file?)"
+    return None
+
+
+def _check_ground_truth(ground_truth: str, where: str) -> None:
+    reason = unscorable_reason(ground_truth)
+    if reason is not None:
+        shown = repr(ground_truth) if len(ground_truth) <= 60 else repr(ground_truth[:60]) + "..."
+        raise ValueError(f"{where}: reward_model.ground_truth {shown} {reason}, so no response can be scored right "
+                         "against it. Fix or drop that row in the input file.")
+
+
 class _Counts:
     """Running counts under every key; answers per problem text give the prompt, prompt+answer and conflict counts."""
 
@@ -119,6 +159,20 @@ class _Counts:
 
     def is_conflicting(self, problem_key: str) -> bool:
         return len(self.answers[problem_key]) > 1
+
+
+def _check_same_problem(first: tuple[int, str, str], row: SourceRow, problem_key: str, answer_key: str,
+                        dataset: str) -> None:
+    """Rows sharing an ``extra_info.index`` must be one problem (``--dedup-key uuid``); else raise naming both."""
+    first_row, first_problem, first_answer = first
+    if (first_problem, first_answer) == (problem_key, answer_key):
+        return
+    what, a, b = ("problem text", first_problem, problem_key) if first_problem != problem_key else (
+        "answer", first_answer, answer_key)
+    raise ValueError(f"{dataset}: rows {first_row} and {row.row} share extra_info.index {row.source_id!r} but differ "
+                     f"in their {what} ({a[:60]!r} vs {b[:60]!r}); --dedup-key uuid would keep one and drop the other "
+                     "problem. Give each problem its own identifier, or use --dedup-key prompt (the default) or "
+                     "prompt_answer.")
 
 
 def _row_key(key: DedupKey, problem_key: str, answer_key: str, row: SourceRow, where: str) -> str | tuple[str, str]:
@@ -146,28 +200,38 @@ def deduplicate(rows: Iterable[SourceRow], *, key: DedupKey, conflicts: Conflict
         The kept problems (file order) and the counts.
 
     Raises:
-        ValueError: for a row with a partial template or an empty problem, ``key=uuid`` without identifiers,
-            or when no row is left.
+        ValueError: for a row with a partial template, an empty problem or a ground truth ``math_dapo`` can never
+            match, ``key=uuid`` without identifiers or with one identifier on two different problems, or when no
+            row is left.
     """
     key, conflicts = DedupKey(key), ConflictPolicy(conflicts)
     counts = _Counts()
     first: dict[str | tuple[str, str], int] = {}  # row key -> position in kept
+    first_rows: dict[str | tuple[str, str], tuple[int, str, str]] = {}  # under uuid: row, problem, answer
     kept: list[Problem] = []
     copies: list[int] = []
     parsed: dict[str, tuple[str, str, bool, str]] = {}  # each text repeats ~100 times: parse it once
+    scorable: set[str] = set()  # ground truths already checked
     for row in rows:
         where = f"{dataset}, row {row.row}"
         if row.text not in parsed:
             prompt, raw, built = _parse_text(row.text, where)
             parsed[row.text] = (prompt, raw, built, normalize_text(raw))
         prompt, raw, built, problem_key = parsed[row.text]
+        if row.ground_truth not in scorable:
+            _check_ground_truth(row.ground_truth, where)
+            scorable.add(row.ground_truth)
         answer_key = normalize_text(row.ground_truth)
         counts.add(problem_key, answer_key, row.source_id)
         row_key = _row_key(key, problem_key, answer_key, row, where)
         if row_key in first:
+            if key is DedupKey.UUID:
+                _check_same_problem(first_rows[row_key], row, problem_key, answer_key, dataset)
             copies[first[row_key]] += 1
             continue
         first[row_key] = len(kept)
+        if key is DedupKey.UUID:
+            first_rows[row_key] = (row.row, problem_key, answer_key)
         copies.append(1)
         kept.append(Problem(prompt, raw, row.ground_truth, row.source_id, row.ability, row.style, built, problem_key))
     return _finish(kept, copies, counts, key=key, conflicts=conflicts, dataset=dataset)

@@ -52,6 +52,7 @@ from dapo_verl.data.sources import open_source
 __all__ = [
     "AIME_2024_PROBLEMS",
     "AIME_FILE",
+    "MAX_AIME_REPEAT",
     "REPORT_FILE",
     "TRAIN_FILE",
     "PrepareOptions",
@@ -72,6 +73,9 @@ REPORT_FILE = "prepare_data.json"
 MANIFEST_FORMAT = "dapo_verl.prepare_data/2"
 """``prepare_data.json``'s format: one entry per output file (rows, input, options, dedup counts, time)."""
 AIME_2024_PROBLEMS = 30
+MAX_AIME_REPEAT = 1024
+"""Largest ``aime_repeat``: 30 x 1024 = 30,720 rows, each generated at every evaluation; avg@1024 already has 1/32 of
+avg@1's sampling error (the paper reports avg@32), and each repeat adds a full copy of the set to memory and disk."""
 _DEFAULT_ABILITY = "MATH"
 _DEFAULT_STYLE = "rule-lighteval/MATH_v2"
 _INTEGER = re.compile(r"[+-]?\d+")
@@ -111,7 +115,8 @@ class PrepareOptions:
     """data_source of the validation rows; any name starting with aime is scored by math_dapo and names the metrics."""
 
     aime_repeat: int = 0
-    """Also write the AIME problems repeated this many times (e.g. 32, for val_kwargs.n=1); 0 writes no such file."""
+    """Also write the AIME problems repeated this many times (e.g. 32, for val_kwargs.n=1), at most MAX_AIME_REPEAT
+    (1024); 0 writes no such file."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "dedup_key", _choice("dedup_key", self.dedup_key, DedupKey))
@@ -125,6 +130,13 @@ class PrepareOptions:
         if isinstance(self.aime_repeat, bool) or not isinstance(self.aime_repeat, int) or self.aime_repeat < 0:
             raise ValueError(f"aime_repeat={self.aime_repeat!r} must be an integer >= 0 (0 writes no repeated file). "
                              "Use 32 for the avg@32 file of BytedTsinghua-SIA/AIME-2024.")
+        if self.aime_repeat > MAX_AIME_REPEAT:
+            raise ValueError(f"aime_repeat={self.aime_repeat:,} is above {MAX_AIME_REPEAT}: the file would hold every "
+                             f"AIME problem {self.aime_repeat:,} times (30 x {self.aime_repeat:,} = "
+                             f"{AIME_2024_PROBLEMS * self.aime_repeat:,} rows, built in memory) and validation would "
+                             f"generate a response for each row at every evaluation, while avg@{MAX_AIME_REPEAT} "
+                             f"already has 1/32 of avg@1's sampling error. Use --aime-repeat 32 (the paper's "
+                             f"avg@32) or at most {MAX_AIME_REPEAT}.")
 
 
 def _to_table(problems: list[Problem], *, data_source: str, split: str) -> pa.Table:

@@ -9,12 +9,17 @@ Two source layouts are accepted (``SourceLayout``):
 * ``problem_answer``: plain problem/answer tables -- ``problem``/``answer``/``id`` (HuggingFaceH4/aime_2024)
   or ``Problem``/``Answer``/``ID`` (Maxwell-Jia/AIME_2024). Integer answers become strings.
 
+An answer column of floats is read as whole numbers (``33.0`` -> ``"33"``) and plain decimals (``0.5``); a float with
+no exact decimal form (``1e+30``, ``1e-05``, inf, NaN) and a boolean answer are errors naming the row: math_dapo
+compares the answer's text, and that text is not what the problem's author wrote.
+
 Files are streamed in record batches, so the 1.79M-row DAPO-Math-17k file never sits in memory as Python
 objects at once. Nothing is downloaded.
 """
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -101,7 +106,7 @@ class SourceTable:
                 texts, answers, styles = self._verl_columns(batch, start)
             else:
                 texts = self._strings(batch.column(self.columns["text"]), start, "text")
-                answers, styles = self._strings(batch.column(self.columns["answer"]), start, "answer"), None
+                answers, styles = self._answers(batch.column(self.columns["answer"]), start, "answer"), None
             ids = self._optional_strings(batch, "id", start)
             abilities = self._optional_strings(batch, "ability", start)
             for offset, text in enumerate(texts):
@@ -124,7 +129,7 @@ class SourceTable:
                 raise self._row_error(start + row, f"'prompt' message has role {roles[row].as_py()!r}", "role 'user'")
             prompt = pc.struct_field(messages, "content")
         reward_model = batch.column("reward_model")
-        answers = self._strings(pc.struct_field(reward_model, "ground_truth"), start, "reward_model.ground_truth")
+        answers = self._answers(pc.struct_field(reward_model, "ground_truth"), start, "reward_model.ground_truth")
         style = None
         if reward_model.type.get_field_index("style") >= 0:
             style = self._python(pc.struct_field(reward_model, "style"), start, "reward_model.style")
@@ -137,6 +142,26 @@ class SourceTable:
         if not pa.types.is_string(values.type) and not pa.types.is_large_string(values.type):
             values = pc.cast(values, pa.string())
         return self._python(values, start, what)
+
+    def _answers(self, values: pa.Array, start: int, what: str) -> list[str]:
+        """The answers as strings (see the module docstring for floats and booleans)."""
+        if pa.types.is_boolean(values.type):
+            self._strings(values, start, what)  # a null is reported as such first
+            raise self._row_error(start, f"{what} is the boolean {values[0].as_py()}", "a math answer (a string or "
+                                  "an integer); math_dapo would compare 'true' or 'false' with the response's answer")
+        if not pa.types.is_floating(values.type):
+            return self._strings(values, start, what)
+        self._strings(values, start, what)  # nulls
+        return [self._float_answer(value, start + offset, what) for offset, value in enumerate(values.to_pylist())]
+
+    def _float_answer(self, value: float, row: int, what: str) -> str:
+        if math.isfinite(value) and value.is_integer() and abs(value) < 2**53:
+            return str(int(value))
+        text = repr(value)
+        if not math.isfinite(value) or "e" in text:
+            raise self._row_error(row, f"{what} is the float {text}, which has no exact decimal form a model would "
+                                       "write (math_dapo compares answers as text)", "the answer stored as a string")
+        return text
 
     def _python(self, values: pa.Array, start: int, what: str) -> list:
         """``values.to_pylist()``, or the row error of the first text that is not valid UTF-8."""

@@ -4,7 +4,9 @@
 ``<out>/<arm>/seed<k>/`` -- the layout ``dapo-verl compare <out>/*/seed*`` groups by arm -- and builds the
 report with :func:`dapo_verl.report.build_report`. The arms are data (:mod:`dapo_verl.local.arms`). Runs
 are ordered seed by seed, so an interrupted ablation has about as many seeds in every arm, and with
-``jobs=2`` the two arms of a seed train side by side. Each run uses ``local.num_threads`` torch threads (1).
+``jobs=2`` the two arms of a seed train side by side (:mod:`dapo_verl.local.run_pool`; Ctrl-C starts no further
+run and stops the ones in training at their step boundary). Each run uses ``local.num_threads`` torch threads (1).
+With ``steps`` every arm trains that many steps, and the study's arms and report say so (:meth:`Study.with_steps`).
 
 Resuming: a run whose directory holds a finished run of the same configuration (``summary.json`` at the
 requested step count, ``config.yaml`` equal except for run-length, output and cache keys) is reused;
@@ -22,25 +24,21 @@ from __future__ import annotations
 
 import json
 import logging
-import multiprocessing
-import os
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from concurrent.futures import Future, ProcessPoolExecutor, as_completed
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from omegaconf import OmegaConf
 
-from dapo_verl.lifetime import die_with_parent
 from dapo_verl.local.ablation_report import Progress, RunOutcome, write_ablation_report
-from dapo_verl.local.arms import Arm, Study
+from dapo_verl.local.arms import STEPS_KEY, Arm, Study
 from dapo_verl.local.compose import RunSpec, changed_keys, compose_run
+from dapo_verl.local.run_pool import AblationInterrupted, train_runs
 from dapo_verl.report import Report
 
-__all__ = ["DEFAULT_JOBS", "DEFAULT_SEEDS", "QUIET_LOGGERS", "AblationResult", "PlannedRun", "Progress",
-           "RunOutcome", "plan_runs", "run_ablation"]
+__all__ = ["DEFAULT_JOBS", "DEFAULT_SEEDS", "QUIET_LOGGERS", "AblationInterrupted", "AblationResult", "PlannedRun",
+           "Progress", "RunOutcome", "plan_runs", "run_ablation", "seed_list"]
 
 logger = logging.getLogger(__name__)
 
@@ -105,6 +103,22 @@ def _key(override: str) -> str:
     return override.split("=", 1)[0].lstrip("+~")
 
 
+def seed_list(count: int | None, listed: Sequence[int] | None, default: int) -> list[int]:
+    """The seeds of ``--seeds N`` (0..N-1), or of ``--seed-list K ...``, or 0..``default``-1 when neither is given.
+
+    Each seed is checked as ``data.seed`` when the runs are composed.
+
+    Raises:
+        ValueError: for a count below 1, naming the value.
+    """
+    if listed is not None:
+        return list(listed)
+    if count is not None and count < 1:
+        raise ValueError(f"--seeds {count} is not a number of seeds; it must be at least 1 (--seeds N trains seeds "
+                         "0..N-1 in every arm). Pass e.g. --seeds 2, or --seed-list K [K ...].")
+    return list(range(default if count is None else count))
+
+
 def plan_runs(study: Study, seeds: Sequence[int], out_dir: str | Path, *, steps: int | None = None,
               extra_overrides: Sequence[str] = ()) -> list[PlannedRun]:
     """Every (arm, seed) of ``study``, seed by seed.
@@ -133,10 +147,14 @@ def plan_runs(study: Study, seeds: Sequence[int], out_dir: str | Path, *, steps:
         if key in _OWN_KEYS:
             raise ValueError(f"the override {override!r} sets {key}, which dapo-verl ablate sets for each run; "
                              f"use {_OWN_KEYS[key]} instead.")
-    length = [f"trainer.total_training_steps={steps}"] if steps is not None else []
+    study = study.with_steps(steps)  # an arm that sets the run length gets ``steps`` in its own settings
     return [PlannedRun(arm=arm, seed=seed, run_dir=Path(out_dir) / arm.name / f"seed{seed}",
-                       overrides=(*arm.overrides, *length, *extra_overrides, f"data.seed={seed}"))
+                       overrides=(*arm.overrides, *_length(arm, steps), *extra_overrides, f"data.seed={seed}"))
             for seed in seeds for arm in study.arms]
+
+
+def _length(arm: Arm, steps: int | None) -> list[str]:
+    return [] if steps is None or STEPS_KEY in arm.settings else [f"{STEPS_KEY}={steps}"]
 
 
 def _finished(planned: PlannedRun, spec: RunSpec) -> RunOutcome | None:
@@ -168,48 +186,8 @@ def _finished(planned: PlannedRun, spec: RunSpec) -> RunOutcome | None:
                       wall_s=done["wall_s"], reused=True)
 
 
-def _train(overrides: Sequence[str], run_dir: str) -> dict[str, Any]:
-    """Train one run (in this process or a worker); returns the plain fields of its outcome."""
-    from dapo_verl.local.train import run  # imported here: the worker process needs nothing else
-
-    result = run(list(overrides), run_dir)
-    return {"final_accuracy": result.final_accuracy, "final_exact": result.final_exact, "steps": result.steps,
-            "wall_s": result.wall_s}
-
-
-def _init_worker(levels: Mapping[str, int], parent: int) -> None:
-    """Make a worker process die with ``parent`` (even when it is SIGKILLed) and give it the parent's log levels (a
-    spawned process starts unconfigured)."""
-    die_with_parent(parent)
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    for name, level in levels.items():
-        logging.getLogger(name).setLevel(level)
-
-
 def _log_levels() -> dict[str, int]:
     return {name: logging.getLogger(name).getEffectiveLevel() for name in ("dapo_verl", *QUIET_LOGGERS)}
-
-
-def _execute(pending: Sequence[PlannedRun], jobs: int) -> Iterator[tuple[PlannedRun, dict[str, Any]]]:
-    """Train ``pending``, ``jobs`` at a time; yield each run as it finishes."""
-    if jobs == 1 or len(pending) == 1:
-        for planned in pending:
-            yield planned, _train(planned.overrides, str(planned.run_dir))
-        return
-    context = multiprocessing.get_context("spawn")  # no fork of a process that holds torch's thread pools
-    pool = ProcessPoolExecutor(max_workers=jobs, mp_context=context, initializer=_init_worker,
-                               initargs=(_log_levels(), os.getpid()))
-    futures: dict[Future[dict[str, Any]], PlannedRun] = {}
-    try:
-        futures = {pool.submit(_train, p.overrides, str(p.run_dir)): p for p in pending}
-        for future in as_completed(futures):
-            yield futures[future], future.result()
-    except KeyboardInterrupt:  # Ctrl-C, SIGTERM, SIGHUP: end the runs now (each continues from its checkpoint)
-        for process in list((getattr(pool, "_processes", None) or {}).values()):  # the pool has no public handle
-            process.kill()
-        raise
-    finally:
-        pool.shutdown(wait=True, cancel_futures=True)  # on an error, runs not started yet are dropped
 
 
 def run_ablation(study: Study, seeds: Sequence[int], out_dir: str | Path, *, steps: int | None = None,
@@ -230,13 +208,19 @@ def run_ablation(study: Study, seeds: Sequence[int], out_dir: str | Path, *, ste
         The :class:`AblationResult`.
 
     Raises:
-        ValueError: for a bad seed list, extra override or ``jobs``, a config that does not compose, or a run
-            directory holding another configuration (before anything is trained).
+        ValueError: for a bad seed list, extra override or ``jobs``, an ``out_dir`` that is a file (or lies in
+            one), a config that does not compose, or a run directory holding another configuration (before anything
+            is trained).
+        OSError: if ``out_dir`` cannot be created (before anything is trained).
+        AblationInterrupted: after Ctrl-C, SIGTERM or SIGHUP with ``jobs`` > 1 (:mod:`dapo_verl.local.run_pool`).
+        dapo_verl.local.train.RunInterrupted: after Ctrl-C with ``jobs`` = 1.
         dapo_verl.sampler.ShortfallError: from a run with ``algorithm.filter_groups.on_shortfall=error``.
     """
     if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
         raise ValueError(f"jobs={jobs!r} must be a positive integer; use 2 on a 2-core machine, 1 to stay in-process.")
+    _check_out(Path(out_dir))
     started = time.perf_counter()
+    study = study.with_steps(steps)
     plan = plan_runs(study, seeds, out_dir, steps=steps, extra_overrides=extra_overrides)
     specs = [compose_run(p.overrides, out_dir=p.run_dir) for p in plan]  # every config error before any run
     done: dict[tuple[str, int], RunOutcome] = {}
@@ -248,7 +232,8 @@ def run_ablation(study: Study, seeds: Sequence[int], out_dir: str | Path, *, ste
     pending = [p for p in plan if (p.arm.name, p.seed) not in done]
     logger.info("Ablation %s: %d runs, %d reused from %s, %d to train with %d job(s).", study.name, len(plan),
                 len(done), out_dir, len(pending), jobs)
-    for planned, fields in _execute(pending, jobs):
+    Path(out_dir).mkdir(parents=True, exist_ok=True)  # an --out that cannot be made fails here, not in a worker
+    for planned, fields in train_runs(pending, jobs, _log_levels()):
         outcome = RunOutcome(arm=planned.arm.name, seed=planned.seed, run_dir=planned.run_dir, reused=False,
                              **fields)
         done[(planned.arm.name, planned.seed)] = outcome
@@ -257,6 +242,21 @@ def run_ablation(study: Study, seeds: Sequence[int], out_dir: str | Path, *, ste
     report, files = write_ablation_report(study, outcomes, Path(out_dir))
     return AblationResult(study=study, outcomes=outcomes, report=report, files=files,
                           wall_s=time.perf_counter() - started)
+
+
+def _check_out(out: Path) -> None:
+    """Refuse an ablation directory that is a file, or lies below one.
+
+    Raises:
+        ValueError: naming the file.
+    """
+    for path in (out, *out.parents):
+        if path.exists() and not path.is_dir():
+            where = "is a file" if path == out else f"lies in {path}, which is a file"
+            raise ValueError(f"--out {out} {where}; an ablation writes a directory of runs (<out>/<arm>/seed<k>) and "
+                             "its report. Pass a directory: a new one, or an earlier ablation's to continue it.")
+        if path.exists():
+            return
 
 
 def _notify(on_run: Callable[[RunOutcome, int, int], None] | None, outcome: RunOutcome, done: int,

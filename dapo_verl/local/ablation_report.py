@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import fnmatch
 import itertools
+import json
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -25,11 +26,12 @@ from pathlib import Path
 
 from dapo_verl.local.arms import Study
 from dapo_verl.local.powered_test import PrimaryResult, analyse_primary
-from dapo_verl.report import DEFAULT_METRICS, Report, RunLog, build_report, load_runs, write_report
+from dapo_verl.report import DEFAULT_METRICS, JSON_FILE, Report, RunLog, build_report, load_runs, write_report
 from dapo_verl.report.plots import plot_arms
 from dapo_verl.report.summary import Spread, accuracy_keys, pass_at_k_keys
 
-__all__ = ["CURVES_FILE", "SUMMARY_FILE", "Progress", "RunOutcome", "summary_markdown", "write_ablation_report"]
+__all__ = ["CURVES_FILE", "SUMMARY_FILE", "Progress", "RunOutcome", "check_compare_out", "summary_markdown",
+           "write_ablation_report"]
 
 SUMMARY_FILE = "ablation.md"
 CURVES_FILE = "curves.png"
@@ -135,6 +137,29 @@ def write_ablation_report(study: Study, outcomes: Sequence[RunOutcome], out: Pat
     files["summary"] = out / SUMMARY_FILE
     files["summary"].write_text(summary_markdown(study, outcomes, report, primary))
     return report, files
+
+
+def _has_analysis(report_json: Path) -> bool:
+    try:
+        return "analysis" in json.loads(report_json.read_text())
+    except (OSError, ValueError, TypeError):
+        return False
+
+
+def check_compare_out(out: Path) -> None:
+    """Refuse an output folder of ``dapo-verl compare`` that holds an ablation's report, which it would replace.
+
+    An ablation's ``report.json`` holds its paired test and power analysis (``"analysis"``) and sits beside
+    ``ablation.md``; ``compare`` writes a plain ``report.json``, ``report.md`` and plots.
+
+    Raises:
+        ValueError: naming the file that would be overwritten and another ``--out``.
+    """
+    report_json = out / JSON_FILE
+    if report_json.is_file() and ((out / SUMMARY_FILE).exists() or _has_analysis(report_json)):
+        raise ValueError(f"--out {out} holds an ablation's report ({SUMMARY_FILE} beside it); this comparison would "
+                         f"overwrite {report_json}, and with it any paired test and power analysis of the ablation, "
+                         f"its report.md and plots. Choose another --out, e.g. --out {out / 'compare'}.")
 
 
 # -- the summary table -----------------------------------------------------------------------------

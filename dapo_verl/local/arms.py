@@ -31,13 +31,14 @@ removes most of the early loss tokens.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 __all__ = [
     "CLIP_ACTS_PRIMARY", "CLIP_ACTS_SETTING", "CLIP_ACTS_STUDY", "CLIP_HIGH", "CLIP_LOW", "CLIP_STUDY",
-    "DYNAMIC_SAMPLING", "LADDER_STUDY", "LOSS_AGG", "OVERLONG_FILTERING", "OVERLONG_PENALTY", "SETTINGS", "STUDIES",
-    "Arm", "PowerPlan", "PrimaryMetric", "Study",
+    "DYNAMIC_SAMPLING", "LADDER_STUDY", "LOSS_AGG", "OVERLONG_FILTERING", "OVERLONG_PENALTY", "SETTINGS", "STEPS_KEY",
+    "STUDIES", "Arm", "PowerPlan", "PrimaryMetric", "Study",
 ]
 
 CLIP_LOW = "actor_rollout_ref.actor.clip_ratio_low"
@@ -46,6 +47,7 @@ LOSS_AGG = "actor_rollout_ref.actor.loss_agg_mode"
 OVERLONG_PENALTY = "reward.reward_kwargs.overlong_reward_penalty"
 OVERLONG_FILTERING = "algorithm.overlong_filtering"
 DYNAMIC_SAMPLING = "algorithm.filter_groups.enable"
+STEPS_KEY = "trainer.total_training_steps"
 
 
 @dataclass(frozen=True)
@@ -135,6 +137,22 @@ class Study:
     primary: PrimaryMetric | None = None
     power: PowerPlan | None = None
 
+    def with_steps(self, steps: int | None) -> Study:
+        """The study as it runs for ``steps`` training steps: each arm that sets the run length sets ``steps``.
+
+        Arms without the key are unchanged (the ablation driver adds the length to their overrides); None returns
+        the study as it is.
+
+        Example:
+            >>> CLIP_ACTS_STUDY.with_steps(10).arms[0].settings[STEPS_KEY]
+            '10'
+        """
+        if steps is None:
+            return self
+        arms = tuple(dataclasses.replace(arm, settings={**arm.settings, STEPS_KEY: str(steps)})
+                     if STEPS_KEY in arm.settings else arm for arm in self.arms)
+        return dataclasses.replace(self, arms=arms)
+
     @property
     def varied_keys(self) -> list[str]:
         """The keys whose value differs between arms (the keys the study is about)."""
@@ -160,7 +178,7 @@ CLIP_ACTS_SETTING = {
     "actor_rollout_ref.actor.optim.lr": "1e-3",
     "actor_rollout_ref.rollout.val_kwargs.n": "8",
     "trainer.test_freq": "5",
-    "trainer.total_training_steps": "40",
+    STEPS_KEY: "40",
 }
 """The clip-acts setting, on top of the default run (copy3, G = 8, 16 groups per step), fixed before its pilot:
 
@@ -174,11 +192,12 @@ CLIP_ACTS_SETTING = {
 
 CLIP_ACTS_PRIMARY = PrimaryMetric(
     key="val-core/*/acc/mean@1",
-    title="area under the held-out greedy accuracy curve (trapezoid over the evaluations at steps 0, 5, ..., 40, "
-          "divided by the steps: 1 = perfect from the start)",
+    title="area under the held-out greedy accuracy curve (trapezoid over the run's evaluations, divided by the "
+          "steps: 1 = perfect from the start)",
     baseline="eps_high_0.2", treatment="eps_high_0.28")
 """Declared before the pilot and the main run: clip-higher should raise the correct, initially unlikely answers
-sooner, so the whole learning curve, not its end (both arms reach 1.0), is the outcome."""
+sooner, so the whole learning curve, not its end (both arms reach 1.0), is the outcome. In the setting the
+evaluations are at steps 0, 5, ..., 40; a report names the steps its runs evaluated at."""
 
 CLIP_ACTS_STUDY = Study(
     name="clip-acts",

@@ -13,6 +13,7 @@ beside it, and a run with fewer seeds than planned is called underpowered.
 from __future__ import annotations
 
 import fnmatch
+import itertools
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -47,6 +48,7 @@ class PrimaryResult:
         primary: The declared metric.
         values: arm -> seed -> the run's value.
         differences: seed -> treatment - baseline, for the seeds both arms have.
+        evaluation_steps: The steps at which the runs logged the primary metric (the curve's points).
         test: The paired t-test; None with fewer than 2 pairs.
         power: The study's power calculation, if any.
         reading: One plain sentence: what the interval says.
@@ -55,6 +57,7 @@ class PrimaryResult:
     primary: PrimaryMetric
     values: Mapping[str, Mapping[int, float]]
     differences: Mapping[int, float]
+    evaluation_steps: tuple[int, ...]
     test: PairedTest | None
     power: PowerPlan | None
     reading: str
@@ -64,6 +67,7 @@ class PrimaryResult:
         return {"primary_metric": asdict(self.primary), "test_name": "Student's paired t-test, two-sided",
                 "values": {arm: {str(k): v for k, v in seeds.items()} for arm, seeds in self.values.items()},
                 "differences": {str(k): v for k, v in self.differences.items()},
+                "evaluation_steps": list(self.evaluation_steps),
                 "test": None if self.test is None else self.test.to_dict(),
                 "power": None if self.power is None else asdict(self.power), "reading": self.reading}
 
@@ -71,7 +75,8 @@ class PrimaryResult:
         """The section of ``ablation.md``: declaration, power calculation, test and reading."""
         p, lines = self.primary, ["## Primary metric and paired test", ""]
         lines += [f"Declared before the main run: **{p.title}** of `{p.key}`, {p.treatment} minus {p.baseline}, "
-                  "paired by seed; Student's paired t-test, two-sided, with its 95% confidence interval.", ""]
+                  "paired by seed; Student's paired t-test, two-sided, with its 95% confidence interval. The runs "
+                  f"evaluated it at steps {_steps_text(self.evaluation_steps)}.", ""]
         if self.power is not None:
             w = self.power
             target = "the pilot's effect" if w.effect == w.pilot_effect else "an effect of"
@@ -88,6 +93,13 @@ class PrimaryResult:
                       f"| {t.n} | {t.mean:+.4f} | {t.sd:.4f} | [{t.ci_low:+.4f}, {t.ci_high:+.4f}] | {t.t:.2f} "
                       f"| {t.df} | {t.p_value:.3g} | {t.better} / {t.same} / {t.worse} |", ""]
         return [*lines, f"**Reading.** {self.reading}", ""]
+
+
+def _steps_text(steps: Sequence[int]) -> str:
+    """``0, 5, 10`` or, for a long regular schedule, ``0, 5, ..., 40``; ``none`` when empty."""
+    if len(steps) > 4 and len({b - a for a, b in itertools.pairwise(steps)}) == 1:
+        return f"{steps[0]}, {steps[1]}, ..., {steps[-1]}"
+    return ", ".join(map(str, steps)) or "none"
 
 
 def _reading(primary: PrimaryMetric, test: PairedTest | None, power: PowerPlan | None) -> str:
@@ -118,8 +130,10 @@ def analyse_primary(study: Study, runs: Mapping[str, Sequence[tuple[int, RunLog]
         return None
     values = {arm: {seed: v for seed, run in runs.get(arm, ()) if (v := primary_value(run, primary)) is not None}
               for arm in (primary.baseline, primary.treatment)}
+    steps = sorted({int(step) for arm in (primary.baseline, primary.treatment) for _, run in runs.get(arm, ())
+                    for key in fnmatch.filter(run.metrics, primary.key) for step in run.series(key).index})
     base, treat = values[primary.baseline], values[primary.treatment]
     differences = {seed: treat[seed] - base[seed] for seed in base if seed in treat}
     test = paired_t_test(list(differences.values())) if len(differences) >= 2 else None
-    return PrimaryResult(primary=primary, values=values, differences=differences, test=test, power=study.power,
-                         reading=_reading(primary, test, study.power))
+    return PrimaryResult(primary=primary, values=values, differences=differences, evaluation_steps=tuple(steps),
+                         test=test, power=study.power, reading=_reading(primary, test, study.power))

@@ -116,10 +116,11 @@ class Report:
 
     @property
     def warnings(self) -> list[str]:
-        """One line per run whose final value of a reported metric is missing: not finite at the end, or never
-        logged by that run while another run of the report logged it (each such run counts out of ``n``)."""
+        """One line per note of a log reader (:attr:`~dapo_verl.report.readers.RunLog.notes`: what it left out), and
+        per run whose final value of a reported metric is missing: not finite at the end, or never logged by that
+        run while another run of the report logged it (each such run counts out of ``n``)."""
         runs = {str(run.path): run for arm_runs in self.arms.values() for run in arm_runs}
-        lines = []
+        lines = [f"{path}: {run.source.name} {note}" for path, run in runs.items() for note in run.notes]
         for row in self.rows:
             for path, value in row.per_run.items():
                 if value.nonfinite_step is not None:

@@ -16,15 +16,24 @@ Three formats, detected from the path (a file or a run directory):
 
 A directory is searched in that order of preference: ``*.jsonl`` logs directly inside it (``metrics.jsonl``
 first), then TensorBoard event files anywhere below it, then console logs (``*.log``, ``*.txt``, ``*.out``)
-directly inside it. A step logged more than once (a resumed run, or verl's separate validation call) keeps
-every metric, and for a metric logged twice at one step the later value wins.
+directly inside it.
+
+One JSONL file is one run: verl's ``FileLogger`` opens its file anew for every process, one record per step with
+steps increasing (verl >= 0.3 puts a step's validation in its record; older verl logged the final validation
+separately, at the step of the last record), and a resumed local run rewrites its ``metrics.jsonl`` from the
+checkpoint. So a JSONL step lower than the one before, or a training metric logged twice at one step, means two
+runs in one file (appended, or written at once) and is an error naming the file, line and step; records of one
+step with different metrics merge, and a validation metric logged again at its step keeps the later value. Any
+line that is not a record is an error naming the file and line, except a last line cut short by a crash or a run
+still writing, which is left out and listed in :attr:`RunLog.notes`. TensorBoard and console logs may repeat
+steps (a resumed run appends to them); for a metric logged twice at one step the later value wins.
 
 Logs are streamed: a reader never holds the file or its parsed lines, only one compact column (8-byte step,
 8-byte value) per metric that the caller keeps (``keep``; :func:`load_run` keeps every metric by default,
 ``dapo-verl compare`` only those it reports), so a million-line log costs megabytes, not gigabytes. Every
-metric name with a finite value is remembered (:attr:`RunLog.metrics`). A record whose step is not a whole
-number in [0, 2**63) -- NaN, Infinity, 1e300, 2.5 -- is an error naming the file and line; a line that is
-not a record at all (cut short by a crash, or nested too deep to parse) is skipped with a warning.
+metric name with a finite value is remembered (:attr:`RunLog.metrics`). In every format a record whose step is
+not a whole number in [0, 2**63) -- NaN, Infinity, 1e300, 2.5 -- and an accuracy outside [0, 1] are errors naming
+the record (:mod:`dapo_verl.report.runlog`).
 
 Ratio metrics (:mod:`dapo_verl.report.derived`: the mean old-policy probability of the clipped tokens, the
 share of positive-advantage tokens clipped) are added to a run that logged their parts but not them -- any
@@ -35,22 +44,27 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import re
-from array import array
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
-from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pandas as pd
 
 from dapo_verl.report.derived import RATIO_METRICS
+from dapo_verl.report.runlog import (
+    LogFormat,
+    MetricColumns,
+    MetricFilter,
+    RunLog,
+    as_step,
+    current_name,
+    is_validation_metric,
+    records_table,
+    with_ratio_metrics,
+)
 
-__all__ = ["LogFormat", "MetricFilter", "NoMetricsLogError", "RunLog", "find_log", "load_run", "read_console",
-           "read_jsonl", "read_tensorboard"]
+__all__ = ["LogFormat", "MetricFilter", "NoMetricsLogError", "RunLog", "current_name", "find_log", "load_run",
+           "read_console", "read_jsonl", "read_tensorboard", "records_table", "with_ratio_metrics"]
 
 logger = logging.getLogger(__name__)
 
@@ -61,176 +75,10 @@ TFEVENTS_GLOB = "events.out.tfevents.*"
 _STEP = re.compile(r"(?:^|[\s)\]>|])step:(\d+)((?: - .*)?)$")
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 _NUMPY_REPR = re.compile(r"^(?:np|numpy)\.\w+\((.*)\)$")
-_MAX_STEP = 2**63 - 1
-
-MetricFilter = Callable[[str], bool]
-"""Whether a reader keeps a metric's values (every name is still counted in :attr:`RunLog.metrics`)."""
-
-
-class LogFormat(StrEnum):
-    """The logger that wrote a run's metrics (the order is the order of preference in a directory)."""
-
-    JSONL = "jsonl"
-    TENSORBOARD = "tensorboard"
-    CONSOLE = "console"
 
 
 class NoMetricsLogError(ValueError):
     """A path holds no metrics log in any format this module reads."""
-
-
-@dataclass(frozen=True)
-class RunLog:
-    """One run's metrics.
-
-    Attributes:
-        path: The path the user gave (file or directory).
-        source: The file or directory the metrics were read from.
-        format: The logger format of ``source``.
-        table: Float table indexed by step (int, ascending, unique), one column per kept metric; NaN where
-            a metric was not logged at that step.
-        logged: Every metric name the run logged with a finite value at least once, kept in ``table`` or
-            not; None means the columns of ``table``.
-        nonfinite: Kept metric -> the steps at which it was logged as NaN, inf or null (verl writes NaN as
-            null) and no finite value replaced it; ``table`` holds NaN there, as where it was not logged.
-    """
-
-    path: Path
-    source: Path
-    format: LogFormat
-    table: pd.DataFrame
-    logged: frozenset[str] | None = None
-    nonfinite: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
-
-    @property
-    def metrics(self) -> list[str]:
-        """The metric names this run logged at least once, sorted."""
-        if self.logged is not None:
-            return sorted(self.logged)
-        return sorted(str(c) for c in self.table.columns if self.table[c].notna().any())
-
-    def series(self, key: str) -> pd.Series:
-        """The logged values of ``key`` (index: step), NaN-free; empty when the run never logged it."""
-        if key not in self.table.columns:
-            return pd.Series(dtype=float, index=pd.Index([], dtype="int64", name="step"), name=key)
-        return self.table[key].dropna()
-
-
-def _keep_all(key: str) -> bool:
-    return True
-
-
-_RENAMED_PREFIXES = (("dapo/actor/", "actor/dapo/"),)
-"""Metric prefixes older dapo_verl runs logged, and today's names (verl's ``actor/`` prefix turned the loss
-metrics ``dapo/actor/x`` into ``actor/dapo/actor/x``, so they became ``actor/dapo/x`` everywhere)."""
-
-
-def current_name(key: str) -> str:
-    """Today's name of a metric an older run logged under an earlier name.
-
-    Example:
-        >>> current_name("dapo/actor/clip_upper_fraction")
-        'actor/dapo/clip_upper_fraction'
-    """
-    for old, new in _RENAMED_PREFIXES:
-        if key.startswith(old):
-            return new + key[len(old):]
-    return key
-
-
-class _Columns:
-    """Collects ``(step, {metric: value})`` records as one compact column per kept metric."""
-
-    def __init__(self, keep: MetricFilter | None) -> None:
-        self.keep = keep or _keep_all
-        self.record_steps = array("q")
-        self.steps: dict[str, array] = {}
-        self.values: dict[str, array] = {}
-        self.logged: set[str] = set()
-        self.nonfinite_steps: dict[str, array] = {}
-        self._kept: dict[str, bool] = {}
-
-    def add(self, step: int, data: Mapping[str, Any]) -> None:
-        self.record_steps.append(step)
-        for name, raw in data.items():
-            key, value = current_name(str(name)), _as_float(raw)
-            if not math.isnan(value):
-                self.logged.add(key)
-            kept = self._kept.get(key)
-            if kept is None:
-                kept = self._kept[key] = bool(self.keep(key))
-            if kept:
-                self.steps.setdefault(key, array("q")).append(step)
-                self.values.setdefault(key, array("d")).append(value)
-                if math.isnan(value):
-                    self.nonfinite_steps.setdefault(key, array("q")).append(step)
-
-    def __len__(self) -> int:
-        return len(self.record_steps)
-
-    def nonfinite(self, table: pd.DataFrame) -> dict[str, tuple[int, ...]]:
-        """Per kept metric, the steps whose final value (later values win) is not finite."""
-        return {key: tuple(sorted({int(s) for s in steps if math.isnan(table.at[int(s), key])}))
-                for key, steps in self.nonfinite_steps.items() if key in table.columns}
-
-    def table(self) -> pd.DataFrame:
-        """The step x metric float table: later values win, steps ascending and unique."""
-        index = pd.Index(np.unique(np.frombuffer(self.record_steps, dtype=np.int64)), dtype="int64", name="step")
-        columns = {}
-        for key in sorted(self.values):
-            steps = pd.Index(np.frombuffer(self.steps[key], dtype=np.int64), name="step")
-            series = pd.Series(np.frombuffer(self.values[key], dtype=np.float64), index=steps)
-            columns[key] = series[~steps.duplicated(keep="last")].reindex(index)
-        return pd.DataFrame(columns, index=index, dtype=float)
-
-
-def with_ratio_metrics(table: pd.DataFrame) -> pd.DataFrame:
-    """``table`` plus each ratio of :data:`~dapo_verl.report.derived.RATIO_METRICS` it lacks but holds the parts of.
-
-    A verl log holds the parts (sums and counts, exact under verl's averaging), the local backend's log the
-    ratios too; a ratio is NaN (not logged) at a step whose denominator is 0 or missing.
-    """
-    added = {}
-    for key, (top, bottom) in RATIO_METRICS.items():
-        if key not in table.columns and top in table.columns and bottom in table.columns:
-            denominator = table[bottom].where(table[bottom] > 0)
-            added[key] = table[top] / denominator
-    return table.assign(**added) if added else table
-
-
-def records_table(records: Iterable[tuple[int, Mapping[str, Any]]]) -> pd.DataFrame:
-    """Merge ``(step, {metric: value})`` records into a step x metric float table (later values win).
-
-    Values that are not finite numbers become NaN (not logged).
-    """
-    columns = _Columns(None)
-    for step, data in records:
-        columns.add(int(step), data)
-    return columns.table()
-
-
-def _step(value: Any, where: str) -> int:
-    """A logged step as an int.
-
-    Raises:
-        ValueError: naming ``where`` unless ``value`` is a whole number in [0, 2**63).
-    """
-    whole = isinstance(value, int) and not isinstance(value, bool)
-    if isinstance(value, float) and math.isfinite(value) and value.is_integer():
-        value, whole = int(value), True
-    if whole and 0 <= value <= _MAX_STEP:
-        return int(value)
-    shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:40] + "..."
-    raise ValueError(f"{where}: step {shown} is not a whole number between 0 and 2**63 - 1, so its metrics belong to "
-                     f"no training step. Fix or delete that line.")
-
-
-def _as_float(value: Any) -> float:
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        return math.nan
-    return number if math.isfinite(number) else math.nan
 
 
 # -- JSONL ---------------------------------------------------------------------------------------------
@@ -262,27 +110,61 @@ def read_jsonl(path: Path, keep: MetricFilter | None = None) -> pd.DataFrame:
     return stream_jsonl(path, keep).table()
 
 
-def stream_jsonl(path: Path, keep: MetricFilter | None = None) -> _Columns:
+class _StepOrder:
+    """Checks that a JSONL log's steps only grow, as they do in a file one run wrote (see the module docstring)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.step: int | None = None
+        self.lines: dict[str, int] = {}  # metric -> the line that logged it at ``step``
+
+    def check(self, step: int, data: dict[str, Any], number: int) -> None:
+        if self.step is None or step > self.step:
+            self.step, self.lines = step, dict.fromkeys(map(str, data), number)
+            return
+        where = f"{self.path} line {number}: step {step}"
+        fix = ("Give each run its own log file (verl: one trainer.experiment_name or VERL_FILE_LOGGER_PATH per run), "
+               "or split this one.")
+        if step < self.step:
+            raise ValueError(f"{where} follows step {self.step} (line {max(self.lines.values())}); one run logs its "
+                             f"steps in increasing order, so this file holds two runs. {fix}")
+        again = next((key for key in map(str, data) if key in self.lines and not is_validation_metric(key)), None)
+        if again is not None:
+            raise ValueError(f"{where} logs {again} again (first at line {self.lines[again]}); one run logs a training "
+                             f"metric once per step, so this file holds two runs. {fix}")
+        self.lines.update(dict.fromkeys(map(str, data), number))
+
+
+def stream_jsonl(path: Path, keep: MetricFilter | None = None) -> MetricColumns:
     """Stream a verl ``FileLogger`` JSONL file line by line into compact columns of the metrics ``keep`` accepts.
+
+    A last line cut short (no line end, not JSON) is left out and noted in ``notes``.
 
     Raises:
         NoMetricsLogError: if no line is a ``{"step": ..., "data": {...}}`` record.
-        ValueError: for a record whose step is not a whole number in [0, 2**63), naming the file and line.
+        ValueError: naming the file and line, for any other line that is not a record, a step that is not a whole
+            number in [0, 2**63), steps of two runs, or an accuracy outside [0, 1].
     """
-    columns, bad = _Columns(keep), 0
+    columns, order = MetricColumns(keep), _StepOrder(path)
     with path.open(errors="replace") as handle:
         for number, line in enumerate(handle, 1):
             if not line.strip():
                 continue
             record = _jsonl_record(line)
+            if record is None and not line.endswith("\n"):  # only the last line can lack its line end
+                columns.notes.append(f"line {number} is cut short (the run stopped while writing it, or is still "
+                                     "running), so its metrics are left out.")
+                break
             if record is None:
-                bad += 1  # a line cut short by a crash mid-write
-                continue
-            columns.add(_step(record[0], f"{path} line {number}"), record[1])
+                shown = line.strip()[:60]
+                raise ValueError(f"{path} line {number} is not a {{'step': int, 'data': {{...}}}} record ({shown!r}); "
+                                 "every line of a verl FileLogger log is one. Fix or delete that line.")
+            where = f"{path} line {number}"
+            step = as_step(record[0], where)
+            order.check(step, record[1], number)
+            columns.add(step, record[1], where)
     if not len(columns):
         raise NoMetricsLogError(f"{path} has no verl FileLogger records ({{'step': int, 'data': {{...}}}} lines).")
-    if bad:
-        logger.warning("%s: skipped %d line(s) that are not {'step', 'data'} records", path, bad)
     return columns
 
 
@@ -293,7 +175,7 @@ def read_tensorboard(directory: Path, keep: MetricFilter | None = None) -> pd.Da
     return stream_tensorboard(directory, keep).table()
 
 
-def stream_tensorboard(directory: Path, keep: MetricFilter | None = None) -> _Columns:
+def stream_tensorboard(directory: Path, keep: MetricFilter | None = None) -> MetricColumns:
     """Read the scalar tags of the event files directly inside ``directory`` into compact columns.
 
     Raises:
@@ -303,10 +185,11 @@ def stream_tensorboard(directory: Path, keep: MetricFilter | None = None) -> _Co
 
     accumulator = EventAccumulator(str(directory), size_guidance={SCALARS: 0})  # 0: keep every event
     accumulator.Reload()
-    columns = _Columns(keep)
+    columns = MetricColumns(keep)
     for tag in accumulator.Tags()[SCALARS]:
         for event in accumulator.Scalars(tag):
-            columns.add(_step(event.step, f"{directory} tag {tag}"), {tag: event.value})
+            where = f"{directory} tag {tag} step {event.step}"
+            columns.add(as_step(event.step, where), {tag: event.value}, where)
     if not len(columns):
         raise NoMetricsLogError(f"the TensorBoard event files in {directory} hold no scalars.")
     return columns
@@ -353,20 +236,21 @@ def read_console(path: Path, keep: MetricFilter | None = None) -> pd.DataFrame:
     return stream_console(path, keep).table()
 
 
-def stream_console(path: Path, keep: MetricFilter | None = None) -> _Columns:
+def stream_console(path: Path, keep: MetricFilter | None = None) -> MetricColumns:
     """Stream verl console-logger lines of a text file into compact columns.
 
     Raises:
         NoMetricsLogError: if no line is a console-logger record with at least one metric.
         ValueError: for a step beyond 2**63 - 1, naming the file and line.
     """
-    columns = _Columns(keep)
+    columns = MetricColumns(keep)
     with path.open(errors="replace") as handle:
         for number, physical in enumerate(handle, 1):
             for line in physical.splitlines():
                 record = console_record(line)
                 if record and record[1]:
-                    columns.add(_step(record[0], f"{path} line {number}"), record[1])
+                    where = f"{path} line {number}"
+                    columns.add(as_step(record[0], where), record[1], where)
     if not len(columns):
         raise NoMetricsLogError(f"{path} has no verl console-logger lines ('step:N - key:value - ...').")
     return columns
@@ -449,7 +333,8 @@ def load_run(path: str | Path, keep: MetricFilter | None = None) -> RunLog:
 
     Raises:
         FileNotFoundError, NoMetricsLogError: as :func:`find_log`.
-        ValueError: for a record whose step is not a whole number in [0, 2**63), naming the file and line.
+        ValueError: naming the file and line (or tag), for a step that is not a whole number in [0, 2**63), an
+            accuracy outside [0, 1], and in a JSONL log a line that is not a record or the steps of two runs.
     """
     source, fmt = find_log(path)
     columns = _READERS[fmt](source, keep)
@@ -458,4 +343,4 @@ def load_run(path: str | Path, keep: MetricFilter | None = None) -> RunLog:
     logger.info("read %s (%s): %d steps, %d metrics (%d kept)", source, fmt.value, len(table), len(columns.logged),
                 table.shape[1])
     return RunLog(path=Path(path), source=source, format=fmt, table=table, logged=frozenset(columns.logged),
-                  nonfinite=columns.nonfinite(table))
+                  nonfinite=columns.nonfinite(table), notes=tuple(columns.notes))

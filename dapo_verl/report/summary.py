@@ -32,7 +32,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from dapo_verl.report.derived import RATIO_METRICS, RATIO_PARTS
-from dapo_verl.report.readers import RunLog
+from dapo_verl.report.runlog import RunLog, is_validation_metric
 
 __all__ = ["CLIPPED_PROBABILITY_METRICS", "CLIP_METRICS", "DEFAULT_LAST_FRAC", "DEFAULT_METRICS", "ArmMetric",
            "RunValue", "Spread", "UnknownMetricError", "accuracy_keys", "arm_metric", "is_validation_metric",
@@ -61,11 +61,6 @@ _GLOB_CHARS = frozenset("*?[")
 
 class UnknownMetricError(ValueError):
     """A requested metric (or pattern) matches no metric any run logged."""
-
-
-def is_validation_metric(key: str) -> bool:
-    """True for verl's validation metrics (``val-core/...``, ``val-aux/...``): their final value is the last one."""
-    return key.startswith("val-")
 
 
 def accuracy_keys(available: Sequence[str]) -> list[str]:

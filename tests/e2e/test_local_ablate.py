@@ -146,6 +146,8 @@ def test_cli_runs_the_clip_acts_setting_with_its_diagnostics_and_paired_test(tmp
     assert f"Underpowered: 2 of the {CLIP_ACTS_STUDY.power.seeds} planned seeds ran." in analysis["reading"]
     summary = (out / "ablation.md").read_text()
     assert "## Primary metric and paired test" in summary and analysis["reading"] in summary
+    assert "The runs evaluated it at steps 0, 2." in summary and analysis["evaluation_steps"] == [0, 2]
+    assert "trainer.total_training_steps=2 " in summary and "trainer.total_training_steps=40" not in summary
     assert "**Reading.**" in printed
     assert all((out / name).is_file() for name in ("pass_at_k.png", "clipped_probability.png", "entropy.png"))
 
@@ -189,33 +191,46 @@ def _alive(pid: int) -> bool:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("signum", "status"), [(signal.SIGTERM, 128 + signal.SIGTERM),
+@pytest.mark.parametrize(("signum", "status"), [(signal.SIGTERM, 128 + signal.SIGTERM), (signal.SIGINT, 2),
                                                 (signal.SIGKILL, -signal.SIGKILL)])
-def test_a_stopped_ablation_ends_its_workers_at_once(tmp_path, cache, signum, status):
+def test_a_stopped_ablation_starts_no_queued_run_and_ends_its_workers(tmp_path, cache, signum, status):
     # Runs far longer than the test: without the stop, the command would wait for them, or they would outlive it.
+    # SIGINT goes to the whole process group, as a terminal's Ctrl-C does; SIGTERM and SIGKILL to the command.
     out = tmp_path / "ablate"
     command = subprocess.Popen([sys.executable, "-m", "dapo_verl.cli", "ablate", *TINY, cache, "--seeds", "2",
                                 "--steps", "5000", "--jobs", "2", "--out", str(out)], stdout=subprocess.DEVNULL,
                                stderr=subprocess.PIPE, text=True, start_new_session=True)
     workers: list[int] = []
+    arms = ("eps_high_0.2", "eps_high_0.28")
     try:
         deadline = time.monotonic() + 300
-        logs = [out / arm / "seed0" / "metrics.jsonl" for arm in ("eps_high_0.2", "eps_high_0.28")]
+        logs = [out / arm / "seed0" / "metrics.jsonl" for arm in arms]
         while not all(log.exists() and log.read_text().count("\n") >= 1 for log in logs):
             assert command.poll() is None and time.monotonic() < deadline, command.stderr.read()
             time.sleep(0.5)
         workers = [pid for pid in _children(command.pid) if b"multiprocessing" in Path(
             f"/proc/{pid}/cmdline").read_bytes()]
         assert len(workers) >= 2, workers
-        command.send_signal(signum)
+        if signum == signal.SIGINT:
+            os.killpg(command.pid, signum)
+        else:
+            command.send_signal(signum)
         assert command.wait(60) == status
         deadline = time.monotonic() + 10
         while any(_alive(pid) for pid in workers) and time.monotonic() < deadline:
             time.sleep(0.1)
         assert not [pid for pid in workers if _alive(pid)]
-        if signum == signal.SIGTERM:  # (multiprocessing's resource tracker may warn after it of the killed workers)
-            assert ("dapo-verl ablate: stopped by SIGTERM. A run continues from its last checkpoint when started "
-                    "again.") in command.stderr.read().splitlines()
+        assert not any((out / arm / "seed1").exists() for arm in arms)  # the queued runs never started
+        if signum != signal.SIGKILL:
+            by = "Ctrl-C" if signum == signal.SIGINT else "SIGTERM"
+            assert command.stderr.read().splitlines() == [
+                f"dapo-verl ablate: stopped by {by}: 2 run(s) in training stopped at a step boundary with a "
+                "checkpoint and 2 queued run(s) were not started. Run the same command to continue (finished runs "
+                "are reused, stopped ones continue from their checkpoint)."]
+            for arm in arms:  # each run stopped after a step, with its checkpoint, as `dapo-verl train` does
+                events = [json.loads(line) for line in (out / arm / "seed0" / "history.jsonl").read_text().splitlines()]
+                assert events[-1]["event"] == "interrupted"
+                assert (out / arm / "seed0" / "checkpoints" / f"global_step_{events[-1]['step']}").is_dir()
     finally:
         if command.poll() is None:
             command.kill()

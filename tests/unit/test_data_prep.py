@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 import doctest
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -15,6 +16,7 @@ import pytest
 import dapo_verl.data.schema
 from dapo_verl import cli
 from dapo_verl.data import (
+    MAX_AIME_REPEAT,
     OUTPUT_SCHEMA,
     ConflictPolicy,
     DedupKey,
@@ -152,6 +154,87 @@ def test_plain_problem_answer_table_is_accepted_and_uuid_key_needs_identifiers(t
         _train(path, dedup_key="uuid")
 
 
+def _uuid_rows(*items):
+    return [{"data_source": "math_dapo", "prompt": [{"content": PREFIX + problem + SUFFIX, "role": "user"}],
+             "ability": "MATH", "reward_model": {"ground_truth": answer, "style": "rule"},
+             "extra_info": {"index": uuid}}
+            for uuid, problem, answer in items]
+
+
+@pytest.mark.parametrize(("second", "what"), [(("u1", "What is 2+2?", "4"), "problem text ('What is 1+1?' vs "
+                                                                             "'What is 2+2?')"),
+                                             (("u1", "What is 1+1?", "3"), "answer ('2' vs '3')")])
+def test_uuid_key_refuses_two_problems_under_one_identifier(tmp_path, capsys, second, what):
+    path = write_dapo_math(tmp_path / "ids.parquet", _uuid_rows(("u0", "Other?", "1"), ("u1", "What is 1+1?", "2"),
+                                                                 second))
+    with pytest.raises(ValueError, match=rf"rows 1 and 2 share extra_info.index 'u1' but differ in their "
+                                         rf"{re.escape(what)}; --dedup-key uuid would keep one and drop the other"):
+        _train(path, dedup_key="uuid")
+    out = tmp_path / "o"
+    assert cli.main(["prepare-data", "--dapo-math", str(path), "--dedup-key", "uuid", "--out", str(out)]) == 2
+    assert len(capsys.readouterr().err.splitlines()) == 1 and not out.exists()
+    assert _train(path)[0].num_rows >= 2  # the default key tells the problems apart by their text
+
+
+def test_uuid_key_merges_copies_of_one_problem_whitespace_aside(tmp_path):
+    path = write_dapo_math(tmp_path / "ids.parquet", _uuid_rows(("u1", "What is 1+1?", "2"),
+                                                                ("u1", "What  is 1+1?\n", " 2")))
+    table, stats = _train(path, dedup_key="uuid")
+    assert (table.num_rows, stats.copies_max) == (1, 2)
+
+
+UNSCORABLE = [("   ", r"'   ' is blank \(3 whitespace character\(s\)\)"), ("1\n2", r"'1\\n2' spans two lines"),
+              ("12\x00", r"'12\\x00' holds the control character '\\x00'"),
+              ("7\r8", r"'7\\r8' holds the control character '\\r'")]
+
+
+@pytest.mark.parametrize(("answer", "said"), UNSCORABLE)
+def test_a_ground_truth_that_can_never_score_names_the_file_row_and_value(tmp_path, answer, said):
+    rows = dapo_rows()
+    rows[6] = {**rows[6], "reward_model": {"ground_truth": answer, "style": "rule"}}
+    path = write_dapo_math(tmp_path / "bad.parquet", rows)
+    with pytest.raises(ValueError, match=rf"{path} \(DAPO-Math-17k\), row 6: reward_model.ground_truth {said}.*so no "
+                                         r"response can be scored right against it\. Fix or drop that row"):
+        _train(path)
+    plain = tmp_path / "plain.parquet"
+    pq.write_table(pa.table({"problem": ["A?", "B?"], "answer": ["1", answer]}), plain)
+    with pytest.raises(ValueError, match=rf"row 1: reward_model.ground_truth {said}"):
+        prepare_aime(plain, PrepareOptions())
+
+
+def test_float_answers_keep_their_exact_text_and_booleans_or_inexact_floats_are_refused(tmp_path):
+    floats = tmp_path / "floats.parquet"
+    pq.write_table(pa.table({"problem": ["A?", "B?", "C?"], "answer": [33.0, 0.5, -2.0]}), floats)
+    assert [r["ground_truth"] for r in prepare_aime(floats, PrepareOptions())[0].column("reward_model").to_pylist()] \
+        == ["33", "0.5", "-2"]
+    for name, values, said in [("big", [1.0, 1e30], r"row 1: answer is the float 1e\+30, which has no exact decimal"),
+                               ("nan", [float("nan")], r"row 0: answer is the float nan"),
+                               ("bool", [True, False], r"row 0: answer is the boolean True, expected a math answer")]:
+        path = tmp_path / f"{name}.parquet"
+        pq.write_table(pa.table({"problem": [f"P{i}?" for i in range(len(values))], "answer": values}), path)
+        with pytest.raises(ValueError, match=rf"{path}: {said}"):
+            prepare_aime(path, PrepareOptions())
+    rows = dapo_rows()[:2]
+    pq.write_table(pa.Table.from_pylist([{**r, "reward_model": {"ground_truth": True}} for r in rows]),
+                   tmp_path / "verl_bool.parquet")
+    with pytest.raises(ValueError, match=r"row 0: reward_model.ground_truth is the boolean True"):
+        _train(tmp_path / "verl_bool.parquet")
+
+
+def test_what_is_accepted_scores_with_verls_math_dapo_and_what_is_refused_cannot():
+    math_dapo = pytest.importorskip("verl.utils.reward_score.math_dapo")
+    from dapo_verl.data.dedup import unscorable_reason
+
+    accepted = {r["reward_model"]["ground_truth"] for r in dapo_rows()} | {a for _, a in aime_problems()} | {
+        " 12\n", "1\t2", "0.5", "33", "-3", "1e+30", "true", "\\frac{1}{2}"}
+    for answer in accepted:
+        assert unscorable_reason(answer) is None, answer
+        assert math_dapo.compute_score(f"Some work.\nAnswer: {answer.strip()}", answer)["acc"], answer
+    assert not math_dapo.compute_score("Answer: 1\n2", "1\n2")["acc"]  # one line is read: never a match
+    assert not math_dapo.compute_score("Answer: 42", "   ")["acc"]  # a blank truth matches no real answer...
+    assert math_dapo.compute_score("Answer: $", "   ")["acc"]  # ...only one that normalises to nothing
+
+
 def test_string_prompt_column_is_read_as_the_problem(tmp_path):
     path = tmp_path / "processed.parquet"
     pq.write_table(pa.table({"prompt": ["Find y.", PREFIX + "Find z." + SUFFIX],
@@ -269,6 +352,10 @@ def test_bad_options_are_reported():
         PrepareOptions(aime_data_source="AIME24")
     with pytest.raises(ValueError, match="aime_repeat=-1 must be an integer >= 0"):
         PrepareOptions(aime_repeat=-1)
+    assert PrepareOptions(aime_repeat=MAX_AIME_REPEAT).aime_repeat == 1024
+    with pytest.raises(ValueError, match=r"aime_repeat=100,000,000 is above 1024: .*3,000,000,000 rows.*Use "
+                                         r"--aime-repeat 32 \(the paper's avg@32\) or at most 1024"):
+        PrepareOptions(aime_repeat=100_000_000)
     assert PrepareOptions(dedup_key="uuid", conflicts="drop").dedup_key is DedupKey.UUID
 
 

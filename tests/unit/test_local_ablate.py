@@ -2,13 +2,24 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 
-from dapo_verl.cli import _parser
-from dapo_verl.local.ablate import DEFAULT_JOBS, DEFAULT_SEEDS, Progress, RunOutcome, plan_runs, run_ablation
-from dapo_verl.local.arms import CLIP_HIGH, CLIP_STUDY, LADDER_STUDY
+from dapo_verl.cli import _parser, main
+from dapo_verl.local.ablate import (
+    DEFAULT_JOBS,
+    DEFAULT_SEEDS,
+    Progress,
+    RunOutcome,
+    plan_runs,
+    run_ablation,
+    seed_list,
+)
+from dapo_verl.local.ablation_report import summary_markdown
+from dapo_verl.local.arms import CLIP_ACTS_STUDY, CLIP_HIGH, CLIP_STUDY, LADDER_STUDY, STEPS_KEY
+from dapo_verl.report import build_report
 
 
 def test_plan_is_seed_by_seed_with_the_arm_seed_layout(tmp_path):
@@ -51,6 +62,84 @@ def test_plan_refuses_a_key_only_the_ladder_varies_in_the_ladder(tmp_path):
 def test_plan_refuses_empty_or_repeated_seeds(tmp_path, seeds, match):
     with pytest.raises(ValueError, match=match):
         plan_runs(CLIP_STUDY, seeds, tmp_path)
+
+
+def test_steps_replace_the_run_length_a_setting_declares_so_the_listed_overrides_are_what_runs(tmp_path):
+    plan = plan_runs(CLIP_ACTS_STUDY, [0], tmp_path, steps=10)
+    for planned in plan:
+        lengths = [o for o in planned.overrides if o.startswith(f"{STEPS_KEY}=")]
+        assert lengths == [f"{STEPS_KEY}=10"]  # once, not 40 and then 10
+        assert planned.arm.settings[STEPS_KEY] == "10"
+    study = CLIP_ACTS_STUDY.with_steps(10)
+    assert CLIP_ACTS_STUDY.arms[0].settings[STEPS_KEY] == "40" and CLIP_ACTS_STUDY.with_steps(None) is CLIP_ACTS_STUDY
+    log = tmp_path / "m.jsonl"
+    log.write_text('{"step": 1, "data": {"actor/entropy": 0.5}}\n')
+    outcomes = [RunOutcome(arm=a.name, seed=0, run_dir=tmp_path, final_accuracy=0.5, final_exact=None, steps=10,
+                           wall_s=1.0, reused=False) for a in study.arms]
+    text = summary_markdown(study, outcomes, build_report({a.name: [log] for a in study.arms}))
+    assert f"{STEPS_KEY}=10" in text and f"{STEPS_KEY}=40" not in text
+
+
+@pytest.mark.parametrize("count", [0, -3])
+def test_a_seed_count_below_one_names_the_value(tmp_path, capsys, count):
+    with pytest.raises(ValueError, match=rf"--seeds {count} is not a number of seeds; it must be at least 1"):
+        seed_list(count, None, 10)
+    assert main(["ablate", "--seeds", str(count), "--out", str(tmp_path / "a")]) == 2
+    err = capsys.readouterr().err
+    assert err.splitlines() == [f"dapo-verl ablate: --seeds {count} is not a number of seeds; it must be at least 1 "
+                                "(--seeds N trains seeds 0..N-1 in every arm). Pass e.g. --seeds 2, or --seed-list K "
+                                "[K ...]."]
+    assert seed_list(None, None, 3) == [0, 1, 2] and seed_list(2, None, 10) == [0, 1]
+    assert seed_list(None, [5, 3], 10) == [5, 3]
+
+
+@pytest.mark.parametrize("inside", [False, True])
+def test_an_out_that_is_a_file_is_refused_before_any_run_is_composed(tmp_path, monkeypatch, capsys, inside):
+    import dapo_verl.local.ablate as ablate
+
+    afile = tmp_path / "afile"
+    afile.write_text("notes\n")
+    out = afile / "x" if inside else afile
+
+    def no_compose(*args, **kwargs):
+        raise AssertionError("composed a run before refusing --out")
+
+    monkeypatch.setattr(ablate, "compose_run", no_compose)
+    assert main(["ablate", "--seeds", "1", "--steps", "1", "--out", str(out)]) == 2
+    where = f"lies in {afile}, which is a file" if inside else "is a file"
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        f"dapo-verl ablate: --out {out} {where}; an ablation writes a directory of runs (<out>/<arm>/seed<k>) and "
+        "its report. Pass a directory: a new one, or an earlier ablation's to continue it.")
+    assert afile.read_text() == "notes\n"
+
+
+@pytest.mark.parametrize("marker", ["ablation.md", "analysis"])
+def test_compare_refuses_to_overwrite_an_ablations_report(tmp_path, capsys, marker):
+    out = tmp_path / "ablation"
+    out.mkdir()
+    report = {"metrics": [], "analysis": {"primary": {"test": {"n": 26}}}} if marker == "analysis" else {"metrics": []}
+    (out / "report.json").write_text(json.dumps(report))
+    if marker == "ablation.md":
+        (out / "ablation.md").write_text("# the ablation\n")
+    run = tmp_path / "run" / "metrics.jsonl"
+    run.parent.mkdir()
+    run.write_text('{"step": 1, "data": {"actor/entropy": 0.5}}\n')
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    assert main(["compare", str(run.parent), "--out", str(out)]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"dapo-verl compare: --out {out} holds an ablation's report (ablation.md beside it); this comparison would "
+        f"overwrite {out / 'report.json'}, and with it any paired test and power analysis of the ablation, its "
+        f"report.md and plots. Choose another --out, e.g. --out {out / 'compare'}."]
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert main(["compare", str(run.parent), "--out", str(out / "compare")]) == 0  # the fix it names works
+
+
+def test_compare_replaces_its_own_earlier_report(tmp_path):
+    run = tmp_path / "run" / "metrics.jsonl"
+    run.parent.mkdir()
+    run.write_text('{"step": 1, "data": {"actor/entropy": 0.5}}\n')
+    assert main(["compare", str(run.parent), "--out", str(tmp_path / "o")]) == 0
+    assert main(["compare", str(run.parent), "--out", str(tmp_path / "o")]) == 0
 
 
 @pytest.mark.parametrize("jobs", [0, -1, 1.5, True])
@@ -102,8 +191,6 @@ def test_cli_help_explains_both_settings_and_the_clip_acts_seed_count():
 
 
 def test_cli_refuses_a_setting_with_the_ladder(tmp_path, capsys):
-    from dapo_verl.cli import main
-
     assert main(["ablate", "--ladder", "--setting", "clip-acts", "--out", str(tmp_path)]) == 2
     assert "the ladder runs the default setting only" in capsys.readouterr().err
     assert not any(tmp_path.iterdir())

@@ -63,6 +63,17 @@ def test_the_markdown_states_the_declaration_the_power_calculation_the_test_and_
         assert part in text, part
 
 
+@pytest.mark.parametrize(("steps", "said"), [((0, 5, 10), "0, 5, 10"), (tuple(range(0, 41, 5)), "0, 5, ..., 40")])
+def test_the_declaration_names_the_evaluation_steps_the_runs_logged(steps, said):
+    runs = {arm: [(seed, _run([(s, 0.5 + 0.01 * seed) for s in steps])) for seed in range(2)]
+            for arm in ("eps_high_0.2", "eps_high_0.28")}
+    result = analyse_primary(CLIP_ACTS_STUDY, runs)
+    assert result.evaluation_steps == steps and result.to_dict()["evaluation_steps"] == list(steps)
+    text = "\n".join(result.markdown())
+    assert f"The runs evaluated it at steps {said}." in text
+    assert "40" not in CLIP_ACTS_STUDY.primary.title  # the declared metric does not promise a schedule
+
+
 def test_seeds_missing_in_one_arm_are_left_out_and_one_pair_is_no_test():
     arms = _runs([0.5, 0.6], [0.7])
     result = analyse_primary(CLIP_ACTS_STUDY, arms)

@@ -62,17 +62,74 @@ def training_run(entropy: list[float], *, acc: list[float], extra: dict[str, lis
 
 # -- readers -------------------------------------------------------------------------------------------
 
-def test_jsonl_merges_repeated_steps_later_value_wins_and_null_is_not_logged(tmp_path):
+def test_jsonl_merges_the_records_of_one_step_and_null_is_not_logged(tmp_path):
+    # verl < 0.3 logged the final validation in a record of its own, at the last training step
     path = write_jsonl(tmp_path / "metrics.jsonl", [(0, {ACC: 0.1}), (1, {"actor/entropy": 0.5, "x": None}),
-                                                    (1, {"actor/entropy": 0.7, "response_length/mean": 12})])
-    with path.open("a") as handle:
-        handle.write('{"step": 2, "data": {"actor/ent')  # a line cut short by a crash
+                                                    (1, {"response_length/mean": 12, ACC: 0.2}), (1, {ACC: 0.3})])
     run = load_run(tmp_path)
-    assert run.format is LogFormat.JSONL and run.source == path
+    assert run.format is LogFormat.JSONL and run.source == path and run.notes == ()
     assert list(run.table.index) == [0, 1]
-    assert run.table.loc[1, "actor/entropy"] == 0.7 and run.table.loc[1, "response_length/mean"] == 12.0
+    assert run.table.loc[1, "actor/entropy"] == 0.5 and run.table.loc[1, "response_length/mean"] == 12.0
+    assert run.table.loc[1, ACC] == 0.3  # the separate final validation is the later record
     assert math.isnan(run.table.loc[0, "actor/entropy"])
     assert run.metrics == ["actor/entropy", "response_length/mean", ACC]  # "x" was only null
+
+
+def test_a_jsonl_last_line_cut_short_is_left_out_and_reported_as_a_warning(tmp_path, capsys):
+    path = write_jsonl(tmp_path / "run" / "metrics.jsonl", [(0, {ACC: 0.1}), (1, {"actor/entropy": 0.5})])
+    with path.open("a") as handle:
+        handle.write('{"step": 2, "data": {"actor/ent')  # the run was killed while writing this line
+    run = load_run(path.parent)
+    assert list(run.table.index) == [0, 1]
+    assert run.notes == ("line 3 is cut short (the run stopped while writing it, or is still running), so its "
+                         "metrics are left out.",)
+    assert main(["compare", str(path.parent), "--out", str(tmp_path / "o")]) == 0
+    assert (f"dapo-verl compare: warning: {path.parent}: metrics.jsonl line 3 is cut short"
+            in capsys.readouterr().err)
+    assert "metrics.jsonl line 3 is cut short" in json.loads((tmp_path / "o" / "report.json").read_text())[
+        "warnings"][0]
+
+
+@pytest.mark.parametrize(("records", "match"), [
+    ([(0, {ACC: 0.5}), (1, {ACC: 0.9, "actor/entropy": 0.4}), (0, {ACC: 0.2}), (1, {ACC: 0.01, "actor/entropy": 0.5})],
+     r"line 3: step 0 follows step 1 \(line 2\); one run logs its steps in increasing order, so this file holds two "
+     r"runs\. Give each run its own log file"),  # appended
+    ([(0, {ACC: 0.5}), (0, {ACC: 0.2}), (1, {ACC: 0.9, "actor/entropy": 0.4}), (1, {ACC: 0.01, "actor/entropy": 0.5})],
+     r"line 4: step 1 logs actor/entropy again \(first at line 3\)"),  # interleaved
+])
+def test_a_jsonl_holding_two_runs_is_refused_naming_the_file_line_and_step(tmp_path, capsys, records, match):
+    log = write_jsonl(tmp_path / "two.jsonl", records)
+    with pytest.raises(ValueError, match=rf"{log} {match}"):
+        load_run(log)
+    assert main(["compare", str(log), "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "holds two runs" in err
+    assert not (tmp_path / "o").exists()
+
+
+def test_a_jsonl_line_that_is_not_a_record_names_the_file_and_line(tmp_path):
+    log = tmp_path / "metrics.jsonl"
+    log.write_text('{"step": 0, "data": {"actor/entropy": 0.5}}\nGARBAGE\n'
+                   '{"step": 1, "data": {"actor/entropy": 0.4}}\n')
+    with pytest.raises(ValueError, match=rf"{log} line 2 is not a .*record \('GARBAGE'\).*Fix or delete that line"):
+        load_run(log)
+    log.write_text('{"step": 0, "data": {"actor/entropy": 0.5}}\n{"step": 1, "values": {}}\n')
+    with pytest.raises(ValueError, match=rf"{log} line 2 is not a"):
+        load_run(log)
+
+
+@pytest.mark.parametrize("value", [7.5, -0.25, 1.0000001])
+def test_an_accuracy_outside_0_1_is_refused_in_every_format(tmp_path, value):
+    jsonl = write_jsonl(tmp_path / "a.jsonl", [(0, {ACC: 0.5}), (1, {ACC: value})])
+    with pytest.raises(ValueError, match=rf"{jsonl} line 2: {ACC} = {value:g} is outside \[0, 1\]; an accuracy"):
+        load_run(jsonl)
+    console = tmp_path / "train.log"
+    console.write_text(console_line(1, {"dapo/sampler/prefilter_acc": value}) + "\n")
+    with pytest.raises(ValueError, match=rf"{console} line 1: dapo/sampler/prefilter_acc = {value:g} is outside"):
+        load_run(console)
+    events = write_events(tmp_path / "tb", [(3, {"val-aux/x/acc/best@4/mean": value})])
+    with pytest.raises(ValueError, match=rf"{events} tag val-aux/x/acc/best@4/mean step 3: .* is outside \[0, 1\]"):
+        load_run(events)
 
 
 def test_tensorboard_events_are_found_below_the_run_directory(tmp_path):
@@ -225,7 +282,8 @@ def test_metrics_missing_in_some_runs_or_arms_show_as_na(tmp_path):
 def test_a_final_value_that_went_non_finite_is_missing_and_flagged_never_the_last_finite_one(tmp_path, capsys, bad):
     records = training_run([1, 2, 3, 4, 5, 6, 7, 8, 9, 10], acc=[0.1, 0.3, 0.5])
     records.append((10, {ACC: bad}))  # verl's orjson writes NaN as null; the local backend as well
-    records.append((10, {"actor/entropy": bad}))
+    assert records[-2] == (10, {"actor/entropy": 10})
+    records[-2] = (10, {"actor/entropy": bad})
     path = tmp_path / "nan" / "metrics.jsonl"
     path.parent.mkdir()
     path.write_text("".join(json.dumps({"step": s, "data": d}).replace('"NaN"', "NaN").replace('"Infinity"',
@@ -337,6 +395,7 @@ def test_compare_cli_labels_and_errors(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("name", ["dapo_verl.report.grouping", "dapo_verl.report.summary", "dapo_verl.report.build",
+                                  "dapo_verl.report.runlog",
                                   "dapo_verl.report.plots"])
 def test_docstring_examples_run(name):
     result = doctest.testmod(importlib.import_module(name), optionflags=doctest.NORMALIZE_WHITESPACE)
