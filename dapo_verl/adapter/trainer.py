@@ -29,7 +29,7 @@ import math
 import os
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -40,7 +40,7 @@ from verl.protocol import pad_dataproto_to_divisor
 from verl.trainer.ppo.ray_trainer import RayPPOTrainer
 
 from dapo_verl.adapter.dataproto_codec import DataProtoCodec
-from dapo_verl.adapter.epochs import epoch_divisor
+from dapo_verl.adapter.legacy_feed import ReplayingRolloutManager, StepStream
 from dapo_verl.adapter.reward import overlong_metrics
 from dapo_verl.adapter.transforms import apply_overlong_filtering, no_op_groups, response_truncation
 from dapo_verl.config import DapoConfig
@@ -56,59 +56,6 @@ SAMPLER_STATE_FILE = "dapo_sampler.safetensors"
 
 _SHAPED_METRICS = ("reward", "seq_reward", "seq_final_reward")
 _MAX_EMPTY_BATCHES = 3
-
-
-class StepStream:
-    """``fit``'s ``train_dataloader``: one collated prompt batch per training step, one iteration per data pass.
-
-    ``fit`` labels its steps with the loop variable of ``for epoch in range(current_epoch, total_epochs)`` and
-    ``training/epoch``; an iteration here ends once the sampler has started a new pass over the prompts, so
-    that label follows the sampler's data epochs. The run length is ``trainer.total_training_steps`` (``fit``
-    returns after the last step), not a number of epochs. ``len()`` is what ``fit`` divides ``global_steps`` by
-    to find the epoch it resumes in; after a resume it is chosen to give the restored sampler's epoch.
-    """
-
-    def __init__(self, trainer: DapoRayTrainer, steps_per_epoch: int) -> None:
-        self._trainer = trainer
-        self._len = steps_per_epoch
-
-    def __len__(self) -> int:
-        return self._len
-
-    def resume_at(self, global_steps: int, data_epoch: int) -> None:
-        """Make ``global_steps // len(self)`` equal ``data_epoch`` (where an integer length allows it)."""
-        self._len = epoch_divisor(global_steps, data_epoch)
-
-    def __iter__(self) -> Iterator[dict[str, Any]]:
-        stream = self._trainer.sampler.stream
-        epoch = stream.epoch
-        while True:
-            yield self._trainer._next_training_prompts()
-            if stream.epoch != epoch:
-                return
-
-    def state_dict(self) -> dict[str, Any]:
-        """Nothing: the sampler state is saved in its own file (see :data:`SAMPLER_STATE_FILE`)."""
-        return {}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Nothing to restore here; see :meth:`DapoRayTrainer._load_checkpoint`."""
-
-
-class ReplayingRolloutManager:
-    """Rollout manager seen by ``fit``: replays the sampler's responses; validation goes to the real one."""
-
-    def __init__(self, trainer: DapoRayTrainer, real: Any) -> None:
-        self._trainer = trainer
-        self.real = real
-
-    def generate_sequences(self, gen_batch: DataProto) -> DataProto:
-        if gen_batch.meta_info.get("validate", False):
-            return self.real.generate_sequences(gen_batch)
-        return self._trainer._replay_rollout(len(gen_batch))
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.real, name)
 
 
 class DapoRayTrainer(RayPPOTrainer):

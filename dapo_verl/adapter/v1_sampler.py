@@ -36,18 +36,18 @@ round limit and ``on_shortfall``, carried surplus and its staleness, history ski
   (it is counted as dropped ``surplus``) and a resumed run repeats the uninterrupted one; in the async modes
   TransferQueue itself is checkpointed and carried groups survive.
 
-The same class serves ``sync``, ``colocate_async`` and ``separate_async``; for separate_async's hybrid switching
-it answers ``get_sampleable_count`` (groups of the asked step that need no more generation: carried fresh ones and
-finished informative ones of the prefetched round) and ``wait_for_sampleable`` (builds the step's batch while verl's
-GPUs are lent). In ``separate_async`` the rollout replicas are a
-pool of their own that keeps generating while the trainer trains, so at the end of each step's sampling the
-buffer submits the *next* step's first round (:meth:`~dapo_verl.sampler.BatchReplenisher.plan_next_round`: the
-very prompts the next step would choose when it starts); it generates during this step's training, on weights
-one step old -- verl's one-step-off-policy overlap -- and the next ``sample()`` finds it finished or nearly so.
-The plan and its prompt keys are saved with the sampler state; TransferQueue is checkpointed in async modes and
-verl re-issues in-flight prompts on resume, so a resumed run waits for the same round. ``sampler_kwargs.prefetch:
-false`` turns it off. ``colocate_async`` does not prefetch: its replicas are aborted and put to sleep as soon as a
-step's sampling ends, so a round submitted then could not generate until the next weight update anyway.
+The same class serves ``sync``, ``colocate_async`` and ``separate_async`` (:mod:`.v1_prefetch`); for
+separate_async's hybrid switching it answers ``get_sampleable_count`` (groups of the asked step that need no more
+generation: carried fresh ones and finished informative ones of the prefetched round) and ``wait_for_sampleable``
+(builds the step's batch while verl's GPUs are lent). In ``separate_async`` the rollout replicas are a pool of their
+own that keeps generating while the trainer trains, so at the end of each step's sampling the buffer submits the
+*next* step's first round (:meth:`~dapo_verl.sampler.BatchReplenisher.plan_next_round`: the very prompts the next
+step would choose when it starts); it generates during this step's training, on weights one step old -- verl's
+one-step-off-policy overlap -- and the next ``sample()`` finds it finished or nearly so. The plan and its prompt keys
+are saved with the sampler state; TransferQueue is checkpointed in async modes and verl re-issues in-flight prompts
+on resume, so a resumed run waits for the same round. ``sampler_kwargs.prefetch: false`` turns it off.
+``colocate_async`` does not prefetch: its replicas are aborted and put to sleep as soon as a step's sampling ends,
+so a round submitted then could not generate until the next weight update anyway.
 """
 
 from __future__ import annotations
@@ -70,10 +70,10 @@ from dapo_verl.adapter.epochs import epoch_divisor
 from dapo_verl.adapter.reward import overlong_metrics
 from dapo_verl.adapter.v1_engine import AgentLoopEngine
 from dapo_verl.adapter.v1_groups import GroupKeys, GroupKeysCodec, read_round, train_listing, wait_terminal
-from dapo_verl.config import DapoConfig, SurplusPolicy
+from dapo_verl.adapter.v1_prefetch import PrefetchedRound
+from dapo_verl.adapter.v1_settings import check_off_policy_span, check_streaming
+from dapo_verl.config import DapoConfig
 from dapo_verl.sampler import BatchReplenisher, GroupResult
-from dapo_verl.sampler.carry import fresh
-from dapo_verl.sampler.verdicts import is_kept
 from dapo_verl.state_io import load_state, save_state
 
 __all__ = ["SAMPLER_STATE_FILE", "DapoCheckpointCallback", "DapoReplayBuffer", "GroupKeys"]
@@ -86,7 +86,7 @@ SAMPLER_STATE_FILE = "dapo_sampler.safetensors"
 _DEFAULT_POLL_S = 0.05
 
 
-class DapoReplayBuffer(ReplayBufferAsync):
+class DapoReplayBuffer(PrefetchedRound, ReplayBufferAsync):
     """verl v1 custom sampler driven by dapo_verl's batch replenisher (see the module docstring).
 
     verl constructs it with its custom-sampler keyword arguments; ``refill_fn`` is the trainer's bound
@@ -129,49 +129,8 @@ class DapoReplayBuffer(ReplayBufferAsync):
         self._verdicts: dict[str, bool] = {}  # prompt key -> informative, for finished groups of the prefetched round
         self._abandoned: set[str] = set()  # prompt keys dropped while verl may still generate them (colocate_async)
         self._engine: AgentLoopEngine | None = None
-        self._check_off_policy_span(max_off_policy_threshold)
-        self._check_streaming()
-
-    def _check_streaming(self) -> None:
-        """Refuse ``streaming`` where verl's trainer cannot stream as dapo_verl's sampler needs (module docstring)."""
-        sampler = self.dapo.sampler
-        if not sampler.streaming:
-            return
-        key = "algorithm.filter_groups.streaming"
-        if self.trainer_mode == "separate_async":
-            raise ValueError(f"{key}=true is not available in trainer.v1.trainer_mode=separate_async: there the next "
-                             f"step's first round generates while this step trains (prefetch), and streaming is "
-                             f"built for sync and colocate_async. Set {key}=false or use another trainer mode.")
-        if self.trainer_mode == "colocate_async" and sampler.surplus != SurplusPolicy.CARRY:
-            raise ValueError(f"{key}=true with algorithm.filter_groups.surplus={sampler.surplus} in colocate_async: "
-                             f"verl continues every request still generating after the weight update, so what the "
-                             f"batch does not need cannot be discarded there. Set surplus=carry (what verl's own "
-                             f"colocate_async does), or use trainer_mode=sync to discard it.")
-
-    def _check_off_policy_span(self, threshold: int | None) -> None:
-        """Refuse settings under which a served group could span more policy versions than verl allows.
-
-        verl counts a group's span as ``global_steps - (step it was submitted in) + 1`` and, in its async modes,
-        never serves one above ``trainer.v1.sampler.max_off_policy_threshold`` (sync mode is on-policy in verl, which
-        ignores the threshold there). Ours: 1, plus ``max_staleness_steps`` with ``surplus=carry``, plus 1 for the
-        prefetched round in ``separate_async``.
-        """
-        sampler = self.dapo.sampler
-        carry = sampler.surplus == SurplusPolicy.CARRY
-        span = 1 + (sampler.max_staleness_steps if carry else 0) + int(self._prefetch)
-        if self.trainer_mode == "sync" or threshold is None or span <= threshold:
-            return
-        parts = ["1"]
-        fixes = [f"raise the threshold to {span}"]
-        if carry:
-            parts.append(f"algorithm.filter_groups.max_staleness_steps={sampler.max_staleness_steps} (surplus=carry)")
-            fixes.append("lower max_staleness_steps or set surplus=discard")
-        if self._prefetch:
-            parts.append("1 (the round generated while the previous step trained)")
-            fixes.append("set trainer.v1.sampler.sampler_kwargs.prefetch=false")
-        raise ValueError(f"trainer.v1.sampler.max_off_policy_threshold={threshold}, but dapo_verl's sampler can serve "
-                         f"groups spanning {span} policy versions in {self.trainer_mode}: {' + '.join(parts)}. "
-                         f"{'; or '.join(fixes).capitalize()}.")
+        check_off_policy_span(trainer_mode, self.dapo.sampler, max_off_policy_threshold, prefetch=self._prefetch)
+        check_streaming(trainer_mode, self.dapo.sampler)
 
     # -- verl's sampler interface ------------------------------------------------------------------------
 
@@ -216,85 +175,6 @@ class DapoReplayBuffer(ReplayBufferAsync):
             return {}
         return overlong_metrics({name: np.array([info[name] for info in infos]) for name in ("overlong_penalty",
                                                                                            "truncated")})
-
-    def get_sampleable_count(self, global_steps: int, partition_id: str) -> int:
-        """How many of step ``global_steps``'s ``train_batch_size`` groups need no more generation; never waits.
-
-        verl's ``separate_async`` trainer with ``hybrid_rollout.enable_switch=true`` reads this to decide whether
-        to lend its GPUs to generation: at the end of step k for step k+1, and at the start of a step and of each
-        slice for that step. It lends while the count is below its switch threshold (a share of
-        ``data.train_batch_size``, at least one slice). The answer:
-
-        * the step's batch is already built: its groups not served yet;
-        * otherwise: carried groups still fresh at that step (``max_staleness_steps``) plus the informative groups
-          of the prefetched round that TransferQueue already holds as finished, at most ``train_batch_size``.
-          Groups still generating count nothing (lending GPUs is what finishes them sooner), and neither do
-          finished all-correct or all-wrong ones (the step would drop them).
-
-        The batch is built whole before its first slice is served, so a count below ``train_batch_size`` means
-        the step will wait for generation even when it reaches verl's threshold.
-        """
-        if partition_id != "train":
-            return super().get_sampleable_count(global_steps, partition_id)
-        if self._served_step == global_steps:
-            return len(self._step_groups)
-        if self._replenisher is None:  # nothing submitted yet: the first step builds its batch from scratch
-            return 0
-        staleness = self.dapo.sampler.max_staleness_steps
-        usable = sum(fresh(born, global_steps, staleness) for born, _ in self._replenisher.carried)
-        return min(usable + self._finished_informative(), self.dapo.sampler.train_batch_size)
-
-    def wait_for_sampleable(self, global_steps: int, partition_id: str, target_count: int) -> tuple[set[str], dict]:
-        """Build step ``global_steps``'s batch now (``sample`` then serves it); return its prompt uids and ``{}``.
-
-        verl calls it while its GPUs are lent to generation and takes them back when it returns. verl's own
-        buffer returns once ``target_count`` groups are sampleable; this one returns once the whole batch is built
-        (``train_batch_size`` groups, which verl's threshold never exceeds; fewer only with
-        ``on_shortfall=partial``), because no slice can be served before that: the lent GPUs keep generating for
-        as long as the step needs generation. The sampler's metrics come with the first slice, not here.
-        """
-        if partition_id != "train":
-            return super().wait_for_sampleable(global_steps, partition_id, target_count)
-        self._prepare(global_steps)
-        return {g.payload.uid for g in self._step_groups}, {}
-
-    def _prefetched_round(self) -> tuple[tuple[int, ...], list[str]] | None:
-        """(prompt ids, prompt keys) of the round generating for the next step, or None.
-
-        A resumed run holds the checkpoint's keys until its first ``sample()`` reconciles them; the restored plan
-        is the same round (:meth:`_resume_inflight` pairs them the same way).
-        """
-        if self._inflight is not None:
-            return self._inflight
-        if self._restored_inflight and self._replenisher is not None:
-            planned = self._replenisher.plan_next_round()  # the restored plan; calling it again returns the same
-            if len(planned) == len(self._restored_inflight):
-                return tuple(planned), self._restored_inflight
-        return None
-
-    def _finished_informative(self) -> int:
-        """Informative groups of the prefetched round that TransferQueue holds as finished (read without waiting).
-
-        A group's verdict is read once and kept while its round is in flight: a finished group does not change.
-        """
-        prefetched = self._prefetched_round()
-        if prefetched is None:
-            self._verdicts = {}
-            return 0
-        prompt_ids, uids = prefetched
-        current = set(uids)
-        self._verdicts = {uid: v for uid, v in self._verdicts.items() if uid in current}
-        listing = train_listing()
-        unread = [(p, u) for p, u in zip(prompt_ids, uids)
-                  if u not in self._verdicts and listing.get(u, {}).get("status") == "finished"]
-        if unread:
-            assert self._replenisher is not None
-            groups = read_round([p for p, _ in unread], [u for _, u in unread], listing,
-                                metric=self._replenisher.config.metric,
-                                response_length=int(self.trainer.config.actor_rollout_ref.rollout.response_length))
-            for (_, uid), group in zip(unread, groups):
-                self._verdicts[uid] = is_kept(group, filtering=self._replenisher.config.enable)
-        return sum(self._verdicts.values())
 
     # -- one training step -------------------------------------------------------------------------------
 
@@ -432,18 +312,6 @@ class DapoReplayBuffer(ReplayBufferAsync):
         self.trainer._submit_batch_to_rollout(self._prompt_batch(prompt_ids, uids))
         return uids
 
-    def _take_inflight(self, prompt_ids: Sequence[int]) -> list[str] | None:
-        """The prompt keys of the prefetched round if ``prompt_ids`` is it (the replenisher generates its plan
-        first), else None."""
-        if self._inflight is None:
-            return None
-        planned, uids = self._inflight
-        if tuple(prompt_ids) != planned:
-            raise RuntimeError(f"The sampler generated prompts {list(prompt_ids)[:8]}... before its planned round "
-                               f"{list(planned)[:8]}..., which is already generating. This is a dapo_verl bug.")
-        self._inflight = None
-        return uids
-
     def _prompt_batch(self, prompt_ids: Sequence[int], uids: list[str]) -> Any:
         from verl.utils.dataset.rl_dataset import collate_fn
 
@@ -495,24 +363,6 @@ class DapoReplayBuffer(ReplayBufferAsync):
         self._restored_inflight = [str(uid) for uid in state.get("v1_inflight_uids", [])]
         self._follow_data_epochs(global_steps - 1)
         logger.info("dapo_verl: restored the sampler state from %s", path)
-
-    def _resume_inflight(self, uids: list[str]) -> None:
-        """Follow the prefetched round saved with the checkpoint (its prompt keys ``uids``).
-
-        verl checkpoints TransferQueue in async modes and re-issues the prompts still generating, so the round is
-        normally there to wait for; one that TransferQueue did not keep is submitted again.
-        """
-        assert self._replenisher is not None
-        if not uids:
-            return
-        planned = self._replenisher.plan_next_round()  # the restored plan, not a new one
-        listing = train_listing()
-        if len(uids) == len(planned) and all(uid in listing for uid in uids):
-            self._inflight = (tuple(planned), uids)
-            return
-        self._clear([uid for uid in uids if uid in listing])
-        if planned:
-            self._inflight = (tuple(planned), self._submit(planned))
 
     def _clear_orphans(self, keep: Collection[str] = ()) -> None:
         """Drop trajectories a restored TransferQueue holds for groups the sampler no longer tracks (``keep``:

@@ -496,13 +496,13 @@ def test_a_span_above_verls_off_policy_threshold_is_refused_naming_the_knobs(mak
 
 
 # --------------------------------------------------------------------------- #
-# Streaming (algorithm.filter_groups.streaming=true). Thread timing with latencies of 0.25-0.5 s, so groups finish
+# Streaming (algorithm.filter_groups.streaming=true). Thread timing with latencies of 1-2 s, so groups finish
 # one by one and some are still generating when the batch fills; the simulated replicas park, abort and refuse to
 # sleep while generating as verl's do (benchmarks/v1_rollout.py: SimulatedRollout.abort / replicas_sleep).
 # --------------------------------------------------------------------------- #
 
 STREAM = ["algorithm.filter_groups.streaming=true", "algorithm.filter_groups.stream_oversample=2.0"]
-SLOW_GROUPS = {"latency_scale_s": 0.5}
+SLOW_GROUPS = {"latency_scale_s": 2.0}  # 1-2 s a group: far longer than a poll, even on a loaded machine
 
 
 def _total(records: list[StepRecord], name: str) -> float:
