@@ -134,7 +134,7 @@ def _cmd_reliability(args: argparse.Namespace) -> int:
 
 
 def _cmd_doctor(args: argparse.Namespace) -> int:
-    from dapo_verl.adapter.doctor import config_checks, describe_run, run_checks
+    from dapo_verl.doctor import config_checks, describe_run, run_checks
 
     checks = run_checks()
     plugin_ok = all(check.ok for check in checks)

@@ -44,6 +44,7 @@ import torch
 from torch import Tensor
 
 from dapo_verl.core._checks import DeviceCheck, check_number
+from dapo_verl.core._clip_stats import Clip, clip_statistics
 from dapo_verl.core._ratio import (
     LOG_RATIO_CLAMP,
     RatioTerms,
@@ -74,7 +75,6 @@ __all__ = [
     "policy_ratio",
 ]
 
-_ABOVE_EVERY_RATIO = 2 * math.exp(LOG_RATIO_CLAMP)  # added to padded ratios so that a min never picks one
 _LARGEST_RATIO = math.exp(LOG_RATIO_CLAMP)  # no ratio exceeds it: the log-ratio is clamped first
 
 
@@ -87,13 +87,7 @@ class ClippedSurrogate(NamedTuple):
     """0-dim tensors without gradient, under the keys of :func:`clip_diagnostics`."""
 
 
-class _Clip(NamedTuple):
-    low: float
-    high: float
-    dual: float | None
-
-
-def _check_clip(clip_low: float, clip_high: float, clip_ratio_c: float | None) -> _Clip:
+def _check_clip(clip_low: float, clip_high: float, clip_ratio_c: float | None) -> Clip:
     clip_low = check_number("clip_low", clip_low, minimum=0.0, maximum=1.0,
                             fix="Use a width in [0, 1], e.g. 0.2 (paper §3.1, clip_ratio_low).")
     clip_high = check_number("clip_high", clip_high, minimum=0.0,
@@ -105,10 +99,10 @@ def _check_clip(clip_low: float, clip_high: float, clip_ratio_c: float | None) -
         clip_ratio_c = min(clip_ratio_c, _LARGEST_RATIO)
     # A bound above the largest ratio the log-ratio clamp allows never binds; held there, it stays representable in
     # float32 (1 + 1e308 is not), and every loss and fraction is the same as with the bound as given.
-    return _Clip(clip_low, min(clip_high, _LARGEST_RATIO), clip_ratio_c)
+    return Clip(clip_low, min(clip_high, _LARGEST_RATIO), clip_ratio_c)
 
 
-def _surrogate(terms: RatioTerms, clip: _Clip) -> Tensor:
+def _surrogate(terms: RatioTerms, clip: Clip) -> Tensor:
     """The (B, L) clipped surrogate l = max(-A r, -A clip(r)), with verl's operations in verl's order.
 
     With dual clip, min(l, |A| c): for A < 0 that is verl's cap -A c, and for A >= 0 the cap never binds
@@ -119,54 +113,6 @@ def _surrogate(terms: RatioTerms, clip: _Clip) -> Tensor:
     if clip.dual is None:
         return loss  # (B, L)
     return torch.minimum(loss, neg_advantages.abs() * clip.dual)  # (B, L)
-
-
-def _diagnostics(terms: RatioTerms, tok: TokenInputs, clip: _Clip) -> dict[str, Tensor]:
-    """The clip fractions, ratio statistics and clipped-token probabilities of :func:`clip_diagnostics`."""
-    with torch.no_grad():
-        ratio, log_ratio, mask_float = terms.ratio.detach(), terms.log_ratio.detach(), tok.mask_float
-        if ratio.numel() == 0:  # reductions of an empty tensor are undefined; there are no tokens either way
-            return dict(zip(_DIAGNOSTICS, ratio.new_tensor([0.0, 0, 0, 0, 1, 1, 1, 0, *[0] * 7]).unbind()))
-        # r * sign(-A): > 0 exactly where A < 0 and < 0 where A > 0; 0 at padding and where A = 0
-        signed = ratio * terms.neg_advantages.sign()  # (B, L)
-        upper_hit = signed < -(1 + clip.high)  # A > 0, r > 1 + eps_high
-        kept_hit = (signed < -(1 + clip.low)) & ~upper_hit  # A > 0, 1 + eps_low < r <= 1 + eps_high
-        upper, kept = torch.count_nonzero(upper_hit), torch.count_nonzero(kept_hit)
-        lower = torch.count_nonzero(signed > 0) - torch.count_nonzero(signed >= 1 - clip.low)  # A < 0, r < 1 - eps_low
-        dual = torch.count_nonzero(signed > clip.dual) if clip.dual is not None else torch.zeros_like(upper)
-        count = torch.count_nonzero(tok.mask)
-        per_token = count.clamp_min(1).to(ratio.dtype)
-        fractions = torch.stack([upper, lower, dual, kept]) / per_token  # (4,)
-        flat_mask = mask_float.reshape(-1)
-        ratio_stats = torch.stack([
-            torch.dot(ratio.reshape(-1), flat_mask) / per_token,  # mean
-            torch.add(ratio, 1 - mask_float, alpha=_ABOVE_EVERY_RATIO).amin(),  # min: padding lifted out of reach
-            (ratio * mask_float).amax(),  # max: ratios are > 0, padding is 0
-        ])
-        ratio_stats = torch.where(count > 0, ratio_stats, 1.0)  # (3,)
-        approx_kl = -torch.dot(log_ratio.reshape(-1), flat_mask) / per_token
-        probabilities = _clipped_probabilities(tok.old_logp, signed < 0, upper_hit, kept_hit)
-        return dict(zip(_DIAGNOSTICS, (*fractions.unbind(), *ratio_stats.unbind(), approx_kl, *probabilities)))
-
-
-def _clipped_probabilities(old_logp: Tensor, positive: Tensor, upper_hit: Tensor, kept_hit: Tensor) -> list[Tensor]:
-    """Token counts and old-policy probabilities of the tokens clipped from above and kept by clip-higher.
-
-    ``torch.where`` selects, so whatever padding holds (NaN, inf) never reaches a sum; a log-prob above 0 is
-    read as probability 1 (a probability cannot exceed it).
-    """
-    old_prob = old_logp.detach().clamp(max=0.0).exp()  # (B, L)
-    zero = old_prob.new_zeros(())
-    upper_prob, kept_prob = torch.where(upper_hit, old_prob, zero), torch.where(kept_hit, old_prob, zero)  # (B, L)
-    counts = torch.stack([torch.count_nonzero(positive), torch.count_nonzero(upper_hit),
-                          torch.count_nonzero(kept_hit)]).to(old_prob.dtype)  # (3,)
-    return [counts[0], counts[1], upper_prob.sum(), upper_prob.amax(), counts[2], kept_prob.sum(), kept_prob.amax()]
-
-
-_DIAGNOSTICS = ("clip_upper_fraction", "clip_lower_fraction", "dual_clip_fraction", "clip_higher_kept_fraction",
-                "ratio_mean", "ratio_min", "ratio_max", "approx_kl", "positive_advantage_tokens", "clip_upper_tokens",
-                "clip_upper_old_prob_sum", "clip_upper_old_prob_max", "clip_higher_kept_tokens",
-                "clip_higher_kept_old_prob_sum", "clip_higher_kept_old_prob_max")
 
 
 def _loss_checks(tok: TokenInputs, terms: RatioTerms, loss_mat: Tensor) -> tuple[Tensor, list[DeviceCheck]]:
@@ -297,7 +243,7 @@ def clipped_surrogate_with_diagnostics(
     def compute(mask_first: bool) -> tuple[ClippedSurrogate, Tensor, list[DeviceCheck]]:
         terms = ratio_terms(tok, adv, mask_first=mask_first)
         loss_mat = _surrogate(terms, clip)  # (B, L)
-        stats = _diagnostics(terms, tok, clip) if diagnostics else {}
+        stats = clip_statistics(terms, tok, clip) if diagnostics else {}
         return ClippedSurrogate(loss_mat, stats), *_loss_checks(tok, terms, loss_mat)
 
     return evaluate(tok, advantages, compute)
@@ -415,6 +361,6 @@ def clip_diagnostics(
     def compute(mask_first: bool) -> tuple[dict[str, Tensor], Tensor, list[DeviceCheck]]:
         with torch.no_grad():
             terms = ratio_terms(tok, adv, mask_first=mask_first)
-            return _diagnostics(terms, tok, clip), has_nan_or_inf(terms), []
+            return clip_statistics(terms, tok, clip), has_nan_or_inf(terms), []
 
     return evaluate(tok, advantages, compute)

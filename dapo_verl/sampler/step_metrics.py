@@ -32,13 +32,38 @@ A rate that is not known yet (nothing measured or predicted) is -1: metrics must
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-if TYPE_CHECKING:
-    from dapo_verl.sampler.prediction import SuccessPredictor
-    from dapo_verl.sampler.replenisher import BatchReplenisher
+from dapo_verl.sampler.engine import PartialGroup
+from dapo_verl.sampler.ledger import Ledger
+from dapo_verl.sampler.prediction import SuccessPredictor
+from dapo_verl.sampler.stream import PromptStream
+from dapo_verl.sampler.types import GroupResult
 
-__all__ = ["step_metrics"]
+__all__ = ["SamplerView", "step_metrics"]
+
+
+class SamplerView(Protocol):
+    """What the metrics read of the batch replenisher (:class:`~dapo_verl.sampler.BatchReplenisher` has it all)."""
+
+    carried: list[tuple[int, GroupResult]]
+    carried_aborted: list[tuple[int, PartialGroup]]
+    keep_rate_estimate: float | None
+    ledger: Ledger
+    predictor: SuccessPredictor | None
+    stream: PromptStream
+
+    @property
+    def counters(self) -> dict[str, float]: ...
+
+    @property
+    def dropped(self) -> dict[str, int]: ...
+
+    @property
+    def pool_exhausted(self) -> bool: ...
+
+    @property
+    def trained_prompts(self) -> int: ...
 
 PREFIX = "dapo/sampler/"
 
@@ -53,7 +78,7 @@ def _or_minus_one(value: float | None) -> float:
     return -1.0 if value is None else value
 
 
-def step_metrics(sampler: BatchReplenisher, before: tuple[dict, ...], trained: int, from_carry: int,
+def step_metrics(sampler: SamplerView, before: tuple[dict, ...], trained: int, from_carry: int,
                  ages: list[tuple[int, int]], *, partial: bool, inflight_at_full: int = 0) -> dict[str, float]:
     """The step's metrics (module docstring), keyed ``dapo/sampler/<name>``.
 
@@ -137,7 +162,7 @@ def _prediction_metrics(predictor: SuccessPredictor | None, delta: dict[str, flo
     }
 
 
-def _pool_metrics(sampler: BatchReplenisher) -> dict[str, float]:
+def _pool_metrics(sampler: SamplerView) -> dict[str, float]:
     """The prompt pool: exhaustion, coverage and the measured informative rates of the streak buckets."""
     history = sampler.stream.history
     no_streak, streak = history.streak_rates()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from dapo_verl.adapter.doctor import describe_run
+from dapo_verl.doctor import describe_run
 from dapo_verl.cli import main
 from dapo_verl.rehearsal.run import compose_recipe
 

@@ -17,7 +17,7 @@ import sys
 import pytest
 from omegaconf import OmegaConf
 
-from dapo_verl.adapter import doctor
+from dapo_verl import doctor
 from dapo_verl.adapter.engine_ranges import VLLM_CHOICES, engine_problems
 from dapo_verl.adapter.preflight import DAPO_ENTRY, VERL_ENTRY, compose_and_check, verl_config_problems
 from dapo_verl.cli import main

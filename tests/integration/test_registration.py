@@ -16,7 +16,8 @@ pytestmark = pytest.mark.verl
 from verl.experimental.reward_loop.reward_manager.registry import REWARD_MANAGER  # noqa: E402
 from verl.trainer.ppo.core_algos import POLICY_LOSS_REGISTRY, get_adv_estimator_fn, get_policy_loss_fn  # noqa: E402
 
-from dapo_verl.adapter import doctor, register  # noqa: E402
+from dapo_verl import doctor  # noqa: E402
+from dapo_verl.adapter import register  # noqa: E402
 
 PROBE = textwrap.dedent(
     """

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from packaging.requirements import Requirement
 
-from dapo_verl.adapter import doctor
+from dapo_verl import doctor
 
 VERSIONS = ["0.9.0", "0.9.1", "0.9.2", "0.10.0.dev0", "0.10.0", "1.0"]
 PYPROJECT = Path(__file__).resolve().parents[2] / "pyproject.toml"
