@@ -1,4 +1,4 @@
-"""The verl processes of a rehearsal: their environment, launch, logs, leftovers, and the resume run beside the first.
+"""The verl processes of a rehearsal: their environment, launch, logs and leftovers.
 
 Each run is the recipe's own entry point in a subprocess of its own session, with the environment of
 :func:`environment` (the CPU platform and plugin, the file logger's JSONL, the run's record folder and socket folder,
@@ -6,9 +6,8 @@ and whatever the engine adds). :func:`launch` follows its console for verl's ste
 at a time limit that fires on a timer whether or not the run prints (:func:`stop_tree`: its process group and
 session, then every process the run left, :func:`kill_leftovers`; :class:`Overrun` says since when it was silent),
 and removes the shared memory they recorded (:mod:`dapo_verl.adapter.cpu_leftovers`). Ctrl-C, SIGTERM and SIGHUP
-stop a run the same way; a run dies with its launcher (:mod:`dapo_verl.lifetime`). :class:`Resume` runs the resume
-process in a thread, started with the first run or after it, and releases it at verl's checkpoint load once the
-first run's checkpoint is on disk.
+stop a run the same way; a run dies with its launcher (:mod:`dapo_verl.lifetime`). A run that ended because memory
+ran out says so (:func:`.memory.memory_kill`). :mod:`.schedule` starts the two runs of a rehearsal.
 """
 
 from __future__ import annotations
@@ -29,9 +28,10 @@ from typing import IO, Any
 
 from dapo_verl import lifetime
 from dapo_verl.adapter import cpu_leftovers, cpu_vllm
+from dapo_verl.rehearsal.memory import memory_kill, oom_kills
 
-__all__ = ["PLUGIN_MODULE", "RAY_START_TIMEOUT", "Overrun", "Resume", "RunRecord", "checkpointed_step", "environment",
-           "errors", "follow", "kill_leftovers", "launch", "launch_once_more_if_ray_did_not_start", "stop_tree"]
+__all__ = ["PLUGIN_MODULE", "RAY_START_TIMEOUT", "Overrun", "RunRecord", "environment", "errors", "follow",
+           "kill_leftovers", "launch", "launch_once_more_if_ray_did_not_start", "stop_tree"]
 
 PLUGIN_MODULE = "dapo_verl.adapter.cpu_plugin"
 RAY_START_TIMEOUT = "The current node timed out during startup"
@@ -46,7 +46,9 @@ _DRAIN_S = 5.0
 class RunRecord:
     """One verl process of the rehearsal (``error``/``first_error``: the last and the first exception it printed;
     ``records``: its record folder; ``leftovers_removed``: the ``/dev/shm`` entries its processes left, removed
-    after it ended, with their sizes)."""
+    after it ended, with their sizes; ``stopped_by``: what stopped it before it ended -- a stop signal the
+    rehearsal received (``interrupted``: "Ctrl-C", "SIGTERM", "SIGHUP") or why the rehearsal stopped it;
+    ``memory_kill``: what killed it for lack of memory, :func:`.memory.memory_kill`)."""
 
     name: str
     command: list[str]
@@ -58,6 +60,16 @@ class RunRecord:
     first_error: str = ""
     records: Path | None = None
     leftovers_removed: list[tuple[str, int]] = field(default_factory=list)
+    stopped_by: str = ""
+    interrupted: bool = False
+    memory_kill: str = ""
+
+    @property
+    def state(self) -> str:
+        """``finished`` (exit 0), ``interrupted`` (by a stop signal), ``stopped`` (by the rehearsal), or ``failed``."""
+        if self.returncode == 0:
+            return "finished"
+        return "interrupted" if self.interrupted else "stopped" if self.stopped_by else "failed"
 
 
 def environment(metrics: Path, extra: dict[str, str] | None = None) -> dict[str, str]:
@@ -228,13 +240,15 @@ def _exceptions(lines: list[str]) -> list[str]:
 
 
 def launch(name: str, command: list[str], run_dir: Path, timeout_s: float, ray_dir: str, steps: int,
-            echo: Callable[[str], None], on_step: Callable[[int], None] | None = None,
-            on_start: Callable[[subprocess.Popen], None] | None = None,
-            env: dict[str, str] | None = None) -> RunRecord:
+           echo: Callable[[str], None], on_step: Callable[[int], None] | None = None,
+           on_start: Callable[[subprocess.Popen], None] | None = None, env: dict[str, str] | None = None,
+           stopped: Callable[[], tuple[str, bool] | None] | None = None) -> RunRecord:
     """Run one verl process to its end (or ``timeout_s``); ``on_step`` hears each step verl's console logged.
 
     The run's processes record into ``run_dir/engine`` (:mod:`dapo_verl.adapter.cpu_vllm`) and keep their sockets
-    in ``ray_dir``; what they left in ``/dev/shm`` is removed once they have ended.
+    in ``ray_dir``; what they left in ``/dev/shm`` is removed once they have ended. ``stopped``, asked once the
+    process has ended, says whether the rehearsal stopped it from another thread: (what stopped it, whether that
+    was a stop signal), or None.
     """
     run_dir.mkdir(parents=True, exist_ok=True)
     log, metrics, records = run_dir / "log.txt", run_dir / "metrics.jsonl", run_dir / "engine"
@@ -243,8 +257,9 @@ def launch(name: str, command: list[str], run_dir: Path, timeout_s: float, ray_d
     records.mkdir()
     env = {**(env or {}), cpu_vllm.RECORD_ENV: str(records), cpu_vllm.SOCKET_ENV: ray_dir}
     echo(f"[{name}] {' '.join(command[:4])} ... ({len(command) - 4} overrides); log: {log}")
-    start = time.perf_counter()
+    start, kills_before = time.perf_counter(), oom_kills()
     overrun: Overrun | None = None
+    stop: tuple[str, bool] | None = None
     with open(log, "w") as sink:
         sink.write(" ".join(command) + "\n\n")
         sink.flush()
@@ -263,35 +278,56 @@ def launch(name: str, command: list[str], run_dir: Path, timeout_s: float, ray_d
                 if on_step is not None:
                     on_step(int(step.group(1)))
 
-        interrupted = False
         try:
             overrun = follow(process, heard, timeout_s, stop=lambda: stop_tree(process, ray_dir))
             if overrun is not None:
                 sink.write(f"\n{_NOTE}{overrun.describe(name)}\n")
-        except KeyboardInterrupt as stop:  # Ctrl-C, or SIGTERM / SIGHUP (lifetime.Stopped)
-            interrupted = True
+            elif stopped is not None and process.returncode != 0:  # it did not finish by itself
+                stop = stopped()
+        except KeyboardInterrupt as signalled:  # Ctrl-C, or SIGTERM / SIGHUP (lifetime.Stopped)
             stop_tree(process, ray_dir)
-            by = lifetime.signal_name(stop.signum) if isinstance(stop, lifetime.Stopped) else "Ctrl-C"
-            sink.write(f"\n{_NOTE}stopped by {by} after {time.perf_counter() - start:.0f} s\n")
+            by = lifetime.signal_name(signalled.signum) if isinstance(signalled, lifetime.Stopped) else "Ctrl-C"
+            stop = (by, True)
         finally:
             if process.returncode is None:  # a hook raised while the run was going
                 stop_tree(process, ray_dir)
             kill_leftovers(ray_dir)
-        returncode = -signal.SIGKILL if overrun is not None or interrupted else process.returncode
+        if stop is not None:
+            sink.write(f"\n{_NOTE}{_stop_note(stop, time.perf_counter() - start)}\n")
+        returncode = -signal.SIGKILL if overrun is not None or stop is not None else process.returncode
     record = RunRecord(name, command, returncode, time.perf_counter() - start, log, metrics, records=records,
                        leftovers_removed=cpu_leftovers.remove_recorded(records))
+    _explain(record, overrun, stop, kills_before, echo)
+    return record
+
+
+def _stop_note(stop: tuple[str, bool], after_s: float) -> str:
+    by, signalled = stop
+    return f"stopped by {by} after {after_s:.0f} s" if signalled else f"stopped after {after_s:.0f} s: {by}"
+
+
+def _explain(record: RunRecord, overrun: Overrun | None, stop: tuple[str, bool] | None, kills_before: int | None,
+             echo: Callable[[str], None]) -> None:
+    """Fill in why ``record``'s run ended other than by finishing, and echo how it ended."""
+    name = record.name
     if overrun is not None:
-        found = _exceptions(_log_lines(log))
+        found = _exceptions(_log_lines(record.log))
         record.first_error, record.error = (found[0] if found else ""), overrun.describe(name)
         echo(f"[{name}] {record.error}")
-    elif returncode != 0:
-        record.first_error, record.error = errors(log)
-    echo(f"[{name}] {'finished' if returncode == 0 else 'FAILED'} in {record.wall_s:.0f} s")
+    elif stop is not None:
+        record.stopped_by, record.interrupted = stop
+        record.error = _stop_note(stop, record.wall_s)
+    elif record.returncode != 0:
+        record.first_error, record.error = errors(record.log)
+        output = record.log.read_text(errors="replace").removeprefix(" ".join(record.command) + "\n\n")
+        record.memory_kill = memory_kill(output, record.returncode, kills_before, oom_kills()) or ""
+    ending = {"finished": "finished in", "failed": "FAILED in", "interrupted": f"interrupted by {record.stopped_by} "
+              f"after", "stopped": f"stopped ({record.stopped_by}) after"}[record.state]
+    echo(f"[{name}] {ending} {record.wall_s:.0f} s")
     if record.leftovers_removed:
         size = sum(n for _, n in record.leftovers_removed) / 2**20
         echo(f"[{name}] removed {len(record.leftovers_removed)} shared-memory entries ({size:.0f} MiB) its "
              f"processes left in {cpu_leftovers.SHM_ROOT}")
-    return record
 
 
 def launch_once_more_if_ray_did_not_start(*args: Any, echo: Callable[[str], None], **hooks: Any) -> RunRecord:
@@ -305,91 +341,3 @@ def launch_once_more_if_ray_did_not_start(*args: Any, echo: Callable[[str], None
         echo(f"[{args[0]}] Ray's local node did not start within its 30 s window (a busy machine); starting again")
         record = launch(*args, echo=echo, **hooks)
     return record
-
-
-def checkpointed_step(checkpoints: Path) -> int:
-    """The step verl's tracker file says was last checkpointed under ``checkpoints`` (0 before any)."""
-    try:
-        return int((checkpoints / "latest_checkpointed_iteration.txt").read_text().strip() or 0)
-    except (OSError, ValueError):
-        return 0
-
-
-class Resume:
-    """The resume run, in a thread: started with the first run (or after it), released once its checkpoint is on
-    disk.
-
-    Args:
-        launch: Runs the resume process to its end (given ``on_start``, which records the process).
-        checkpoints: The first run's checkpoint folder.
-        step: The checkpointed step the resume starts from.
-        barrier: The file whose existence lets the resume run load the checkpoint
-            (:mod:`dapo_verl.adapter.resume_barrier`).
-        timeout_s: How long to wait for verl's tracker file to name ``step`` once the step was logged.
-    """
-
-    def __init__(self, launch: Callable[..., RunRecord], checkpoints: Path, step: int, barrier: Path,
-                 timeout_s: float) -> None:
-        self._launch, self._checkpoints, self._step = launch, checkpoints, step
-        self.barrier, self._timeout_s = barrier, timeout_s
-        self._thread: threading.Thread | None = None
-        self._record: RunRecord | None = None
-        self._error: BaseException | None = None
-        self._process: subprocess.Popen | None = None
-        self._stopped = threading.Event()
-
-    def start(self) -> None:
-        """Start the resume run now; it starts up and then waits for :attr:`barrier`."""
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="rehearsal-resume", daemon=True)
-            self._thread.start()
-
-    def _run(self) -> None:
-        try:
-            self._record = self._launch(on_start=self._started)
-        except BaseException as err:  # re-raised by result() in the main thread
-            self._error = err
-
-    def _started(self, process: subprocess.Popen) -> None:
-        self._process = process
-        if self._stopped.is_set():
-            os.killpg(process.pid, signal.SIGKILL)
-
-    def on_step(self, step: int) -> None:
-        """The first run logged ``step`` (verl saves before it logs): release the resume run once the tracker
-        file names the checkpointed step (an asynchronous save may still be writing when the step is logged)."""
-        if step == self._step:
-            threading.Thread(target=self._release_when_saved, name="rehearsal-release", daemon=True).start()
-
-    def _release_when_saved(self) -> None:
-        deadline = time.monotonic() + self._timeout_s
-        while checkpointed_step(self._checkpoints) < self._step:
-            if self._stopped.wait(0.2) or time.monotonic() > deadline:
-                return
-        self.release()
-
-    def release(self) -> None:
-        """Let the resume run load the checkpoint (idempotent)."""
-        self.barrier.touch()
-
-    def result(self) -> RunRecord | None:
-        """Release the resume run (starting it if it was not started with the first), wait for it, and return its
-        record (None only if its launch returned none)."""
-        self.release()
-        self.start()
-        assert self._thread is not None
-        while self._thread.is_alive():
-            self._thread.join(0.5)  # short joins keep Ctrl-C responsive
-        if self._error is not None:
-            raise self._error
-        return self._record
-
-    def stop(self) -> None:
-        """Stop the resume run, if it is running (the first run failed or the rehearsal was interrupted)."""
-        self._stopped.set()
-        if self._process is not None and self._process.poll() is None:
-            os.killpg(self._process.pid, signal.SIGKILL)
-        if self._thread is not None:
-            self._thread.join()
-
-

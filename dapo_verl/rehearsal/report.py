@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from pathlib import Path
 from typing import Any
 
 from dapo_verl.adapter.weight_probe import weight_sync_check
 from dapo_verl.rehearsal.engine import Engine
+from dapo_verl.rehearsal.memory import gib
 from dapo_verl.rehearsal.processes import RunRecord
+from dapo_verl.rehearsal.resume_check import REPLICAS_ROUTE, STREAMING_TIMES, resume_check, resume_verdict
 from dapo_verl.rehearsal.run import RehearsalResult
 
 __all__ = ["PREDICTION_METRICS", "REQUIRED_METRICS", "ROLLOUT_DIFF_LIMIT", "ROLLOUT_METRICS", "build_report",
@@ -41,21 +42,6 @@ ROLLOUT_METRICS = ("training/rollout_probs_diff_max", "training/rollout_probs_di
 ROLLOUT_DIFF_LIMIT = 1e-3
 """Largest |p_rollout - p_actor| a rehearsal accepts: float32 on both sides, the same weights (~1e-6 seen)."""
 
-# Not comparable between two processes: wall times, throughput and memory; and verl's bootstrap estimates of
-# validation best@N/worst@N/maj@N, which resample with a generator whose state depends on earlier calls.
-_VOLATILE_PREFIXES = ("timing_s/", "timing_per_token_ms/", "perf/", "actor/perf/")
-# verl's own state that its checkpoint does not hold: separate_async's adaptive switch threshold and idle/calm step
-# counts start again from the config after a resume (verl 0.9.1 trainer_separate_async.py: set in __init__ at 130,
-# adapted at 302-317, never saved), and the switch decision is taken against that threshold. The buffer's own answer
-# (separate_async/decision/sampleable_count) is still compared.
-_VERL_UNSAVED = ("separate_async/switch/", "separate_async/decision/remaining",
-                 "separate_async/decision/should_switch_to_rollout", "separate_async/decision/effective_switch_cost")
-# Float round-off: with several agent-loop workers a group's responses arrive in any order (on vLLM too), which
-# reorders floating-point sums in the update; quantities near zero (ratio - 1, ppo_kl) move by ~1e-6.
-_REL_TOL, _ABS_TOL = 1e-6, 1e-5
-_UPDATE_PREFIXES = ("actor/", "rollout_corr/", "training/rollout_")
-_BOOTSTRAPPED = re.compile(r"/(best|worst|maj)@\d+/")
-
 GPU_ONLY = (
     "vLLM on a GPU: its CUDA kernels and bfloat16 sampling, CUDA graphs, sleep mode (free_cache_engine), chunked "
     "prefill with seeded requests, tensor and pipeline parallelism, gpu_memory_utilization and the KV-cache size, "
@@ -81,42 +67,6 @@ def read_jsonl(path: Path) -> dict[int, dict[str, Any]]:
 
 def _training_steps(steps: dict[int, dict[str, Any]]) -> dict[int, dict[str, Any]]:
     return {k: v for k, v in steps.items() if "training/global_step" in v}
-
-
-def _is_update_statistic(key: str) -> bool:
-    """Statistics of the actor update (loss, gradient, ratios): they depend on how a batch splits into
-    micro-batches, which follows the order of each group's responses -- canonical in the legacy trainer, the
-    order they finished in under the v1 trainer."""
-    return key.startswith(_UPDATE_PREFIXES)
-
-
-def _resume_check(first: dict[int, dict[str, Any]], second: dict[int, dict[str, Any]], step: int) -> dict[str, Any]:
-    """Compare step ``step`` of the uninterrupted run with the same step after the resume.
-
-    ``identical``: every compared value equal up to float round-off. ``data_identical``: the same for everything
-    but the update statistics (the sampler's decisions, the data, rewards, advantages, validation).
-    ``update_max_rel_diff``: the largest relative difference among the update statistics.
-    """
-    a, b = first.get(step), second.get(step)
-    if a is None or b is None:
-        return {"step": step, "compared": 0, "identical": False, "data_identical": False,
-                "update_max_rel_diff": None, "differences": ["step missing in one run"]}
-    keys = sorted(k for k in set(a) & set(b) if not k.startswith(_VOLATILE_PREFIXES + _VERL_UNSAVED)
-                  and not _BOOTSTRAPPED.search(k))
-    differences, data_differences, update_rel = [], [], 0.0
-    for key in keys:
-        x, y = a[key], b[key]
-        same = x == y or (isinstance(x, float) and isinstance(y, float)
-                          and math.isclose(x, y, rel_tol=_REL_TOL, abs_tol=_ABS_TOL))
-        if same:
-            continue
-        differences.append(f"{key}: {x} vs {y}")
-        if _is_update_statistic(key) and isinstance(x, float) and isinstance(y, float):
-            update_rel = max(update_rel, abs(x - y) / max(abs(x), abs(y), 1e-12))
-        else:
-            data_differences.append(key)
-    return {"step": step, "compared": len(keys), "identical": not differences,
-            "data_identical": not data_differences, "update_max_rel_diff": update_rel, "differences": differences}
 
 
 def _components(result: RehearsalResult, logged: dict[int, dict[str, Any]]) -> list[dict[str, Any]]:
@@ -195,28 +145,55 @@ def _engine_sections(result: RehearsalResult, trained: dict[int, dict[str, Any]]
     return sections
 
 
-def build_report(result: RehearsalResult) -> dict[str, Any]:
-    """The report as plain data (``report.json``)."""
+def _memory(result: RehearsalResult) -> dict[str, Any]:
+    """The peak resident memory of the rehearsal's processes, overall and per run (:mod:`.memory`)."""
+    peaks = result.memory
+    if peaks is None:
+        return {"peak_rss_bytes": None, "runs": {}}
+    return {"peak_rss_bytes": peaks.total.bytes, "peak_processes": peaks.total.processes,
+            "available_min_bytes": peaks.available_min_bytes, "samples": peaks.samples,
+            "interval_s": peaks.interval_s, "overlap_resume": result.options.overlap,
+            "runs": {name: {"peak_rss_bytes": peak.bytes, "peak_processes": peak.processes}
+                     for name, peak in peaks.runs.items()}}
+
+
+def _run_entries(result: RehearsalResult, logs: dict[str, dict[int, dict[str, Any]]],
+                 memory: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every run that was to start: how it ended (``state``), what it logged, its error and memory peak."""
     runs = []
-    logs = {}
     for run in result.runs:
-        logs[run.name] = read_jsonl(run.metrics)
         trained = _training_steps(logs[run.name])
         step_times = [v["timing_s/step"] for v in trained.values() if "timing_s/step" in v]
+        peak = memory["runs"].get(run.log.parent.name, {})
         runs.append({
-            "name": run.name, "returncode": run.returncode, "wall_s": round(run.wall_s, 1), "log": str(run.log),
-            "metrics": str(run.metrics), "steps_logged": sorted(trained), "error": run.error,
-            "first_error": run.first_error,
+            "name": run.name, "state": run.state, "returncode": run.returncode, "wall_s": round(run.wall_s, 1),
+            "log": str(run.log), "metrics": str(run.metrics), "steps_logged": sorted(trained), "error": run.error,
+            "first_error": run.first_error, "stopped_by": run.stopped_by, "memory_kill": run.memory_kill,
             "time_per_step_s": round(sum(step_times) / len(step_times), 2) if step_times else None,
+            "peak_rss_bytes": peak.get("peak_rss_bytes"), "peak_processes": peak.get("peak_processes"),
         })
+    runs += [{"name": name, "state": "not started", "why": why, "returncode": None, "wall_s": 0.0, "log": None,
+              "metrics": None, "steps_logged": [], "error": "", "first_error": "", "time_per_step_s": None,
+              "peak_rss_bytes": None} for name, why in result.not_started.items()]
+    return runs
+
+
+def build_report(result: RehearsalResult) -> dict[str, Any]:
+    """The report as plain data (``report.json``)."""
+    logs = {run.name: read_jsonl(run.metrics) for run in result.runs}
+    memory = _memory(result)
     first = _training_steps(logs.get(result.runs[0].name, {})) if result.runs else {}
     missing = {step: [k for k in REQUIRED_METRICS if k not in data] for step, data in first.items()}
     dapo_recipe = result.entry_module == "dapo_verl.main"
     report: dict[str, Any] = {
         "config": result.options.config_name,
         "entry": result.entry,
-        "ok": bool(result.runs) and all(r.returncode == 0 for r in result.runs),
-        "runs": runs,
+        "ok": bool(result.runs) and all(r.returncode == 0 for r in result.runs) and not result.not_started,
+        "interrupted_by": result.interrupted_by,
+        "report": str(result.options.out_dir / "report.md"),
+        "runs": _run_entries(result, logs, memory),
+        "peak_rss_bytes": memory["peak_rss_bytes"],
+        "memory": memory,
         "changes": [{"key": c.key, "recipe": c.recipe, "rehearsal": c.rehearsal, "reason": c.reason, "group": c.group}
                     for c in result.changes],
         "data": {"train_file": str(result.data.train_file), "val_file": str(result.data.val_file),
@@ -231,36 +208,30 @@ def build_report(result: RehearsalResult) -> dict[str, Any]:
     }
     if len(result.runs) > 1 and result.runs[1].returncode == 0:
         second = _training_steps(logs[result.runs[1].name])
-        report["resume"] = _resume_check(first, second, result.options.steps)
+        report["resume"] = resume_check(first, second, result.options.steps)
         # One replica regenerates the same groups. With several -- more fake GPUs, or separate_async lending the
         # trainer's replica to generation -- verl routes each request to the less busy one, and taking lent GPUs back
         # aborts what they were generating (trainer_separate_async.py switch_to_trainer), which another replica then
         # finishes from its prefix: which requests that hits depends on timing.
+        # Streaming: the batch fills with the groups seen finished first, and which finished between two polls of
+        # TransferQueue depends on timing.
         lends = (result.recipe.get("trainer.v1.trainer_mode") == "separate_async"
                  and bool(result.recipe.get("trainer.v1.separate_async.hybrid_rollout.enable_switch")))
-        report["resume"]["required"] = result.options.gpus == 1 and not lends
+        why = (REPLICAS_ROUTE if result.options.gpus != 1 or lends
+               else STREAMING_TIMES if result.recipe.get("algorithm.filter_groups.streaming") else "")
+        report["resume"]["required"] = not why
+        report["resume"]["why_not_required"] = why
     engine_ok = (report["engine_started"] and report["rollout_vs_actor"]["ok"]
                  and report.get("weight_sync", {"ok": True})["ok"])
     resume_ok = "resume" not in report or not report["resume"]["required"] or report["resume"]["data_identical"]
     if (dapo_recipe and report["missing_required_metrics"]) or (first and not (engine_ok and resume_ok)):
         report["ok"] = False
+    report["state"] = "interrupted" if result.interrupted_by else "passed" if report["ok"] else "failed"
     return report
 
 
 def _per_step(run: dict[str, Any]) -> str:
     return "-" if run["time_per_step_s"] is None else f"{run['time_per_step_s']} s"
-
-
-def _resume_verdict(resume: dict[str, Any]) -> str:
-    if resume["identical"]:
-        return "identical"
-    if resume["data_identical"]:
-        return (f"the sampler's decisions and the data identical, update statistics within "
-                f"{resume['update_max_rel_diff']:.1e} relative (a group's responses arrive in any order)")
-    required = "" if resume.get("required", True) else (
-        " (not required: several rollout replicas serve the run -- more fake GPUs, or separate_async lending the "
-        "trainer's replica, whose requests are aborted when verl takes it back -- and verl routes by load)")
-    return f"{len(resume['differences'])} differ{required}"
 
 
 def _engine_lines(report: dict[str, Any]) -> list[str]:
@@ -296,15 +267,19 @@ def _engine_lines(report: dict[str, Any]) -> list[str]:
 def _markdown(report: dict[str, Any]) -> str:
     lines = [f"# Rehearsal of `{report['config']}`", "",
              f"Entry point: `python {report['entry']}`, rollout engine `{report['rollout_engine']}`. "
-             f"Result: **{'passed' if report['ok'] else 'FAILED'}**.", ""]
-    lines += ["| run | exit | wall time | steps logged | time per step |", "|---|---|---|---|---|"]
+             f"Result: **{_verdict(report)}**.", ""]
+    lines += ["| run | state | exit | wall time | steps logged | time per step | peak resident memory |",
+              "|---|---|---|---|---|---|---|"]
     for run in report["runs"]:
-        lines.append(f"| {run['name']} | {run['returncode']} | {run['wall_s']} s | {run['steps_logged']} | "
-                     f"{_per_step(run)} |")
-        if run["error"]:
+        lines.append(f"| {run['name']} | {run['state']} | {run['returncode']} | {run['wall_s']} s | "
+                     f"{run['steps_logged']} | {_per_step(run)} | {gib(run['peak_rss_bytes'])} |")
+        if run["state"] == "not started":
+            lines += ["", f"**{run['name']} did not start:** {run['why']}.", ""]
+        elif run["error"]:
             lines += ["", f"**{run['name']} failed:** `{run['error']}` (full log: `{run['log']}`)", ""]
             if run["first_error"] and run["first_error"] != run["error"]:
                 lines += [f"The first error it printed, often the cause: `{run['first_error']}`", ""]
+    lines += ["", _memory_line(report)]
     lines += ["", "## DAPO components", "", "| component | recipe setting | active | evidence |", "|---|---|---|---|"]
     lines += [f"| {c['component']} | {c['setting']} | {'yes' if c['active'] else 'no'} | {c['evidence']} |"
               for c in report["components"]]
@@ -313,7 +288,7 @@ def _markdown(report: dict[str, Any]) -> str:
         resume = report["resume"]
         lines += ["", "## Resume", "", f"Step {resume['step']} trained again after resuming from the checkpoint of "
                   f"step {resume['step'] - 1}: {resume['compared']} logged values compared with the uninterrupted run, "
-                  f"{_resume_verdict(resume)}."]
+                  f"{resume_verdict(resume)}."]
         lines += [f"- {d}" for d in resume["differences"][:20]]
     if report["missing_required_metrics"]:
         lines += ["", "## Missing metrics", ""]
@@ -342,15 +317,40 @@ def write_report(result: RehearsalResult) -> dict[str, Any]:
     return report
 
 
+def _verdict(report: dict[str, Any]) -> str:
+    return f"interrupted by {report['interrupted_by']}" if report["interrupted_by"] else (
+        "passed" if report["ok"] else "FAILED")
+
+
+def _memory_line(report: dict[str, Any]) -> str:
+    memory = report["memory"]
+    if memory["peak_rss_bytes"] is None:
+        return "memory: not measured"
+    runs = ", ".join(f"{name} {gib(peak['peak_rss_bytes'])}" for name, peak in memory["runs"].items()
+                     if peak["peak_processes"])
+    mode = "overlapped" if memory["overlap_resume"] else "after the first run"
+    return (f"memory: the rehearsal's processes peaked at {gib(memory['peak_rss_bytes'])} resident (sum of RSS over "
+            f"{memory['peak_processes']} processes, sampled every {memory['interval_s']:g} s; {runs or 'no run'}; "
+            f"resume run {mode}); this machine had {gib(memory['available_min_bytes'])} available at the least")
+
+
+def _run_status(run: dict[str, Any]) -> str:
+    if run["state"] == "not started":
+        return f"not started: {run['why']}"
+    status = {"finished": "ok", "failed": "FAILED: "}.get(run["state"], f"{run['state']}: ") + (
+        "" if run["state"] == "finished" else run["error"])
+    if run["state"] == "failed" and run["first_error"] and run["first_error"] != run["error"]:
+        status += f" (first error: {run['first_error']})"
+    return status
+
+
 def summary_lines(report: dict[str, Any]) -> list[str]:
     """A short console summary of the report."""
     lines = []
     for run in report["runs"]:
-        status = "ok" if run["returncode"] == 0 else f"FAILED: {run['error']}"
-        if run["returncode"] != 0 and run["first_error"] and run["first_error"] != run["error"]:
-            status += f" (first error: {run['first_error']})"
-        lines.append(f"{run['name']}: steps {run['steps_logged']}, {run['wall_s']} s, "
-                     f"{_per_step(run)} per step -- {status}")
+        lines.append(f"{run['name']}: steps {run['steps_logged']}, {run['wall_s']} s, {_per_step(run)} per step, "
+                     f"peak {gib(run['peak_rss_bytes'])} resident -- {_run_status(run)}")
+    lines.append(_memory_line(report))
     active = [c["component"] for c in report["components"] if c["active"]]
     lines.append(f"DAPO components active: {', '.join(active) or 'none'}")
     check = report["rollout_vs_actor"]
@@ -363,9 +363,8 @@ def summary_lines(report: dict[str, Any]) -> list[str]:
     if "resume" in report:
         r = report["resume"]
         lines.append(f"resume: step {r['step']} after the resume vs uninterrupted: {r['compared']} values, "
-                     f"{_resume_verdict(r)}")
+                     f"{resume_verdict(r)}")
     for step, metrics in report["missing_required_metrics"].items():
         lines.append(f"step {step} lacks {', '.join(metrics)}")
-    lines.append(f"{'PASSED' if report['ok'] else 'FAILED'}; report: {report['runs'][0]['log'].rsplit('/run1', 1)[0]}"
-                 f"/report.md" if report["runs"] else "FAILED: no run started")
+    lines.append(f"{_verdict(report).upper()}; report: {report['report']}")
     return lines

@@ -18,13 +18,10 @@ The rollout engine is verl's own vLLM rollout whenever vLLM's CPU build is insta
 segments and semaphores that run's processes recorded and left behind, and only those.
 
 The first run trains ``steps`` steps with a checkpoint before the last one; the second run resumes from that
-checkpoint and trains the last step again (:mod:`.processes` launches both and follows them). :mod:`.report`
-compares the two and summarises what verl logged.
-Start-up (Ray, then verl's trainer, TransferQueue, workers, rollout replica and agent loop, each a process that
-imports verl, one after another) is most of a rehearsal's time and keeps one of 2 cores busy, so the second run
-starts together with the first, in a Ray cluster of its own, and waits at verl's checkpoint load
-(:mod:`dapo_verl.adapter.resume_barrier`) until the first run has logged the checkpointed step and verl's tracker
-file names it; it skips the validation before training that the first run already did.
+checkpoint and trains the last step again, skipping the validation before training that the first run already did
+(:mod:`.schedule` starts them -- one after the other, or with ``overlap`` together -- and samples their memory;
+:mod:`.processes` launches each and follows it). :mod:`.report` compares the two and summarises what verl logged.
+A stop signal stops both runs; the report is written, and :class:`RehearsalInterrupted` says what was stopped.
 
 Output layout under ``out``: ``data/`` (train/val parquet), ``model/`` (the stand-in), ``run1/`` and
 ``run2/`` (``metrics.jsonl``, ``log.txt``, ``checkpoints/``, ``engine/``), ``changes.json``, ``report.md``,
@@ -37,13 +34,12 @@ import importlib.util
 import json
 import sys
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from dapo_verl.adapter import resume_barrier
 from dapo_verl.rehearsal.data import RehearsalData, prepare_files
 from dapo_verl.rehearsal.engine import (
     VLLM_ENVIRONMENT,
@@ -55,10 +51,13 @@ from dapo_verl.rehearsal.engine import (
     write_private_site,
 )
 from dapo_verl.rehearsal.folders import RehearsalError, own_out, private_folders
+from dapo_verl.rehearsal.memory import MemoryPeaks
 from dapo_verl.rehearsal.plan import Change, RehearsalShape, override_keys, rehearsal_changes, select
-from dapo_verl.rehearsal.processes import Resume, RunRecord, kill_leftovers, launch_once_more_if_ray_did_not_start
+from dapo_verl.rehearsal.processes import RunRecord
+from dapo_verl.rehearsal.schedule import run_both
 
-__all__ = ["RehearsalError", "RehearsalOptions", "RehearsalResult", "compose_recipe", "rehearse"]
+__all__ = ["RehearsalError", "RehearsalInterrupted", "RehearsalOptions", "RehearsalResult", "compose_recipe",
+           "rehearse"]
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 VERL_CONFIG = "ppo_trainer"
@@ -84,8 +83,9 @@ class RehearsalOptions:
         val_rows: Rows of its validation file.
         resume: Run the second (resume) process.
         overlap: Start the resume process together with the first (it waits at verl's checkpoint load), so its
-            start-up uses the core the first run's start-up leaves idle; False starts it once the first run has
-            ended, which a machine already busy with other work may prefer.
+            start-up uses the core the first run's start-up leaves idle, at the price of two trainers, rollout
+            engines and Ray clusters in memory at once; False (the default) starts it once the first run has ended
+            and holds one of each (docs/rehearse.md, "Memory", has both peaks).
         seed: Seed of generated data and of the stand-in model.
         timeout_s: Limit per run, after which it is stopped and reported as failed.
         overwrite: Replace an existing rehearsal in ``out_dir``.
@@ -103,7 +103,7 @@ class RehearsalOptions:
     train_rows: int = 96
     val_rows: int = 4
     resume: bool = True
-    overlap: bool = True
+    overlap: bool = False
     seed: int = 0
     timeout_s: float = 900.0
     overwrite: bool = False
@@ -126,6 +126,28 @@ class RehearsalResult:
     runs: list[RunRecord] = field(default_factory=list)
     recipe: dict[str, Any] = field(default_factory=dict)
     report: dict[str, Any] | None = None
+    not_started: dict[str, str] = field(default_factory=dict)
+    """Each run that was to start and did not, with why."""
+    interrupted_by: str = ""
+    """The stop signal that ended the rehearsal ("Ctrl-C", "SIGTERM", "SIGHUP"); "" when none did."""
+    memory: MemoryPeaks | None = None
+    """The resident memory the rehearsal's processes held (:mod:`.memory`)."""
+
+
+class RehearsalInterrupted(RehearsalError):
+    """A stop signal (Ctrl-C, SIGTERM, SIGHUP) ended the rehearsal; its runs were stopped and the report written.
+
+    Attributes:
+        result: What the rehearsal did up to then (its ``report`` written).
+    """
+
+    def __init__(self, result: RehearsalResult) -> None:
+        runs = [f"{run.name} {run.state} after {run.wall_s:.0f} s" for run in result.runs]
+        runs += [f"{name} not started" for name in result.not_started]
+        super().__init__(f"interrupted by {result.interrupted_by}: {', '.join(runs)}; every process the rehearsal "
+                         f"started was stopped. What ran is in {result.options.out_dir / 'report.md'}; run the same "
+                         f"command with --overwrite to rehearse again.")
+        self.result = result
 
 
 VERL_SEARCHPATH = "pkg://verl.trainer.config"
@@ -252,6 +274,7 @@ def rehearse(options: RehearsalOptions, echo: Callable[[str], None] = print) -> 
     the result's ``report``.
 
     Raises:
+        RehearsalInterrupted: after a stop signal (Ctrl-C, SIGTERM, SIGHUP) stopped the runs; the report is written.
         RehearsalError: when the rehearsal cannot start (unknown config, bad options, unusable ``--out``, a
             rehearsal still running in ``--out``). A failing verl run does not raise: its error is in the result and
             the report.
@@ -273,6 +296,8 @@ def rehearse(options: RehearsalOptions, echo: Callable[[str], None] = print) -> 
         from dapo_verl.rehearsal.report import write_report
 
         result.report = write_report(result)  # inside the lock: the folder has one writer until its report is out
+    if result.interrupted_by:
+        raise RehearsalInterrupted(result)
     return result
 
 
@@ -288,71 +313,22 @@ def _rehearse_in(out: Path, options: RehearsalOptions, config: DictConfig, entry
                          val_files=_as_list(select(config, "data.val_files")), train_rows=options.train_rows,
                          val_rows=options.val_rows, seed=options.seed)
     with private_folders(out) as (ray_dirs, site):
-        resume: Resume | None = None
-        try:
-            changes = _plan(options, config, out, "run1", ray_dirs[0], data, model_path, replaced, engine.engine)
-            environment = dict(VLLM_ENVIRONMENT) if engine.engine is Engine.VLLM else {}
-            result = RehearsalResult(options, " ".join(entry[1:]), entry[2], changes, data, model_path, replaced,
-                                     engine, environment, recipe=_recipe_summary(config))
-            (out / "changes.json").write_text(json.dumps([asdict(c) for c in changes], indent=1, default=str))
-            echo(_changes_text(options, entry, changes, engine, environment))
+        changes = _plan(options, config, out, "run1", ray_dirs[0], data, model_path, replaced, engine.engine)
+        environment = dict(VLLM_ENVIRONMENT) if engine.engine is Engine.VLLM else {}
+        result = RehearsalResult(options, " ".join(entry[1:]), entry[2], changes, data, model_path, replaced,
+                                 engine, environment, recipe=_recipe_summary(config))
+        (out / "changes.json").write_text(json.dumps([asdict(c) for c in changes], indent=1, default=str))
+        echo(_changes_text(options, entry, changes, engine, environment))
 
-            def engine_env(ray_dir: str) -> dict[str, str]:
-                if engine.engine is not Engine.VLLM:
-                    return {}
-                return vllm_environment(write_private_site(site, str(engine.version)), ray_dir)
+        def engine_env(ray_dir: str) -> dict[str, str]:
+            if engine.engine is not Engine.VLLM:
+                return {}
+            return vllm_environment(write_private_site(site, str(engine.version)), ray_dir)
 
-            resume = _resume(options, entry, changes, out, ray_dirs[1], echo, engine_env(ray_dirs[1]))
-            first = launch_once_more_if_ray_did_not_start(
-                "run1", [*entry, *options.overrides, *(c.override() for c in changes)], out / "run1",
-                options.timeout_s, ray_dirs[0], options.steps, echo=echo, on_step=resume.on_step if resume else None,
-                env=engine_env(ray_dirs[0]))
-            result.runs.append(first)
-            second = resume.result() if resume is not None and first.returncode == 0 else None
-            if second is not None:
-                result.runs.append(second)
-        finally:
-            for ray_dir in ray_dirs:  # first, so that a resume run waiting at its barrier ends and its thread returns
-                kill_leftovers(ray_dir)
-            if resume is not None:
-                resume.stop()
+        outcome = run_both(options, entry, changes, out, ray_dirs, engine_env, echo)
+    result.runs, result.not_started, result.interrupted_by = outcome.runs, outcome.not_started, outcome.interrupted_by
+    result.memory = outcome.memory
     return result
-
-
-def _resume(options: RehearsalOptions, entry: list[str], changes: list[Change], out: Path, ray_dir: str,
-            echo: Callable[[str], None], engine_env: dict[str, str]) -> Resume | None:
-    """The resume run (None without ``options.resume``), started now when it overlaps the first."""
-    if not options.resume:
-        return None
-    barrier = Path(ray_dir) / "checkpoint-ready"
-    resume = Resume(_resume_launcher(options, entry, changes, out, ray_dir, barrier, echo, engine_env),
-                    out / "run1" / "checkpoints", options.steps - 1, barrier, options.timeout_s)
-    if options.overlap:
-        resume.start()
-    return resume
-
-
-def _resume_launcher(options: RehearsalOptions, entry: list[str], changes: list[Change], out: Path, ray_dir: str,
-                     barrier: Path, echo: Callable[[str], None],
-                     engine_env: dict[str, str]) -> Callable[..., RunRecord]:
-    """The resume run's launch: the first run's command, resuming from its checkpoint of step ``steps - 1`` once
-    ``barrier`` exists. Its time limit covers the first run's too, which it overlaps."""
-    def own_ray(change: Change) -> Change:
-        return replace(change, rehearsal=ray_dir) if change.key == "ray_kwargs.ray_init._temp_dir" else change
-
-    own = ("trainer.default_local_dir", "trainer.resume_mode")
-    command = [*entry, *options.overrides, *(own_ray(c).override() for c in changes if c.key not in own),
-               f"trainer.default_local_dir={out / 'run2' / 'checkpoints'}", "trainer.resume_mode=resume_path",
-               f"trainer.resume_from_path={out / 'run1' / 'checkpoints' / f'global_step_{options.steps - 1}'}",
-               "trainer.val_before_train=false"]
-
-    env = {**engine_env, resume_barrier.ENV: str(barrier), resume_barrier.TIMEOUT_ENV: str(options.timeout_s)}
-
-    def launch(**hooks: Any) -> RunRecord:
-        return launch_once_more_if_ray_did_not_start("run2 (resume)", command, out / "run2", 2 * options.timeout_s,
-                                                      ray_dir, options.steps, echo=echo, env=env, **hooks)
-
-    return launch
 
 
 _RECIPE_KEYS = (
@@ -365,6 +341,7 @@ _RECIPE_KEYS = (
     "algorithm.filter_groups.max_num_gen_batches", "actor_rollout_ref.rollout.n", "trainer.nnodes",
     "trainer.n_gpus_per_node", "actor_rollout_ref.model.path", "data.train_batch_size",
     "data.max_response_length", "trainer.v1.trainer_mode", "trainer.v1.separate_async.hybrid_rollout.enable_switch",
+    "algorithm.filter_groups.streaming",
 )
 
 

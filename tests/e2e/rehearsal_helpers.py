@@ -22,13 +22,14 @@ PREDICTED = ["algorithm.filter_groups.prompt_selection=predicted"]
 
 def run_rehearsal(tmp_path: Path, config: str, *overrides: str, steps: int = 3, resume: bool = True,
                   gpus: int = 1, overlap: bool = False, engine: str | None = None):
-    # Sequential by default: the suite already keeps both cores busy, where overlapping the two runs only adds
-    # contention. The exact-resume tests run the default, overlapped path. engine=None: vLLM when it is installed.
+    # Sequential, the default: the suite already keeps both cores busy, where overlapping the two runs only adds
+    # contention and memory. engine=None: vLLM when it is installed.
     options = RehearsalOptions(config_name=config, overrides=tuple(overrides), out_dir=tmp_path / "rehearsal",
                                steps=steps, resume=resume, gpus=gpus, timeout_s=600, overlap=overlap, engine=engine)
     report = rehearse(options, echo=lambda line: None).report
     out = options.out_dir
-    failures = [f"{r['name']}: {r['error']}" for r in report["runs"] if r["returncode"] != 0]
+    failures = [f"{r['name']} {r['state']}: {r['error'] or r.get('why', '')}" for r in report["runs"]
+                if r["state"] != "finished"]
     assert not failures, f"{failures}; logs under {out}"
     return report, read_jsonl(out / "run1" / "metrics.jsonl"), out
 

@@ -1,9 +1,12 @@
 """A ``dapo-verl rehearse`` stopped halfway leaves nothing behind, on verl's real trainer (stand-in rollout engine).
 
-Each test starts the command as a user does, waits until the first run logged its first training step -- its
-private Ray cluster, verl's trainer and workers, TransferQueue and the rollout replica are all up, and the resume
-run, started with it, waits at its checkpoint barrier in a Ray cluster of its own -- and sends one signal: SIGTERM
-(``timeout``, Slurm, CI cancellation), SIGINT (Ctrl-C) or SIGKILL (``kill -9``, the OOM killer). Within 45 s no
+Each test starts the command as a user does (``--overlap-resume``, so that both runs are up), waits until the first
+run logged its first training step -- its private Ray cluster, verl's trainer and workers, TransferQueue and the
+rollout replica are all up, and the resume run, started with it, waits at its checkpoint barrier in a Ray cluster
+of its own -- and sends one signal: SIGTERM (``timeout``, Slurm, CI cancellation), SIGINT (Ctrl-C) or SIGKILL
+(``kill -9``, the OOM killer). SIGINT and SIGTERM end the command with one line saying it was interrupted, exit
+status 2 after Ctrl-C (as ``dapo-verl train``) and 143 after SIGTERM, and a report that lists both runs as
+interrupted, with the memory their processes held. Within 45 s no
 process may name the rehearsal's folder or either Ray folder (command line or environment), none of the processes
 that descended from the command at the signal may live, the Ray folders must be gone, and so must every
 ``/dev/shm`` entry recorded in the runs' record folders -- one planted there by the test, as vLLM's message
@@ -13,6 +16,7 @@ must then be free for the next rehearsal.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -91,15 +95,30 @@ def _leftovers(out: Path, ray_folders: list[str], tree: dict[int, str], planted:
     return found
 
 
-@pytest.mark.parametrize(("signum", "status"), [(signal.SIGTERM, {128 + signal.SIGTERM}),
-                                                (signal.SIGINT, {1, 2}),  # Ctrl-C: a failed or an interrupted run
-                                                (signal.SIGKILL, {-signal.SIGKILL})])
+def _assert_interrupted(console: str, report: dict, by: str, processes: int) -> None:
+    """One line says the rehearsal was interrupted; the report lists both runs as interrupted, with a plausible
+    memory peak that covers many processes."""
+    said = [line for line in console.splitlines() if line.startswith("dapo-verl rehearse: ")]
+    assert len(said) == 1, said
+    assert said[0].startswith(f"dapo-verl rehearse: interrupted by {by}: run1 interrupted after "), said
+    assert "PASSED" not in console and "FAILED" not in console
+    assert report["state"] == "interrupted" and report["interrupted_by"] == by and not report["ok"]
+    assert [(run["name"], run["state"]) for run in report["runs"]] == [("run1", "interrupted"),
+                                                                      ("run2 (resume)", "interrupted")]
+    memory = report["memory"]
+    assert 2**30 < report["peak_rss_bytes"] < 24 * 2**30, memory  # verl, Ray and torch in a dozen processes or more
+    assert memory["peak_processes"] >= min(processes, 10), (memory, processes)
+    assert all(run["peak_rss_bytes"] > 0 and run["peak_processes"] > 1 for run in report["runs"]), report["runs"]
+
+
+@pytest.mark.parametrize(("signum", "status"), [(signal.SIGTERM, 128 + signal.SIGTERM), (signal.SIGINT, 2),
+                                                (signal.SIGKILL, -signal.SIGKILL)])
 def test_a_rehearsal_stopped_with_its_runs_up_leaves_no_process_folder_or_shared_memory(tmp_path, signum, status):
     out, console = tmp_path / "rehearsal", tmp_path / "console.txt"
     cli = Path(sys.executable).with_name("dapo-verl")
     with open(console, "w") as sink:
         command = subprocess.Popen(["nice", "-n", "10", str(cli), "rehearse", "dapo_trainer", "--engine", "stand-in",
-                                    "--out", str(out)], stdout=sink, stderr=subprocess.STDOUT,
+                                    "--overlap-resume", "--out", str(out)], stdout=sink, stderr=subprocess.STDOUT,
                                    env={**os.environ, "PYTHONUNBUFFERED": "1"}, start_new_session=True)
     tree: dict[int, str] = {}
     ray_folders: list[str] = []
@@ -116,14 +135,16 @@ def test_a_rehearsal_stopped_with_its_runs_up_leaves_no_process_folder_or_shared
 
         command.send_signal(signum)
         sent = time.monotonic()
-        assert command.wait(STOPPED_WITHIN_S) in status, console.read_text()[-3000:]
+        assert command.wait(STOPPED_WITHIN_S) == status, console.read_text()[-3000:]
         while (left := _leftovers(out, ray_folders, tree, planted)) and time.monotonic() - sent < STOPPED_WITHIN_S:
             time.sleep(0.5)
         print(f"{signal.Signals(signum).name}: {len(tree)} processes, the last gone {time.monotonic() - sent:.1f} s "
               f"after the signal")
         assert not left, left
         if signum != signal.SIGKILL:
-            assert f"stopped by {lifetime.signal_name(signum)} after" in (out / "run1" / "log.txt").read_text()
+            by = lifetime.signal_name(signum)
+            assert f"stopped by {by} after" in (out / "run1" / "log.txt").read_text()
+            _assert_interrupted(console.read_text(), json.loads((out / "report.json").read_text()), by, len(tree))
         with own_out(out, overwrite=True):  # a rehearsal started again into the same --out may begin
             pass
     finally:  # on a failure, stop what this test started

@@ -31,6 +31,10 @@ def test_v1_sync_trains_with_the_replenisher_and_resumes_exactly_on_the_stand_in
     run2_log = (out / "run2" / "log.txt").read_text()
     assert "waiting for the first run's checkpoint before loading it" in run2_log  # it did start early and wait
     assert report["ok"], report
+    # Both runs' processes were measured, the resume run's while the first run's were up too.
+    memory = report["memory"]
+    assert memory["overlap_resume"] is True and 2**30 < report["peak_rss_bytes"] < 24 * 2**30, memory
+    assert all(run["peak_processes"] > 5 and run["peak_rss_bytes"] > 2**29 for run in report["runs"]), report["runs"]
     # verl's checkpoint folder holds the sampler's state, written by dapo_verl's checkpoint callback.
     assert (out / "run1" / "checkpoints" / "global_step_2" / "dapo_sampler.safetensors").is_file()
     assert (out / "run2" / "checkpoints" / "global_step_3" / "dapo_sampler.safetensors").is_file()

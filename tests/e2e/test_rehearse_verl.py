@@ -64,7 +64,9 @@ def test_a_recipe_whose_data_lacks_the_prompt_column_fails_with_verls_own_error(
         engine="stand-in")
     report = rehearse(options, echo=lambda line: None).report
     assert not report["ok"]
-    assert [run["name"] for run in report["runs"]] == ["run1"]  # no resume after a failed first run
+    # no resume after a failed first run, and the report says why
+    assert [(run["name"], run["state"]) for run in report["runs"]] == [("run1", "failed"),
+                                                                      ("run2 (resume)", "not started")]
     run = report["runs"][0]
     assert run["returncode"] != 0
     assert "prompt" in run["error"], run["error"]  # verl's dataset names the missing key

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from dapo_verl.doctor import describe_run
 from dapo_verl.cli import main
+from dapo_verl.doctor import describe_run
 from dapo_verl.rehearsal.run import compose_recipe
 
 pytestmark = pytest.mark.verl

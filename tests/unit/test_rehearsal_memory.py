@@ -1,0 +1,143 @@
+"""The rehearsal's memory sampler sums the resident memory of every process of a run, and says when memory ran out.
+
+:class:`dapo_verl.rehearsal.memory.MemorySampler` is driven here with real child processes of known size standing in
+for a run's processes: a driver leading a session of its own (recorded as a run's launch records it), a child in
+its process group, and a daemon in a session of its own that names the run's private folder in its command line,
+as Ray's daemons do.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from dapo_verl import lifetime
+from dapo_verl.rehearsal.memory import (
+    MemoryPeaks,
+    MemorySampler,
+    Peak,
+    Watched,
+    memory_kill,
+    out_of_memory_line,
+    resident_bytes,
+)
+
+MIB = 2**20
+_HOLD = "import sys, time; block = b'\\x01' * ({mib} * 2**20); print('held', flush=True); time.sleep({hold_s})"
+_DRIVER = textwrap.dedent("""
+    import subprocess, sys, time
+    hold = sys.argv[1]
+    child = subprocess.Popen([sys.executable, "-c", hold.format(mib=64, hold_s=60)], stdout=subprocess.PIPE)
+    daemon = subprocess.Popen([sys.executable, "-c", hold.format(mib=32, hold_s=60), sys.argv[2]],
+                              stdout=subprocess.PIPE, start_new_session=True)
+    assert child.stdout.readline() and daemon.stdout.readline()
+    block = b"\\x01" * (96 * 2**20)
+    print(child.pid, daemon.pid, flush=True)
+    time.sleep(60)
+""")
+
+
+def _start(*command: str, **options) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", *command], stdout=subprocess.PIPE, text=True, **options)
+
+
+@pytest.fixture
+def run_processes(tmp_path):
+    """A run of three processes holding 96, 64 and 32 MiB, its session recorded in its record folder; and a process
+    of this test's that is not the run's (16 MiB)."""
+    marker, records = str(tmp_path / "dvr-marker"), tmp_path / "engine"
+    records.mkdir()
+    driver = _start(_DRIVER, _HOLD, marker, start_new_session=True)
+    other = _start(_HOLD.format(mib=16, hold_s=60), start_new_session=True)
+    try:
+        pids = [driver.pid, *map(int, driver.stdout.readline().split())]
+        assert other.stdout.readline() == "held\n"
+        lifetime.record_session(records, driver.pid)
+        yield Watched("run1", marker, records), pids, other.pid
+    finally:
+        lifetime.kill_session(driver.pid)
+        lifetime.kill_marked(marker)
+        for process in (driver, other):
+            process.kill()
+            process.wait()
+
+
+def test_a_sample_sums_the_resident_memory_of_each_process_of_the_run_and_of_the_whole_rehearsal(run_processes):
+    watched, pids, other = run_processes
+    sampler = MemorySampler([watched])
+    members = sampler.members()
+    assert members["run1"] == set(pids)  # the driver, its child, and the daemon in a session of its own
+    assert other not in members["run1"] and {other, *pids} <= members[None]  # the test's own child counts in total
+    sampler.sample()
+    peaks = sampler.peaks
+    run = peaks.runs["run1"]
+    assert run.processes == 3 and peaks.samples == 1
+    assert run.bytes >= (96 + 64 + 32) * MIB  # what the three hold, plus each interpreter
+    assert run.bytes == pytest.approx(sum(resident_bytes(pid) for pid in pids), rel=0.05)
+    assert peaks.total.bytes >= (run.bytes + resident_bytes(other) + resident_bytes(os.getpid())) * 0.95
+    assert peaks.total.processes >= 5  # this process, the run's three, the other child
+    assert peaks.available_min_bytes is None or peaks.available_min_bytes > 0
+
+
+def test_the_peak_stays_after_the_processes_that_made_it_have_ended(tmp_path):
+    marker, records = str(tmp_path / "dvr-marker"), tmp_path / "engine"
+    records.mkdir()
+    sampler = MemorySampler([Watched("run1", marker, records)], interval_s=0.05).start()
+    brief = _start(_HOLD.format(mib=128, hold_s=1), marker)
+    assert brief.stdout.readline() == "held\n"
+    time.sleep(0.3)  # a few samples while it holds its block
+    brief.wait()
+    peaks = sampler.stop()
+    assert peaks.runs["run1"].bytes >= 128 * MIB and peaks.runs["run1"].processes == 1
+    assert sampler.members()["run1"] == set()  # gone now, yet its peak is kept
+    assert peaks.samples >= 3 and peaks.runs["run1"].at_s is not None
+
+
+def test_nothing_of_a_run_is_found_before_it_starts(tmp_path):
+    sampler = MemorySampler([Watched("run2", str(tmp_path / "dvr-none"), tmp_path / "absent")])
+    sampler.sample()
+    assert sampler.peaks.runs["run2"] == Peak()
+
+
+_RAY_OOM = ("ray.exceptions.OutOfMemoryError: Task was killed due to the node running low on memory.\n"
+            "Memory on the node (IP: 10.0.0.1, ID: 5f3e) was 22.91GB used / 24.00GB limit (0.954651)")
+
+
+def test_rays_memory_monitor_in_the_log_is_a_memory_kill():
+    found = memory_kill(f"step:1 - loss:0.3\n{_RAY_OOM}\n", 1, 4, 4)
+    assert found is not None and found.startswith("Ray's memory monitor killed a worker ('ray.exceptions.OutOfMemory")
+    assert memory_kill("(raylet) 1 worker(s) were killed due to the node running low on memory.", 1, None, None)
+
+
+def test_the_kernels_oom_killer_is_told_by_its_count_or_where_there_is_none_by_sigkill():
+    assert "the kernel's OOM killer killed 2 process(es)" in memory_kill("ActorDiedError: ...", 1, 7, 9)
+    assert "killed by SIGKILL (exit -9)" in memory_kill("", -signal.SIGKILL, None, None)
+    assert "killed by SIGKILL (exit 137)" in memory_kill("", 137, None, None)
+    assert memory_kill("", -signal.SIGKILL, 7, 7) is None  # the count did not grow: someone else's kill -9
+
+
+def test_a_failure_with_no_sign_of_memory_is_not_a_memory_kill():
+    assert memory_kill("ValueError: the reward function raised\n", 1, 3, 3) is None
+    assert memory_kill("torch.OutOfMemory is not mentioned here", 1, None, None) is None
+
+
+def test_the_out_of_memory_line_names_the_peak_and_the_fix():
+    peaks = MemoryPeaks(Peak(14 * 2**30, 60, 100.0), {"run1": Peak(7 * 2**30, 30, 90.0)}, int(0.8 * 2**30))
+    line = out_of_memory_line("run1", "run1", "Ray's memory monitor killed a worker ('...')", peaks, overlap=True)
+    assert line.startswith("run1 was killed for lack of memory: Ray's memory monitor killed a worker ('...'); the "
+                           "rehearsal's processes held up to 14.0 GiB resident (run1: 7.0 GiB), and this machine had "
+                           "0.8 GiB available at the least. Close other work")
+    assert "without --overlap-resume" in line and "\n" not in line
+    assert "--overlap-resume" not in out_of_memory_line("run1", "run1", "x", peaks, overlap=False)
+
+
+def test_resident_bytes_of_a_process_that_is_gone_is_zero():
+    process = _start("pass")
+    process.wait()
+    assert resident_bytes(process.pid) == 0 and resident_bytes(-1) == 0
