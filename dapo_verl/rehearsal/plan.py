@@ -21,7 +21,7 @@ The changes fall in five groups:
   off -- and the engine's token and sequence budgets (``max_model_len``, ``max_num_batched_tokens``,
   ``max_num_seqs``) shrink by the factor the sequence lengths shrink by, so their relations to each other and to
   the prompt and response lengths stay the recipe's. Otherwise ``rollout.name=dapo_cpu``
-  (:mod:`dapo_verl.adapter.cpu_rollout`) stands in for vLLM. Either way weights sync as full tensors
+  (:mod:`dapo_verl.rehearsal.bridges.cpu_rollout`) stands in for vLLM. Either way weights sync as full tensors
   (``checkpoint_engine.backend=naive``), verl's rollout-versus-actor metrics are on
   (``rollout.calculate_log_probs``), and one agent-loop worker runs unless the command line asks for more (each
   worker is a process of its own, and start-up is most of a rehearsal's time on 2 cores).
@@ -32,132 +32,17 @@ The changes fall in five groups:
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
+
+from dapo_verl.rehearsal.changes import Change, Planner, RehearsalShape, select
 
 __all__ = ["ONLINE_LOGGERS", "Change", "RehearsalShape", "override_keys", "rehearsal_changes", "select"]
 
 ONLINE_LOGGERS = ("wandb", "swanlab", "mlflow", "vemlp_wandb", "clearml", "trackio", "rl_insight")
 """Tracking backends that need a network or an account; a rehearsal drops them and says so."""
-
-_MISSING = object()
-
-
-@dataclass(frozen=True)
-class Change:
-    """One key the rehearsal sets.
-
-    Attributes:
-        key: Full dotted verl key.
-        recipe: The recipe's value (``None`` when unset, ``"<unresolved: ...>"`` when it names a missing
-            environment variable).
-        rehearsal: The value the rehearsal runs with.
-        reason: Why, in a few words.
-        group: ``model``, ``scale``, ``hardware``, ``engine`` or ``run``.
-        declared: Whether the key exists in the composed config (otherwise it is added with ``+``).
-    """
-
-    key: str
-    recipe: Any
-    rehearsal: Any
-    reason: str
-    group: str
-    declared: bool = True
-
-    def override(self) -> str:
-        """The Hydra command-line override that applies this change."""
-        value = self.rehearsal
-        if isinstance(value, bool):
-            text = "true" if value else "false"
-        elif value is None:
-            text = "null"
-        elif isinstance(value, (list, tuple)):
-            text = "[" + ",".join(str(v) for v in value) + "]"
-        elif isinstance(value, dict):
-            text = "{" + ",".join(f"{k}:{v}" for k, v in value.items()) + "}"
-        else:
-            text = str(value)
-        return f"{'' if self.declared else '+'}{self.key}={text}"
-
-
-@dataclass(frozen=True)
-class RehearsalShape:
-    """The sizes the rehearsal runs at (chosen by :mod:`.run` from the data and the command line).
-
-    Attributes:
-        model_path: The stand-in model (or the recipe's own small model).
-        model_replaced: Whether ``model_path`` replaces the recipe's model.
-        train_file: Rehearsal training parquet file.
-        val_file: Rehearsal validation parquet file.
-        max_prompt_length: Longest rehearsal prompt in tokens, rounded up (never above the recipe's).
-        max_response_length: Response budget in tokens.
-        train_batch_size: Prompt groups per training step.
-        gpus: Fake GPUs (CPU worker processes) on the single node.
-        steps: Training steps of the first run.
-        checkpoint_dir: ``trainer.default_local_dir`` of the run.
-        ray_temp_dir: The private Ray directory of the run (a short path: Ray's socket names must fit 107 bytes).
-        engine: ``vllm`` (verl's own vLLM rollout on vLLM's CPU build) or ``stand-in`` (the CPU replica).
-        max_positions: The model's ``max_position_embeddings`` (None when its config does not say).
-    """
-
-    model_path: str
-    model_replaced: bool
-    train_file: str
-    val_file: str
-    max_prompt_length: int
-    max_response_length: int
-    train_batch_size: int
-    gpus: int
-    steps: int
-    checkpoint_dir: str
-    ray_temp_dir: str
-    engine: str = "stand-in"
-    max_positions: int | None = None
-
-
-def select(config: DictConfig, key: str, default: Any = None) -> Any:
-    """``config``'s value at ``key``; ``"<unresolved: ...>"`` for an interpolation that cannot resolve here."""
-    try:
-        value = OmegaConf.select(config, key, default=_MISSING, throw_on_resolution_failure=True)
-    except Exception as err:  # an ${oc.env:...} the cluster sets and this machine does not
-        variable = re.search(r"Environment variable '(\w+)' not found", str(err))
-        return f"<unresolved: ${variable.group(1)} is not set>" if variable else f"<unresolved: {err}>".splitlines()[0]
-    if value is _MISSING:
-        return default
-    return OmegaConf.to_container(value, resolve=True) if isinstance(value, DictConfig) else value
-
-
-def _declared(config: DictConfig, key: str) -> bool:
-    parent, _, leaf = key.rpartition(".")
-    node = OmegaConf.select(config, parent, throw_on_resolution_failure=False) if parent else config
-    return isinstance(node, DictConfig) and leaf in node
-
-
-class _Planner:
-    def __init__(self, config: DictConfig, user_keys: frozenset[str]) -> None:
-        self.config = config
-        self.user_keys = user_keys
-        self.changes: dict[str, Change] = {}
-
-    def set(self, key: str, value: Any, reason: str, group: str, *, only_if_declared: bool = False,
-            user_wins: bool = False, keep_given: bool = True) -> None:
-        declared = _declared(self.config, key)
-        given = keep_given and (group == "scale" or user_wins) and key in self.user_keys
-        if (only_if_declared and not declared) or given:
-            return
-        recipe = select(self.config, key)
-        if declared and recipe == value:
-            return
-        self.changes[key] = Change(key, recipe, value, reason, group, declared)
-
-    def get(self, key: str, default: Any = None) -> Any:
-        value = select(self.config, key, default)
-        return default if isinstance(value, str) and value.startswith("<unresolved") else value
-
 
 def _largest_divisor_at_most(n: int, limit: int) -> int:
     return max(d for d in range(1, max(1, min(n, limit)) + 1) if n % d == 0)
@@ -179,7 +64,7 @@ def _scaled_tokens(value: Any, old_total: int, new_total: int) -> int | None:
     return max(_SEQUENCES_PER_MICRO_BATCH * new_total, math.ceil(value * new_total / max(old_total, 1)))
 
 
-def _model(p: _Planner, shape: RehearsalShape) -> None:
+def _model(p: Planner, shape: RehearsalShape) -> None:
     if shape.model_replaced:
         p.set("actor_rollout_ref.model.path", shape.model_path,
               "stand-in: tiny qwen2 model with Qwen2.5's chat format, built in code", "model")
@@ -187,7 +72,7 @@ def _model(p: _Planner, shape: RehearsalShape) -> None:
           "flash-attention is CUDA-only", "model")
 
 
-def _scale(p: _Planner, shape: RehearsalShape) -> None:
+def _scale(p: Planner, shape: RehearsalShape) -> None:
     old_train = int(p.get("data.train_batch_size"))
     new_train = min(old_train, shape.train_batch_size)
     p.set("data.train_batch_size", new_train, "prompt groups per step", "scale")
@@ -214,7 +99,7 @@ def _scale(p: _Planner, shape: RehearsalShape) -> None:
     _lengths(p, shape)
 
 
-def _lengths_given_fit(p: _Planner, shape: RehearsalShape, prompt: int, response: int) -> bool:
+def _lengths_given_fit(p: Planner, shape: RehearsalShape, prompt: int, response: int) -> bool:
     """Whether lengths given with the overrides fit the rehearsal model's context (``max_position_embeddings``).
 
     Sizes given on the command line are kept, but a user's usual ``data.max_response_length=20480`` is a cluster
@@ -224,7 +109,7 @@ def _lengths_given_fit(p: _Planner, shape: RehearsalShape, prompt: int, response
     return not given or shape.max_positions is None or prompt + response <= shape.max_positions
 
 
-def _lengths(p: _Planner, shape: RehearsalShape) -> None:
+def _lengths(p: Planner, shape: RehearsalShape) -> None:
     old_prompt = int(p.get("data.max_prompt_length"))
     old_response = int(p.get("data.max_response_length"))
     new_prompt = min(old_prompt, shape.max_prompt_length)
@@ -263,7 +148,7 @@ def _lengths(p: _Planner, shape: RehearsalShape) -> None:
                   "scale")
 
 
-def _hardware(p: _Planner, shape: RehearsalShape) -> None:
+def _hardware(p: Planner, shape: RehearsalShape) -> None:
     p.set("trainer.nnodes", 1, "one machine", "hardware")
     p.set("trainer.n_gpus_per_node", shape.gpus, "fake GPUs: one CPU process each", "hardware")
     p.set("trainer.device", "cpu", "no GPU", "hardware")
@@ -293,12 +178,12 @@ def _hardware(p: _Planner, shape: RehearsalShape) -> None:
                   "hardware")
 
 
-def _separate(p: _Planner) -> bool:
+def _separate(p: Planner) -> bool:
     """Whether the recipe runs v1's ``separate_async`` (its rollout on a pool of its own)."""
     return bool(p.get("trainer.use_v1", True)) and p.get("trainer.v1.trainer_mode") == "separate_async"
 
 
-def _ray(p: _Planner, shape: RehearsalShape) -> None:
+def _ray(p: Planner, shape: RehearsalShape) -> None:
     # Ray counts only GPU/NPU resources for placement (the cpu platform names GPU), so fake GPUs satisfy it.
     rollout_pool = 0
     if _separate(p):  # the standalone rollout pool: one fake GPU of its own
@@ -318,14 +203,14 @@ _VLLM_ON_CPU = (
     ("enforce_eager", True, "CUDA graphs need a GPU"),
     ("free_cache_engine", False, "sleep mode releases GPU memory through CUDA's allocator, which a CPU lacks"),
     ("enable_sleep_mode", False, "sleep mode needs CUDA (vLLM's CuMemAllocator)"),
-    # The rehearsal seeds each request (dapo_verl.adapter.request_seeds); after a partial prefill vLLM rewinds a
+    # The rehearsal seeds each request (rehearsal/bridges/request_seeds.py); after a partial prefill vLLM rewinds a
     # seeded request's generator with Generator.set_offset (v1/worker/gpu_model_runner.py:3750 in vLLM 0.27).
     ("enable_chunked_prefill", False, "vLLM rewinds a seeded request's random generator after a partial prefill, "
                                       "which CPU generators cannot (no offset); the rehearsal seeds every request"),
 )
 
 
-def _engine(p: _Planner, shape: RehearsalShape) -> None:
+def _engine(p: Planner, shape: RehearsalShape) -> None:
     if shape.engine == "vllm":
         p.set("actor_rollout_ref.rollout.name", "vllm", "verl's own vLLM rollout, on vLLM's CPU build", "engine")
         for key, value, reason in _VLLM_ON_CPU:
@@ -356,7 +241,7 @@ def _engine(p: _Planner, shape: RehearsalShape) -> None:
         p.set("data.dataloader_num_workers", 0, "load data in the trainer process", "engine")
 
 
-def _whole_prefills_fit(p: _Planner) -> None:
+def _whole_prefills_fit(p: Planner) -> None:
     """Without chunked prefill vLLM needs ``max_num_batched_tokens >= max_model_len``.
 
     A recipe that leaves ``max_model_len`` unset gets the model's context length (verl reads
@@ -377,12 +262,12 @@ def _whole_prefills_fit(p: _Planner) -> None:
               "must fit one scheduler step (max_model_len)", "engine")
 
 
-def _value(p: _Planner, key: str) -> int:
+def _value(p: Planner, key: str) -> int:
     change = p.changes.get(key)
     return int(change.rehearsal if change else p.get(key))
 
 
-def _run(p: _Planner, shape: RehearsalShape) -> None:
+def _run(p: Planner, shape: RehearsalShape) -> None:
     p.set("data.train_files", shape.train_file, "rehearsal data", "run")
     p.set("data.val_files", shape.val_file, "rehearsal data", "run")
     p.set("trainer.total_training_steps", shape.steps, "rehearsal length", "run")
@@ -421,7 +306,7 @@ def rehearsal_changes(config: DictConfig, shape: RehearsalShape,
     rehearsal is the user's to choose, and so is the number of agent-loop workers. Model, hardware, other engine
     and run keys change whatever was given.
     """
-    planner = _Planner(config, user_keys)
+    planner = Planner(config, user_keys)
     _model(planner, shape)
     _scale(planner, shape)
     _hardware(planner, shape)

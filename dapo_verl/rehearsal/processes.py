@@ -5,7 +5,7 @@ Each run is the recipe's own entry point in a subprocess of its own session, wit
 and whatever the engine adds). :func:`launch` follows its console for verl's step lines (:func:`follow`), stops it
 at a time limit that fires on a timer whether or not the run prints (:func:`stop_tree`: its process group and
 session, then every process the run left, :func:`kill_leftovers`; :class:`Overrun` says since when it was silent),
-and removes the shared memory they recorded (:mod:`dapo_verl.adapter.cpu_leftovers`). Ctrl-C, SIGTERM and SIGHUP
+and removes the shared memory they recorded (:mod:`.bridges.cpu_leftovers`). Ctrl-C, SIGTERM and SIGHUP
 stop a run the same way; a run dies with its launcher (:mod:`dapo_verl.lifetime`). A run that ended because memory
 ran out says so (:func:`.memory.memory_kill`). :mod:`.schedule` starts the two runs of a rehearsal.
 """
@@ -27,13 +27,13 @@ from pathlib import Path
 from typing import IO, Any
 
 from dapo_verl import lifetime
-from dapo_verl.adapter import cpu_leftovers, cpu_vllm
+from dapo_verl.rehearsal.bridges import cpu_leftovers, cpu_vllm
 from dapo_verl.rehearsal.memory import memory_kill, oom_kills
 
 __all__ = ["PLUGIN_MODULE", "RAY_START_TIMEOUT", "Overrun", "RunRecord", "environment", "errors", "follow",
            "kill_leftovers", "launch", "launch_once_more_if_ray_did_not_start", "stop_tree"]
 
-PLUGIN_MODULE = "dapo_verl.adapter.cpu_plugin"
+PLUGIN_MODULE = "dapo_verl.rehearsal.bridges.cpu_plugin"
 RAY_START_TIMEOUT = "The current node timed out during startup"
 _STEP_LINE = re.compile(r"\bstep:(\d+) - ")
 _ERROR_LINE = re.compile(r"^(?:\S+\s)?([A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt)(?::\s.*)?)$")
@@ -245,7 +245,7 @@ def launch(name: str, command: list[str], run_dir: Path, timeout_s: float, ray_d
            stopped: Callable[[], tuple[str, bool] | None] | None = None) -> RunRecord:
     """Run one verl process to its end (or ``timeout_s``); ``on_step`` hears each step verl's console logged.
 
-    The run's processes record into ``run_dir/engine`` (:mod:`dapo_verl.adapter.cpu_vllm`) and keep their sockets
+    The run's processes record into ``run_dir/engine`` (:mod:`.bridges.cpu_vllm`) and keep their sockets
     in ``ray_dir``; what they left in ``/dev/shm`` is removed once they have ended. ``stopped``, asked once the
     process has ended, says whether the rehearsal stopped it from another thread: (what stopped it, whether that
     was a stop signal), or None.

@@ -11,12 +11,12 @@ import math
 from pathlib import Path
 from typing import Any
 
-from dapo_verl.adapter.weight_probe import weight_sync_check
+from dapo_verl.rehearsal.bridges.weight_probe import weight_sync_check
 from dapo_verl.rehearsal.engine import Engine
 from dapo_verl.rehearsal.memory import gib
+from dapo_verl.rehearsal.options import RehearsalResult
 from dapo_verl.rehearsal.processes import RunRecord
 from dapo_verl.rehearsal.resume_check import REPLICAS_ROUTE, STREAMING_TIMES, resume_check, resume_verdict
-from dapo_verl.rehearsal.run import RehearsalResult
 
 __all__ = ["PREDICTION_METRICS", "REQUIRED_METRICS", "ROLLOUT_DIFF_LIMIT", "ROLLOUT_METRICS", "build_report",
            "read_jsonl", "write_report"]

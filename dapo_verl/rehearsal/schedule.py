@@ -4,7 +4,7 @@
 resume run, which resumes from the first run's checkpoint of step ``steps - 1`` and trains the last step again. By
 default the resume run starts once the first run has ended, so the rehearsal holds one trainer, one rollout engine
 and one Ray cluster at a time. With ``overlap`` it starts together with the first run, in a Ray cluster of its own,
-and waits at verl's checkpoint load (:mod:`dapo_verl.adapter.resume_barrier`) until the first run has logged the
+and waits at verl's checkpoint load (:mod:`.bridges.resume_barrier`) until the first run has logged the
 checkpointed step and verl's tracker file names it: its start-up then uses the core the first run's start-up leaves
 idle, at the price of two of everything in memory (docs/rehearse.md, "Memory").
 
@@ -28,13 +28,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dapo_verl import lifetime
-from dapo_verl.adapter import resume_barrier
+from dapo_verl.rehearsal.bridges import resume_barrier
+from dapo_verl.rehearsal.changes import Change
 from dapo_verl.rehearsal.memory import MemoryPeaks, MemorySampler, Watched, out_of_memory_line
-from dapo_verl.rehearsal.plan import Change
 from dapo_verl.rehearsal.processes import RunRecord, kill_leftovers, launch_once_more_if_ray_did_not_start
 
 if TYPE_CHECKING:
-    from dapo_verl.rehearsal.run import RehearsalOptions
+    from dapo_verl.rehearsal.options import RehearsalOptions
 
 __all__ = ["FIRST", "RESUME", "Outcome", "Resume", "checkpointed_step", "run_both"]
 
@@ -166,7 +166,7 @@ class Resume:
         checkpoints: The first run's checkpoint folder.
         step: The checkpointed step the resume starts from.
         barrier: The file whose existence lets the resume run load the checkpoint
-            (:mod:`dapo_verl.adapter.resume_barrier`).
+            (:mod:`.bridges.resume_barrier`).
         timeout_s: How long to wait for verl's tracker file to name ``step`` once the step was logged.
     """
 
@@ -176,6 +176,10 @@ class Resume:
         self.barrier, self._timeout_s = barrier, timeout_s
         self._thread: threading.Thread | None = None
         self._record: RunRecord | None = None
+        # Set when the thread's launch has returned. Waited on instead of Thread.join: a KeyboardInterrupt inside
+        # Thread.join can leave the thread marked as stopped while it still runs (CPython gh-90882, before 3.13), and
+        # a later join then returns before the run's record exists.
+        self._done = threading.Event()
         self._error: BaseException | None = None
         self._process: subprocess.Popen | None = None
         self._stopped = threading.Event()
@@ -192,6 +196,8 @@ class Resume:
             self._record = self._launch(on_start=self._started, stopped=self._stopped_why)
         except BaseException as err:  # re-raised by result() in the main thread
             self._error = err
+        finally:
+            self._done.set()
 
     def _started(self, process: subprocess.Popen) -> None:
         self._process = process
@@ -223,9 +229,8 @@ class Resume:
         record (None only if its launch returned none)."""
         self.release()
         self.start()
-        assert self._thread is not None
-        while self._thread.is_alive():
-            self._thread.join(0.5)  # short joins keep Ctrl-C responsive
+        while not self._done.wait(0.5):  # short waits keep Ctrl-C responsive
+            pass
         if self._error is not None:
             raise self._error
         return self._record
@@ -244,5 +249,5 @@ class Resume:
     def join(self) -> RunRecord | None:
         """Wait for the resume run's thread; return its record, None when it never started."""
         if self._thread is not None:
-            self._thread.join()
+            self._done.wait()
         return self._record

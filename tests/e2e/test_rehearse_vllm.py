@@ -17,7 +17,7 @@ from importlib.metadata import version
 
 import pytest
 
-from dapo_verl.adapter import cpu_leftovers
+from dapo_verl.rehearsal.bridges import cpu_leftovers
 from dapo_verl.rehearsal.report import ROLLOUT_DIFF_LIMIT, read_jsonl
 from tests.e2e.rehearsal_helpers import (
     CARRY,

@@ -27,7 +27,7 @@ def _receive(engine, out: list) -> None:
 def test_every_tensor_reaches_every_receiver_in_buckets():
     from verl.checkpoint_engine.base import CheckpointEngineRegistry
 
-    from dapo_verl.adapter.cpu_checkpoint_engine import CPU_CHECKPOINT_BACKEND, ZmqCheckpointEngine
+    from dapo_verl.rehearsal.bridges.cpu_checkpoint_engine import CPU_CHECKPOINT_BACKEND, ZmqCheckpointEngine
 
     assert CheckpointEngineRegistry.get(CPU_CHECKPOINT_BACKEND) is ZmqCheckpointEngine
     generator = torch.Generator().manual_seed(0)

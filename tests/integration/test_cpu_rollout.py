@@ -18,8 +18,8 @@ from transformers import AutoTokenizer
 from verl.utils.reward_score.math_dapo import compute_score
 from verl.workers.config import HFModelConfig, RolloutConfig
 
-from dapo_verl.adapter.cpu_rollout import CpuRolloutServer, ReplicaAsleepError, sample_next_token
 from dapo_verl.data.schema import dapo_prompt
+from dapo_verl.rehearsal.bridges.cpu_rollout import CpuRolloutServer, ReplicaAsleepError, sample_next_token
 from dapo_verl.rehearsal.data import generated_table
 from dapo_verl.rehearsal.stand_in import ANSWER_TOKENS, build_stand_in, build_tokenizer
 

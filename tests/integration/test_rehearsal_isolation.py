@@ -33,10 +33,12 @@ _PROBE = textwrap.dedent("""
         "cpu_platform_registered": "cpu" in PlatformRegistry.registered_names(),
         "cpu_replica_registered": "dapo_cpu" in RolloutReplicaRegistry._registry,
         "cpu_rollout_registered": ("dapo_cpu", "async") in _ROLLOUT_REGISTRY,
-        "plugin_imported": "dapo_verl.adapter.cpu_plugin" in sys.modules,
+        "plugin_imported": "dapo_verl.rehearsal.bridges.cpu_plugin" in sys.modules,
         "dapo_loss_registered": "dapo" in POLICY_LOSS_REGISTRY,
     }))
 """)
+
+PLUGIN = "dapo_verl.rehearsal.bridges.cpu_plugin"
 
 
 def _probe(**env_overrides: str) -> dict[str, bool]:
@@ -53,18 +55,18 @@ def test_importing_dapo_verl_and_its_entry_point_changes_nothing():
 
 
 def test_the_plugin_without_the_cpu_platform_registers_but_patches_nothing():
-    seen = _probe(VERL_USE_EXTERNAL_MODULES="dapo_verl.adapter.cpu_plugin")
+    seen = _probe(VERL_USE_EXTERNAL_MODULES=PLUGIN)
     assert seen["plugin_imported"] and seen["cpu_replica_registered"] and seen["cpu_rollout_registered"]
     assert not seen["process_group_patched"] and not seen["fsdp_offload_patched"]
 
 
 def test_a_rehearsal_environment_applies_both_patches():
-    seen = _probe(VERL_USE_EXTERNAL_MODULES="dapo_verl.adapter.cpu_plugin", VERL_PLATFORM="cpu")
+    seen = _probe(VERL_USE_EXTERNAL_MODULES=PLUGIN, VERL_PLATFORM="cpu")
     assert seen["process_group_patched"] and seen["fsdp_offload_patched"] and seen["cpu_platform_registered"]
 
 
 def test_patches_refuse_to_apply_outside_a_rehearsal(monkeypatch):
-    from dapo_verl.adapter.cpu_platform import apply_cpu_patches
+    from dapo_verl.rehearsal.bridges.cpu_platform import apply_cpu_patches
 
     monkeypatch.setenv("VERL_PLATFORM", "nvidia")
     with pytest.raises(RuntimeError, match="needs VERL_PLATFORM=cpu; VERL_PLATFORM is 'nvidia'"):
@@ -86,7 +88,7 @@ _BARRIER_PROBE = textwrap.dedent("""
 @pytest.mark.parametrize("platform, expected", [("cpu", True), ("", False)])
 def test_the_resume_barrier_wraps_verls_checkpoint_loads_only_in_a_rehearsal(tmp_path, platform, expected):
     env = {k: v for k, v in os.environ.items() if k not in ("VERL_PLATFORM", "VERL_USE_EXTERNAL_MODULES")}
-    env.update(VERL_USE_EXTERNAL_MODULES="dapo_verl.adapter.cpu_plugin", VERL_PLATFORM=platform,
+    env.update(VERL_USE_EXTERNAL_MODULES=PLUGIN, VERL_PLATFORM=platform,
                DAPO_REHEARSAL_RESUME_AFTER=str(tmp_path / "ready"))
     out = subprocess.run([sys.executable, "-c", _BARRIER_PROBE], capture_output=True, text=True, env=env, check=True)
     seen = json.loads(out.stdout.strip().splitlines()[-1])
@@ -149,7 +151,7 @@ def test_outside_a_rehearsal_vllm_and_verls_vllm_rollout_are_untouched(tmp_path)
 
 
 def test_the_plugin_module_without_a_rehearsal_run_changes_nothing_either(tmp_path):
-    seen = _vllm_probe(tmp_path, VERL_USE_EXTERNAL_MODULES="dapo_verl.adapter.cpu_plugin", VERL_PLATFORM="cpu")
+    seen = _vllm_probe(tmp_path, VERL_USE_EXTERNAL_MODULES=PLUGIN, VERL_PLATFORM="cpu")
     # VERL_PLATFORM=cpu alone (no run record folder): the CPU platform, but none of the vLLM bridges.
     assert seen["vllm_distribution"] is None and not seen["our_vllm_plugin_declared"]
     assert not seen["shared_memory_recorded"] and "verl_vllm_rollout_error" in seen
@@ -161,7 +163,7 @@ def test_a_rehearsal_runs_environment_installs_every_vllm_bridge(tmp_path):
     site = write_private_site(tmp_path / "site", "0.27.0+cpu")
     env = vllm_environment(site, str(tmp_path / "sockets"))
     env["PYTHONPATH"] = os.pathsep.join([env["PYTHONPATH"], os.getcwd()])
-    seen = _vllm_probe(tmp_path, **env, VERL_USE_EXTERNAL_MODULES="dapo_verl.adapter.cpu_plugin", VERL_PLATFORM="cpu",
+    seen = _vllm_probe(tmp_path, **env, VERL_USE_EXTERNAL_MODULES=PLUGIN, VERL_PLATFORM="cpu",
                        DAPO_REHEARSAL_RECORD_DIR=str(tmp_path / "records"),
                        DAPO_REHEARSAL_SOCKET_DIR=str(tmp_path / "sockets"))
     assert seen == {"vllm_distribution": "0.27.0+cpu", "our_vllm_plugin_declared": True, "onednn": False,

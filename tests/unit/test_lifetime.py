@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 
 from dapo_verl import lifetime
-from dapo_verl.adapter.cpu_vllm import RECORD_ENV
+from dapo_verl.rehearsal.bridges.cpu_vllm import RECORD_ENV
 from dapo_verl.rehearsal.folders import RehearsalError, own_out
 from tests.process_helpers import running
 

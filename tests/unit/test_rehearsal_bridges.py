@@ -12,14 +12,14 @@ from multiprocessing import shared_memory
 
 import pytest
 
-from dapo_verl.adapter import cpu_leftovers, weight_probe
-from dapo_verl.adapter.request_seeds import RequestSeeds
+from dapo_verl.rehearsal.bridges import cpu_leftovers, weight_probe
+from dapo_verl.rehearsal.bridges.request_seeds import RequestSeeds
 
 _LEAKER = textwrap.dedent("""
     import os, sys, time
     from pathlib import Path
     from multiprocessing import resource_tracker, shared_memory
-    from dapo_verl.adapter import cpu_leftovers
+    from dapo_verl.rehearsal.bridges import cpu_leftovers
     cpu_leftovers.track(Path(sys.argv[1]))
     segment = shared_memory.SharedMemory(create=True, size=4096)
     resource_tracker.unregister(segment._name, "shared_memory")  # as a process whose tracker dies with it

@@ -113,4 +113,4 @@ def test_the_private_site_gives_verl_a_vllm_distribution_and_vllm_the_plugin(tmp
                          env={"PYTHONPATH": env["PYTHONPATH"], "PATH": "/usr/bin:/bin"})
     seen = json.loads(out.stdout)
     assert seen["vllm"] == "0.27.0+cpu"  # verl's version("vllm"); vLLM infers the CPU device from "cpu"
-    assert seen["plugins"]["dapo_verl_rehearsal"] == "dapo_verl.adapter.cpu_vllm:register"
+    assert seen["plugins"]["dapo_verl_rehearsal"] == "dapo_verl.rehearsal.bridges.cpu_vllm:register"

@@ -1,7 +1,7 @@
 """The rehearsal's resume run starts with the first run and loads the checkpoint only once it is on disk.
 
 :class:`dapo_verl.rehearsal.schedule.Resume` is driven here with a stand-in launch (no verl process): its release
-rules alone. :mod:`dapo_verl.adapter.resume_barrier` is driven on stand-in classes; its import hook on verl's
+rules alone. :mod:`dapo_verl.rehearsal.bridges.resume_barrier` is driven on stand-in classes; its import hook on verl's
 own trainer classes is in tests/integration/test_rehearsal_isolation.py, and the real runs in
 tests/e2e/test_rehearse_*.py.
 """
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from dapo_verl.adapter import resume_barrier
+from dapo_verl.rehearsal.bridges import resume_barrier
 from dapo_verl.rehearsal.processes import RunRecord
 from dapo_verl.rehearsal.schedule import Resume, checkpointed_step
 

@@ -1,4 +1,4 @@
-"""The verl plugin of a CPU rehearsal: ``VERL_USE_EXTERNAL_MODULES=dapo_verl.adapter.cpu_plugin``.
+"""The verl plugin of a CPU rehearsal: ``VERL_USE_EXTERNAL_MODULES=dapo_verl.rehearsal.bridges.cpu_plugin``.
 
 ``dapo-verl rehearse`` names this module in ``VERL_USE_EXTERNAL_MODULES`` and sets ``VERL_PLATFORM=cpu``
 for every process of the run (driver, TaskRunner, workers, rollout servers); verl imports it first thing in
@@ -24,16 +24,16 @@ import os
 from verl.workers.rollout.base import _ROLLOUT_REGISTRY
 from verl.workers.rollout.replica import RolloutReplicaRegistry
 
-from dapo_verl.adapter import cpu_vllm, resume_barrier
-from dapo_verl.adapter.cpu_platform import CPU_PLATFORM_NAME, apply_cpu_patches
+from dapo_verl.rehearsal.bridges import cpu_vllm, resume_barrier
+from dapo_verl.rehearsal.bridges.cpu_platform import CPU_PLATFORM_NAME, apply_cpu_patches
 
 __all__ = ["activate"]
 
-_ROLLOUT_NAME = "dapo_cpu"  # dapo_verl.adapter.cpu_rollout.CPU_ROLLOUT_NAME, without importing transformers here
+_ROLLOUT_NAME = "dapo_cpu"  # .cpu_rollout.CPU_ROLLOUT_NAME, without importing transformers here
 
 
 def _load_replica() -> type:
-    from dapo_verl.adapter.cpu_rollout import CpuRolloutReplica
+    from dapo_verl.rehearsal.bridges.cpu_rollout import CpuRolloutReplica
 
     return CpuRolloutReplica
 
@@ -41,11 +41,11 @@ def _load_replica() -> type:
 def activate() -> None:
     """Register the CPU rollout replica and checkpoint engine; patch the process for CPU when
     ``VERL_PLATFORM=cpu``. Idempotent."""
-    import dapo_verl.adapter.cpu_checkpoint_engine  # noqa: F401  (registers in verl's CheckpointEngineRegistry)
+    import dapo_verl.rehearsal.bridges.cpu_checkpoint_engine  # noqa: F401  (registers in verl's CheckpointEngineRegistry)
 
     RolloutReplicaRegistry.register(_ROLLOUT_NAME, _load_replica)
     # verl 0.9.1 has no public registration for the in-worker rollout class; this private dict is the seam.
-    _ROLLOUT_REGISTRY[(_ROLLOUT_NAME, "async")] = "dapo_verl.adapter.cpu_rollout.CpuServerAdapter"
+    _ROLLOUT_REGISTRY[(_ROLLOUT_NAME, "async")] = "dapo_verl.rehearsal.bridges.cpu_rollout.CpuServerAdapter"
     if os.environ.get("VERL_PLATFORM", "").strip().lower() == CPU_PLATFORM_NAME:
         apply_cpu_patches()
         resume_barrier.install()

@@ -25,7 +25,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from dapo_verl.adapter.import_patches import patch_on_import
+from dapo_verl.rehearsal.bridges.import_patches import patch_on_import
 
 __all__ = ["ENV", "TIMEOUT_ENV", "install", "wait_for"]
 

@@ -5,7 +5,7 @@ with ``VERL_PLATFORM``. It ships ``nvidia``, ``huawei`` and ``rocm``; this modul
 class changes nothing by itself -- verl uses it only when ``VERL_PLATFORM=cpu``.
 
 Running verl's FSDP2 workers on CPU also needs two process-wide changes, which :func:`apply_cpu_patches`
-makes and :mod:`dapo_verl.adapter.cpu_plugin` applies **only** when ``VERL_PLATFORM=cpu``:
+makes and :mod:`dapo_verl.rehearsal.bridges.cpu_plugin` applies **only** when ``VERL_PLATFORM=cpu``:
 
 * ``verl.utils.distributed.initialize_global_process_group_ray`` builds the backend string
   ``"cpu:gloo,<device>:<backend>"``, which for ``cpu`` is ``"cpu:gloo,cpu:gloo"`` and torch refuses
@@ -114,7 +114,7 @@ class CpuDeviceModule:
             return getattr(torch.cpu, name)
         raise AttributeError(
             f"verl asked the cpu platform's device module for {name!r}, which has no CPU equivalent here. "
-            f"Add it to dapo_verl.adapter.cpu_platform.CpuDeviceModule."
+            f"Add it to dapo_verl.rehearsal.bridges.cpu_platform.CpuDeviceModule."
         )
 
 

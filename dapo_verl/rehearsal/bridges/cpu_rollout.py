@@ -32,7 +32,7 @@ from verl.workers.config import HFModelConfig, RolloutConfig
 from verl.workers.rollout.base import BaseRollout
 from verl.workers.rollout.replica import RolloutReplica, TokenOutput
 
-from dapo_verl.adapter.request_seeds import RequestSeeds
+from dapo_verl.rehearsal.bridges.request_seeds import RequestSeeds
 
 __all__ = [
     "CPU_ROLLOUT_NAME",

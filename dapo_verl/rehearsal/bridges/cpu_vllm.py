@@ -37,9 +37,9 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from dapo_verl.adapter import cpu_leftovers, weight_probe
-from dapo_verl.adapter.import_patches import is_patched, mark, patch_on_import
-from dapo_verl.adapter.request_seeds import RequestSeeds
+from dapo_verl.rehearsal.bridges import cpu_leftovers, weight_probe
+from dapo_verl.rehearsal.bridges.import_patches import is_patched, mark, patch_on_import
+from dapo_verl.rehearsal.bridges.request_seeds import RequestSeeds
 
 __all__ = ["RECORD_ENV", "REQUESTS", "SOCKET_ENV", "active", "install_verl_side", "register"]
 
@@ -211,7 +211,7 @@ def _patch_http_server(module: ModuleType, record_dir: Path) -> None:
                 state["weights"] = self.global_steps
                 state["seeds"].restart()
             # vLLM seeds its engine once; a seed per request from its content makes a group independent of the
-            # order requests arrive in (dapo_verl.adapter.request_seeds). vLLM takes a signed 64-bit seed.
+            # order requests arrive in (dapo_verl.rehearsal.bridges.request_seeds). vLLM takes a signed 64-bit seed.
             params["seed"] = state["seeds"].next(list(prompt_ids), params, self.global_steps) >> 1
         started, weights = time.time(), self.global_steps
         output = await original_generate(self, prompt_ids, params, request_id, *args, **kwargs)
