@@ -138,3 +138,81 @@ def test_sampling_respects_top_k_and_top_p(seed, top_k, top_p, temperature):
 def test_greedy_sampling_is_argmax():
     logits = torch.tensor([0.1, 2.0, -1.0])
     assert sample_next_token(logits, temperature=0, top_k=-1, top_p=1.0, generator=torch.Generator())[0] == 1
+
+
+def _long_tail_server(stand_in, **options):
+    config = RolloutConfig(name="dapo_cpu", prompt_length=128, response_length=64, tensor_model_parallel_size=1,
+                           engine_kwargs={"dapo_cpu": {"response_lengths": "long_tail", **options}})
+    return CpuRolloutServer(config, HFModelConfig(path=str(stand_in)), replica_rank=0)
+
+
+def test_long_tail_lengths_are_mostly_short_with_a_tail_to_the_budget_and_log_probs_stay_the_models(stand_in):
+    server = _long_tail_server(stand_in)
+    outputs, asked = [], {}
+    for problem in ("What is 3 - 2?", "What is 7 * 8?", "Solve x + 4 = 9.", "What is 2^10?", "Count to ten."):
+        _, ids = _prompt_ids(stand_in, problem)
+        for output in _generate(server, ids, 16):
+            outputs.append(output)
+            asked[id(output)] = ids
+    lengths = sorted(len(o.token_ids) for o in outputs)
+    median = lengths[len(lengths) // 2]
+    assert median <= 16 and lengths[-1] >= 3 * median  # median near 0.15 x 64, a tail far beyond it
+    eos = min(server.eos_ids)
+    for output in outputs:  # each ends at its drawn length with EOS, or is truncated at the budget
+        assert output.token_ids[-1] == eos or len(output.token_ids) == 64
+        assert eos not in output.token_ids[:-1]
+    output = max(outputs, key=lambda o: len(o.token_ids))  # the model's own log-probabilities, EOS forced or not
+    ids = asked[id(output)]
+    with torch.no_grad():
+        logits = server.model(input_ids=torch.tensor([ids + output.token_ids])).logits[0, len(ids) - 1:-1]
+    expected = torch.log_softmax(logits, dim=-1).gather(1, torch.tensor(output.token_ids)[:, None]).squeeze(1)
+    assert torch.allclose(torch.tensor(output.log_probs), expected, atol=1e-4)
+
+
+def test_abort_returns_what_was_generated_parks_new_requests_and_resume_lets_them_run(stand_in):
+    config = RolloutConfig(name="dapo_cpu", prompt_length=128, response_length=512, tensor_model_parallel_size=1,
+                           engine_kwargs={"dapo_cpu": {"response_lengths": "long_tail", "median_fraction": 1.0}})
+    server = CpuRolloutServer(config, HFModelConfig(path=str(stand_in)), replica_rank=0)
+    _, ids = _prompt_ids(stand_in)
+    params = {**SAMPLING, "max_tokens": 512}
+
+    async def run():
+        running = asyncio.create_task(server.generate(ids, dict(params), "long"))
+        await asyncio.sleep(0.2)
+        aborted = await server.abort_all_requests()
+        first = await running
+        parked = asyncio.create_task(server.generate(ids, dict(params), "parked"))
+        await asyncio.sleep(0.3)
+        was_parked = not parked.done()
+        await server.resume_generation()
+        return aborted, first, was_parked, await parked
+
+    aborted, first, was_parked, after = asyncio.run(run())
+    assert aborted["aborted_count"] == 1 and first.stop_reason == "aborted"
+    assert 0 < len(first.token_ids) < 512 and len(first.log_probs) == len(first.token_ids)
+    assert was_parked and after.stop_reason == "completed"
+
+
+def test_abort_with_reject_request_fails_new_requests_until_resumed(server, stand_in):
+    _, ids = _prompt_ids(stand_in)
+
+    async def run():
+        await server.abort_all_requests(reject_request=True)
+        with pytest.raises(RuntimeError, match="generation is paused with reject_request=True"):
+            await server.generate(ids, dict(SAMPLING), "refused")
+        await server.resume_generation()
+        return await server.generate(ids, dict(SAMPLING), "after")
+
+    assert asyncio.run(run()).stop_reason == "completed"
+
+
+@pytest.mark.parametrize(("options", "message"), [
+    ({"response_lengths": "pareto"}, "response_lengths='pareto'; expected model"),
+    ({"median_fraction": 0}, "median_fraction=0; expected a share"),
+    ({"lengths": "long_tail"}, "unknown keys \\['lengths'\\]"),
+])
+def test_bad_length_options_are_refused_naming_the_key(stand_in, options, message):
+    config = RolloutConfig(name="dapo_cpu", prompt_length=128, response_length=64, tensor_model_parallel_size=1,
+                           engine_kwargs={"dapo_cpu": options})
+    with pytest.raises(ValueError, match=f"actor_rollout_ref.rollout.engine_kwargs.dapo_cpu.*{message}"):
+        CpuRolloutServer(config, HFModelConfig(path=str(stand_in)), replica_rank=0)

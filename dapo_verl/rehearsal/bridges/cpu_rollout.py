@@ -14,7 +14,18 @@ verl reaches a rollout engine in two places, and this module fills both:
 
 The server is as strict as a colocated vLLM engine: it refuses to generate while asleep (weights or KV
 cache released), refuses weights with unknown names or shapes, and reports the step of the weights it holds
-(``extra_fields["global_steps"]``), which verl's v1 trainer uses for staleness.
+(``extra_fields["global_steps"]``), which verl's v1 trainer uses for staleness. It aborts as vLLM's server does
+(``abort_all_requests``: what is generating stops between two tokens and returns what it holds with
+``stop_reason="aborted"``; new requests wait behind the closed gate, or fail with ``reject_request``, until
+``resume_generation``), so verl's partial-rollout client and dapo_verl's streaming sampler run on it as on vLLM.
+
+Response lengths. A random stand-in model rarely emits EOS, so by default nearly every response runs to the
+budget. ``actor_rollout_ref.rollout.engine_kwargs.dapo_cpu.response_lengths=long_tail`` shapes them like DAPO's
+instead (:class:`~dapo_verl.sampler.simulated_engine.LongTailLengths`: most far below the budget, a tail to it, some
+truncated; median ``median_fraction`` of the budget, default 0.15): each request draws a target length, seeded like
+its tokens; EOS is kept out of the sampling before it and taken at it (a continued request, whose prompt holds its
+earlier tokens, draws its remaining length afresh). The reported log-probabilities stay the model's own, so verl's
+rollout-versus-actor check still compares like with like.
 """
 
 from __future__ import annotations
@@ -22,7 +33,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import random
 import threading
+import zlib
 from collections.abc import Generator
 from typing import Any
 
@@ -33,6 +46,7 @@ from verl.workers.rollout.base import BaseRollout
 from verl.workers.rollout.replica import RolloutReplica, TokenOutput
 
 from dapo_verl.rehearsal.bridges.request_seeds import RequestSeeds
+from dapo_verl.sampler.simulated_engine import LongTailLengths
 
 __all__ = [
     "CPU_ROLLOUT_NAME",
@@ -60,14 +74,22 @@ def server_actor_name(replica_rank: int, node_rank: int = 0) -> str:
 
 
 def sample_next_token(
-    logits: torch.Tensor, *, temperature: float, top_k: int, top_p: float, generator: torch.Generator
+    logits: torch.Tensor, *, temperature: float, top_k: int, top_p: float, generator: torch.Generator,
+    banned: frozenset[int] = frozenset(),
 ) -> tuple[int, float]:
     """Sample one token from (V,) logits; return it and its log-probability under ``logits / temperature``.
 
     ``temperature <= 0`` is greedy (log-probability under the unscaled logits). ``top_k <= 0`` and
-    ``top_p >= 1`` disable those filters; they shape the sampling distribution only, as in vLLM.
+    ``top_p >= 1`` disable those filters; they shape the sampling distribution only, as in vLLM, and so do
+    ``banned`` tokens, which are never drawn (their log-probabilities stay the model's).
     """
     logits = logits.to(torch.float32)
+    if banned:
+        full, logits = logits, logits.clone()
+        logits[list(banned)] = float("-inf")
+        token, _ = sample_next_token(logits, temperature=temperature, top_k=top_k, top_p=top_p, generator=generator)
+        scale = temperature if temperature > 0 else 1.0
+        return token, float(torch.log_softmax(full / scale, dim=-1)[token])
     if temperature <= 0:
         token = int(torch.argmax(logits))
         return token, float(torch.log_softmax(logits, dim=-1)[token])
@@ -117,6 +139,12 @@ class CpuRolloutServer:
         self.generated = 0
         self._lock = threading.Lock()
         self._seeds = RequestSeeds(int(getattr(self.config, "seed", 0) or 0))
+        self._lengths = _length_shape(self.config)
+        self._open = asyncio.Event()  # the gate: closed between abort_all_requests and resume_generation
+        self._open.set()
+        self._aborting = threading.Event()  # seen by the sampling thread between two tokens
+        self._rejecting = False
+        self._running = 0
 
     # -- generation -----------------------------------------------------------------------------------
 
@@ -133,6 +161,11 @@ class CpuRolloutServer:
         if image_data is not None or video_data is not None:
             raise NotImplementedError("The CPU rollout replica generates text only; this request carries images "
                                       "or video, which a rehearsal cannot check.")
+        while not self._open.is_set():  # parked behind the gate, as vLLM parks requests after an abort
+            if self._rejecting:
+                raise RuntimeError(f"Rollout replica {self.replica_rank} refused request {request_id}: generation "
+                                   f"is paused with reject_request=True.")
+            await self._open.wait()
         asleep = [tag for tag, on in self.awake.items() if not on]
         if asleep:
             raise ReplicaAsleepError(
@@ -146,7 +179,11 @@ class CpuRolloutServer:
         default = min(response_length, prompt_length + response_length - len(prompt_ids))
         max_tokens = params.pop("max_tokens", params.pop("max_new_tokens", default))
         max_tokens = max(1, min(int(max_tokens), budget - len(prompt_ids)))
-        return await asyncio.to_thread(self._sample, list(prompt_ids), params, max_tokens)
+        self._running += 1
+        try:
+            return await asyncio.to_thread(self._sample, list(prompt_ids), params, max_tokens)
+        finally:
+            self._running -= 1
 
     @torch.no_grad()
     def _sample(self, prompt_ids: list[int], params: dict[str, Any], max_tokens: int) -> TokenOutput:
@@ -156,15 +193,27 @@ class CpuRolloutServer:
         ignore_eos = bool(params.get("ignore_eos", False))
         with self._lock:
             # Seeded by content, so a resumed run regenerates the same groups whatever order requests arrive in.
-            generator = torch.Generator().manual_seed(self._seeds.next(prompt_ids, params, self.global_steps))
+            seed = self._seeds.next(prompt_ids, params, self.global_steps)
+            generator = torch.Generator().manual_seed(seed)
+            target = self._target_length(prompt_ids, seed)
             tokens, logps = [], []
             input_ids = torch.tensor([prompt_ids])
-            past = None
+            past, stop = None, "completed"
             for _ in range(max_tokens):
+                if self._aborting.is_set():
+                    stop = "aborted"
+                    break
                 out = self.model(input_ids=input_ids, past_key_values=past, use_cache=True)
                 past = out.past_key_values
-                token, logp = sample_next_token(out.logits[0, -1], temperature=temperature, top_k=top_k,
-                                                top_p=top_p, generator=generator)
+                logits, early = out.logits[0, -1], target is not None and len(tokens) + 1 < target
+                if target is not None and len(tokens) + 1 == target and not ignore_eos:  # the drawn length: EOS
+                    eos = min(self.eos_ids)
+                    scaled = logits.to(torch.float32) / (temperature if temperature > 0 else 1.0)
+                    token, logp = eos, float(torch.log_softmax(scaled, dim=-1)[eos])
+                else:
+                    token, logp = sample_next_token(logits, temperature=temperature, top_k=top_k, top_p=top_p,
+                                                    generator=generator,
+                                                    banned=frozenset(self.eos_ids) if early else frozenset())
                 tokens.append(token)
                 logps.append(logp)
                 if token in self.eos_ids and not ignore_eos:
@@ -172,7 +221,14 @@ class CpuRolloutServer:
                 input_ids = torch.tensor([[token]])
             self.generated += 1
         return TokenOutput(token_ids=tokens, log_probs=logps if params.get("logprobs") else None,
-                           stop_reason="completed", extra_fields={"global_steps": self.global_steps})
+                           stop_reason=stop, extra_fields={"global_steps": self.global_steps})
+
+    def _target_length(self, prompt_ids: list[int], seed: int) -> int | None:
+        """The response length drawn for this request (``long_tail``), or None when the model decides."""
+        if self._lengths is None:
+            return None
+        prompt = zlib.crc32(bytes(str(prompt_ids), "ascii"))
+        return max(1, round(self._lengths.draw(prompt, 0, random.Random(seed))))
 
     # -- weights and memory ---------------------------------------------------------------------------
 
@@ -223,21 +279,32 @@ class CpuRolloutServer:
                 "global_steps": self.global_steps,
                 "checksum": float(sum(p.double().sum() for p in self.model.parameters()))}
 
-    # No request queue to abort, drain or clear: generation is synchronous per request.
     async def clear_kv_cache(self) -> None:
         return None
 
     async def abort_all_requests(self, reset_prefix_cache: bool = True, reject_request: bool = False) -> dict:
-        return {"aborted_count": 0, "request_ids": []}
+        """vLLM's ``pause_generation(wait_for_inflight_requests=False)``: close the gate, stop what is generating
+        between two tokens, and return once every running request has returned what it held."""
+        self._open.clear()
+        self._rejecting = reject_request
+        aborted = self._running
+        self._aborting.set()
+        while self._running:
+            await asyncio.sleep(0.01)
+        return {"aborted_count": aborted, "request_ids": []}
 
     async def abort_request(self, request_id: str, reset_prefix_cache: bool = True) -> dict:
-        return {"aborted": False, "request_id": request_id}
+        return {"aborted": False, "request_id": request_id}  # requests are not tracked one by one
 
     async def resume_generation(self) -> None:
-        return None
+        """Open the gate again: parked requests generate."""
+        self._aborting.clear()
+        self._rejecting = False
+        self._open.set()
 
     async def wait_for_requests_to_drain(self) -> None:
-        return None
+        while self._running:
+            await asyncio.sleep(0.01)
 
     async def start_profile(self, **kwargs: Any) -> None:
         return None
@@ -308,3 +375,24 @@ class CpuServerAdapter(BaseRollout):
         state = {name: _full_cpu_tensor(tensor) for name, tensor in weights}
         if self.has_server:
             await self._handle().update_weights.remote(state, global_steps)
+
+
+def _length_shape(config: RolloutConfig) -> LongTailLengths | None:
+    """``engine_kwargs.dapo_cpu``'s response-length shape (module docstring), checked."""
+    options = dict((getattr(config, "engine_kwargs", None) or {}).get(CPU_ROLLOUT_NAME) or {})
+    key = f"actor_rollout_ref.rollout.engine_kwargs.{CPU_ROLLOUT_NAME}"
+    unknown = sorted(set(options) - {"response_lengths", "median_fraction"})
+    if unknown:
+        raise ValueError(f"{key} has unknown keys {unknown}; expected response_lengths (model or long_tail) and "
+                         f"median_fraction.")
+    shape = options.get("response_lengths", "model")
+    if shape not in ("model", "long_tail"):
+        raise ValueError(f"{key}.response_lengths={shape!r}; expected model (the stand-in model decides) or "
+                         f"long_tail (DAPO-like lengths).")
+    fraction = options.get("median_fraction", 0.15)
+    if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 < fraction <= 1:
+        raise ValueError(f"{key}.median_fraction={fraction!r}; expected a share of the response budget in (0, 1], "
+                         f"e.g. 0.15.")
+    if shape == "model":
+        return None
+    return LongTailLengths(median=max(1.0, fraction * config.response_length))
