@@ -27,13 +27,11 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 
-from dapo_verl.adapter.v1_groups import GroupKeys, session_of, train_listing, wait_terminal
+from dapo_verl.adapter.v1_groups import TERMINAL, GroupKeys, session_of, train_listing, wait_terminal
 from dapo_verl.sampler import GroupResult
 from dapo_verl.sampler.engine import Aborted, Completion, PartialGroup, Request
 
 __all__ = ["AgentLoopEngine"]
-
-_TERMINAL = ("finished", "failure")
 
 
 class AgentLoopEngine:
@@ -111,7 +109,7 @@ class AgentLoopEngine:
         return Aborted(finished=finished, partial=partial)
 
     def _terminal(self, listing: dict[str, dict]) -> list[str]:
-        return [uid for uid in self._inflight if listing.get(uid, {}).get("status") in _TERMINAL]
+        return [uid for uid in self._inflight if listing.get(uid, {}).get("status") in TERMINAL]
 
     def _finished(self, uids: list[str], listing: dict[str, dict]) -> list[Completion]:
         if not uids:

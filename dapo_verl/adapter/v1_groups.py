@@ -24,9 +24,10 @@ import transfer_queue as tq
 
 from dapo_verl.sampler import GroupResult
 
-__all__ = ["GroupKeys", "GroupKeysCodec", "read_round", "session_of", "train_listing", "wait_terminal"]
+__all__ = ["TERMINAL", "GroupKeys", "GroupKeysCodec", "read_round", "session_of", "train_listing", "wait_terminal"]
 
-_TERMINAL = ("finished", "failure")
+TERMINAL = ("finished", "failure")
+"""The prompt statuses verl's agent loop ends a group with."""
 
 
 @dataclass(frozen=True)
@@ -72,7 +73,7 @@ def wait_terminal(uids: Sequence[str], poll_interval: float) -> dict[str, dict]:
     pending = set(uids)
     while True:
         listing = train_listing()
-        pending = {uid for uid in pending if listing.get(uid, {}).get("status") not in _TERMINAL}
+        pending = {uid for uid in pending if listing.get(uid, {}).get("status") not in TERMINAL}
         if not pending:
             return listing
         time.sleep(poll_interval)

@@ -242,10 +242,10 @@ class DapoReplayBuffer(PrefetchedRound, ReplayBufferAsync):
         last = global_steps >= int(getattr(self.trainer, "total_training_steps", global_steps + 1))
         return save_freq > 0 and (last or global_steps % save_freq == 0)
 
-    def _clear(self, uids: Sequence[str]) -> None:
+    def _clear(self, uids: Sequence[str], listing: dict[str, dict] | None = None) -> None:
         if not uids:
             return
-        listing = train_listing()
+        listing = train_listing() if listing is None else listing
         wanted = set(uids)
         keys = [key for key in listing if key.split("_")[0] in wanted]
         tq.kv_clear(partition_id="train", keys=keys)
@@ -258,7 +258,7 @@ class DapoReplayBuffer(PrefetchedRound, ReplayBufferAsync):
             return
         listing = train_listing()
         running = {uid for uid in self._abandoned if listing.get(uid, {}).get("status") in ("pending", "running")}
-        self._clear(sorted(self._abandoned - running))
+        self._clear(sorted(self._abandoned - running), listing)
         self._abandoned = running
 
     # -- the replenisher and its generate callback ----------------------------------------------------------

@@ -15,16 +15,10 @@ from dapo_verl.local.tasks import make_task
 from dapo_verl.sampler import BatchReplenisher
 from dapo_verl.sampler.engine import Request
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
 CPU = torch.device("cpu")
 BUDGET = 24  # long enough that an untrained model's responses end at very different lengths
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")

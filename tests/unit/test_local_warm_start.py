@@ -12,6 +12,8 @@ from dapo_verl.local.rollout import Rollout, encode
 from dapo_verl.local.tasks import decoy_answers, make_task
 from dapo_verl.local.warm_start import warm_start
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
 CPU = torch.device("cpu")
 
 
@@ -21,15 +23,6 @@ def test_decoys_are_the_wrong_rules_answers():
     assert decoy_answers("summod2", ["13+48="]) == [["3", "8"]]
     with pytest.raises(ValueError, match="copy3"):
         decoy_answers("nosuchtask", ["1234>"])
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """One torch thread, as every local run uses: on a shared machine more threads only contend."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")
