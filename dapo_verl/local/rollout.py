@@ -173,5 +173,9 @@ class Rollout:
         if tokens.shape[1] < self.budget:  # every response ended early
             filler = torch.full((tokens.shape[0], self.budget - tokens.shape[1]), self.pad_id, dtype=tokens.dtype)
             tokens = torch.cat([tokens, filler], dim=1)  # (N, L)
+        return self.score(tokens, answers)
+
+    def score(self, tokens: Tensor, answers: Tensor) -> Responses:
+        """(N, L) response tokens padded to the budget, scored against (N, K) answers (:class:`Responses`)."""
         return Responses(tokens, answers, eos_id=self.eos_id, pad_id=self.pad_id, budget=self.budget,
                          overlong=self.overlong)

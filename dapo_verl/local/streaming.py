@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from dapo_verl.local.rollout import Responses, Rollout
+from dapo_verl.local.rollout import Rollout
 from dapo_verl.sampler import GroupResult
 from dapo_verl.sampler.engine import Aborted, Completion, PartialGroup, Request
 
@@ -154,8 +154,7 @@ class ChunkedEngine:
             tokens[r, :len(group.tokens[r])] = torch.tensor(group.tokens[r], dtype=torch.int64)
             versions[r, :len(group.versions[r])] = torch.tensor(group.versions[r], dtype=torch.int64)
         answers = rollout.train_answers[request.prompt_id].expand(size, -1)  # (G, K)
-        out = Responses(tokens, answers, eos_id=rollout.eos_id, pad_id=rollout.pad_id, budget=budget,
-                        overlong=rollout.overlong)
+        out = rollout.score(tokens, answers)
         return request, GroupResult(
             prompt_id=request.prompt_id, metric=out.acc, response_lengths=out.lengths, truncated=out.truncated,
             scores=out.scores, payload={"tokens": out.tokens, "mask": current_policy_mask(out.mask, versions),
