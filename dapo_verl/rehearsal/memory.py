@@ -1,17 +1,21 @@
 """The memory a rehearsal holds: the resident memory of every process it started, sampled, and out-of-memory kills.
 
-:class:`MemorySampler` sums the resident set size (RSS, ``/proc/<pid>/statm``) of the rehearsal's processes every
-``interval_s`` seconds in a thread, and keeps the largest sum for the whole rehearsal and for each run. A run's
-processes are those the rehearsal can find for it however they were started: the descendants of its driver and
-the members of the session its driver leads (:func:`dapo_verl.lifetime.record_session` names the driver in the
-run's record folder), and every process whose command line or environment names the run's private Ray folder (Ray's
-daemons name it in their command lines, vLLM's engine processes in the environment they inherit), with their
-descendants. The whole rehearsal adds its own process and its other descendants (the watchdog).
+:class:`MemorySampler` sums the memory of the rehearsal's processes every ``interval_s`` seconds in a thread, and
+keeps the largest sum for the whole rehearsal and for each run. A run's processes are those the rehearsal can find
+for it however they were started: the descendants of its driver and the members of the session its driver leads
+(:func:`dapo_verl.lifetime.record_session` names the driver in the run's record folder), and every process whose
+command line or environment names the run's private Ray folder (Ray's daemons name it in their command lines, vLLM's
+engine processes in the environment they inherit), with their descendants. The whole rehearsal adds its own process
+and its other descendants (the watchdog).
 
-A sum of RSS counts a page shared by several processes -- a library, a ``/dev/shm`` segment vLLM and the worker
-both map -- once per process, so it is an upper bound of what the processes hold together; it is what the kernel's
-per-process accounting adds up to, and it is cheap enough to read every half second (a proportional split,
-``smaps_rollup``'s PSS, costs milliseconds per process).
+Two sums are kept. The proportional set size (PSS, ``/proc/<pid>/smaps_rollup``) splits a page that several
+processes map among them, so the PSS of a group of processes adds up to the memory the group holds: a library,
+or a ``/dev/shm`` segment vLLM and verl's worker both map, counts once. It is the rehearsal's memory, and what
+the documented bound is about. Reading it walks each process's page tables (about 0.1 s for a rehearsal's 28
+processes), so it is read when a sum of RSS reaches a new peak (a run starting or growing) and otherwise every
+``pss_every``-th sample, where the RSS sum could beat the PSS peak (PSS never exceeds RSS). The resident set size
+(RSS, ``/proc/<pid>/statm``, cheap) of every sample counts a shared page once per process that maps it: its sum
+is an upper bound, about 1.4 times the PSS on a vLLM rehearsal, kept beside it.
 
 :func:`oom_kills` reads the kernel's count of OOM kills, and :func:`memory_kill` says, from a run's log, its exit
 status and that count, whether the run ended because memory ran out: Ray's memory monitor killed a worker (Ray's
@@ -33,7 +37,7 @@ from pathlib import Path
 from dapo_verl.lifetime import SESSION_RECORD_PREFIX, start_time
 
 __all__ = ["RAY_OOM", "MemoryPeaks", "MemorySampler", "Peak", "Watched", "gib", "memory_kill", "oom_kills",
-           "out_of_memory_line", "resident_bytes"]
+           "out_of_memory_line", "proportional_bytes", "resident_bytes"]
 
 _PAGE_BYTES = os.sysconf("SC_PAGE_SIZE")
 RAY_OOM = re.compile(r"OutOfMemoryError|running low on memory|NODE_OUT_OF_MEMORY|killed due to memory pressure")
@@ -51,6 +55,17 @@ def resident_bytes(pid: int) -> int:
         return int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * _PAGE_BYTES
     except (OSError, IndexError, ValueError):
         return 0
+
+
+def proportional_bytes(pid: int) -> int:
+    """The proportional set size of ``pid`` in bytes (``smaps_rollup``'s ``Pss``; 0 when it is gone or unreadable)."""
+    try:
+        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+            if line.startswith("Pss:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, IndexError, ValueError):
+        pass
+    return 0
 
 
 def oom_kills() -> int | None:
@@ -89,10 +104,10 @@ def memory_kill(log_text: str, returncode: int, kills_before: int | None, kills_
 def out_of_memory_line(name: str, key: str, kill: str, peaks: MemoryPeaks, overlap: bool) -> str:
     """One line for the run ``name`` (``key`` in ``peaks.runs``) that ``kill`` (:func:`memory_kill`) ended: what
     killed it, the memory the rehearsal's processes held at their peak, and what to do."""
-    run = peaks.runs.get(key)
-    held = (f"the rehearsal's processes held up to {gib(peaks.total.bytes)} resident ({key}: "
-            f"{gib(run.bytes if run else None)}), and this machine had {gib(peaks.available_min_bytes)} available at "
-            f"the least")
+    run = peaks.runs_pss.get(key)
+    held = (f"the rehearsal's processes held up to {gib(peaks.pss.bytes)} ({key}: {gib(run.bytes if run else None)}; "
+            f"the sum of their proportional set sizes, that of their RSS up to {gib(peaks.total.bytes)}), and this "
+            f"machine had {gib(peaks.available_min_bytes)} available at the least")
     fix = ("; or rehearse without --overlap-resume: the resume run then starts after the first run ends, and one "
            "trainer, rollout engine and Ray cluster run at a time" if overlap else "")
     return (f"{name} was killed for lack of memory: {kill}; {held}. Close other work and run the same command again "
@@ -116,8 +131,8 @@ class Watched:
 
 @dataclass
 class Peak:
-    """The largest sum of resident memory seen: ``bytes`` over ``processes`` processes, ``at_s`` seconds after
-    sampling began (None before any process was seen)."""
+    """The largest sum of memory seen: ``bytes`` over ``processes`` processes, ``at_s`` seconds after sampling
+    began (None before any process was seen)."""
 
     bytes: int = 0
     processes: int = 0
@@ -130,14 +145,18 @@ class Peak:
 
 @dataclass
 class MemoryPeaks:
-    """What a :class:`MemorySampler` saw: the whole rehearsal's peak, each run's, the machine's least available
-    memory (``MemAvailable``; None where unknown), how many samples, and how far apart."""
+    """What a :class:`MemorySampler` saw: the whole rehearsal's and each run's peak of the sum of RSS (``total``,
+    ``runs``) and of the sum of PSS (``pss``, ``runs_pss``; read every ``pss_interval_s`` seconds), the machine's
+    least available memory (``MemAvailable``; None where unknown), how many samples, and how far apart."""
 
     total: Peak = field(default_factory=Peak)
     runs: dict[str, Peak] = field(default_factory=dict)
     available_min_bytes: int | None = None
     samples: int = 0
     interval_s: float = 0.5
+    pss: Peak = field(default_factory=Peak)
+    runs_pss: dict[str, Peak] = field(default_factory=dict)
+    pss_interval_s: float = 2.0
 
 
 def _available_bytes() -> int | None:
@@ -205,6 +224,7 @@ class MemorySampler:
     Args:
         runs: The runs to follow.
         interval_s: Seconds between samples.
+        pss_every: Read the proportional set sizes at every ``pss_every``-th sample (the first included).
         root: The rehearsal's own process (this one by default): it and all its descendants count in the total.
 
     Example:
@@ -212,10 +232,14 @@ class MemorySampler:
         ``sampler.peaks``.
     """
 
-    def __init__(self, runs: Sequence[Watched], interval_s: float = 0.5, root: int | None = None) -> None:
-        self._runs, self._interval_s = list(runs), interval_s
+    def __init__(self, runs: Sequence[Watched], interval_s: float = 0.5, pss_every: int = 4,
+                 root: int | None = None) -> None:
+        if pss_every < 1:
+            raise ValueError(f"pss_every={pss_every!r}: expected a whole number of samples >= 1")
+        self._runs, self._interval_s, self._pss_every = list(runs), interval_s, pss_every
         self._root = os.getpid() if root is None else root
-        self._peaks = MemoryPeaks(runs={run.name: Peak() for run in runs}, interval_s=interval_s)
+        self._peaks = MemoryPeaks(runs={run.name: Peak() for run in runs}, interval_s=interval_s,
+                                  runs_pss={run.name: Peak() for run in runs}, pss_interval_s=interval_s * pss_every)
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -233,20 +257,35 @@ class MemorySampler:
         members[None] = _with_descendants(table, {self._root}).union(*members.values())
         return members
 
-    def sample(self) -> None:
-        """Take one sample now."""
+    def sample(self, pss: bool | None = None) -> None:
+        """Take one sample now; ``pss`` says whether to read the proportional set sizes too (by default when a sum
+        of RSS reaches a new peak, and at every ``pss_every``-th sample where one could beat their peak)."""
         at_s = time.monotonic() - self._start
         members = self.members()
         sizes = {pid: resident_bytes(pid) for pid in members[None]}
+        rss = {name: sum(sizes.get(pid, 0) for pid in pids) for name, pids in members.items()}
+        with self._lock:
+            due = self._peaks.samples % self._pss_every == 0
+            rising = any(size > self._rss_peak(name).bytes for name, size in rss.items())
+            beatable = any(size > self._pss_peak(name).bytes for name, size in rss.items())
+        read_pss = rising or (due and beatable) if pss is None else pss
+        shares = {pid: proportional_bytes(pid) for pid in members[None]} if read_pss else {}
         available = _available_bytes()
         with self._lock:
             peaks = self._peaks
             peaks.samples += 1
             for name, pids in members.items():
-                peak = peaks.total if name is None else peaks.runs[name]
-                peak.update(sum(sizes.get(pid, 0) for pid in pids), len(pids), at_s)
+                self._rss_peak(name).update(rss[name], len(pids), at_s)
+                if read_pss:
+                    self._pss_peak(name).update(sum(shares.get(pid, 0) for pid in pids), len(pids), at_s)
             if available is not None:
                 peaks.available_min_bytes = min(available, peaks.available_min_bytes or available)
+
+    def _rss_peak(self, name: str | None) -> Peak:
+        return self._peaks.total if name is None else self._peaks.runs[name]
+
+    def _pss_peak(self, name: str | None) -> Peak:
+        return self._peaks.pss if name is None else self._peaks.runs_pss[name]
 
     @property
     def peaks(self) -> MemoryPeaks:
@@ -254,7 +293,8 @@ class MemorySampler:
         with self._lock:
             peaks = self._peaks
             return MemoryPeaks(Peak(**vars(peaks.total)), {n: Peak(**vars(p)) for n, p in peaks.runs.items()},
-                               peaks.available_min_bytes, peaks.samples, peaks.interval_s)
+                               peaks.available_min_bytes, peaks.samples, peaks.interval_s, Peak(**vars(peaks.pss)),
+                               {n: Peak(**vars(p)) for n, p in peaks.runs_pss.items()}, peaks.pss_interval_s)
 
     def _sample_until_stopped(self) -> None:
         while True:
@@ -271,12 +311,12 @@ class MemorySampler:
         return self
 
     def stop(self) -> MemoryPeaks:
-        """Stop sampling (after one last sample) and return the peaks."""
+        """Stop sampling (after one last sample, with the proportional set sizes) and return the peaks."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
             self._thread = None
-            self.sample()
+            self.sample(pss=True)
         return self.peaks
 
     def __enter__(self) -> MemorySampler:

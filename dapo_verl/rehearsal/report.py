@@ -146,15 +146,17 @@ def _engine_sections(result: RehearsalResult, trained: dict[int, dict[str, Any]]
 
 
 def _memory(result: RehearsalResult) -> dict[str, Any]:
-    """The peak resident memory of the rehearsal's processes, overall and per run (:mod:`.memory`)."""
+    """The peak memory of the rehearsal's processes, overall and per run: the sum of their proportional set sizes
+    (what they hold) and of their resident set sizes (an upper bound), :mod:`.memory`."""
     peaks = result.memory
     if peaks is None:
-        return {"peak_rss_bytes": None, "runs": {}}
-    return {"peak_rss_bytes": peaks.total.bytes, "peak_processes": peaks.total.processes,
-            "available_min_bytes": peaks.available_min_bytes, "samples": peaks.samples,
-            "interval_s": peaks.interval_s, "overlap_resume": result.options.overlap,
-            "runs": {name: {"peak_rss_bytes": peak.bytes, "peak_processes": peak.processes}
-                     for name, peak in peaks.runs.items()}}
+        return {"peak_pss_bytes": None, "peak_rss_bytes": None, "runs": {}}
+    return {"peak_pss_bytes": peaks.pss.bytes, "peak_rss_bytes": peaks.total.bytes,
+            "peak_processes": peaks.total.processes, "available_min_bytes": peaks.available_min_bytes,
+            "samples": peaks.samples, "interval_s": peaks.interval_s, "pss_interval_s": peaks.pss_interval_s,
+            "overlap_resume": result.options.overlap,
+            "runs": {name: {"peak_pss_bytes": peaks.runs_pss[name].bytes, "peak_rss_bytes": peak.bytes,
+                            "peak_processes": peak.processes} for name, peak in peaks.runs.items()}}
 
 
 def _run_entries(result: RehearsalResult, logs: dict[str, dict[int, dict[str, Any]]],
@@ -170,11 +172,12 @@ def _run_entries(result: RehearsalResult, logs: dict[str, dict[int, dict[str, An
             "log": str(run.log), "metrics": str(run.metrics), "steps_logged": sorted(trained), "error": run.error,
             "first_error": run.first_error, "stopped_by": run.stopped_by, "memory_kill": run.memory_kill,
             "time_per_step_s": round(sum(step_times) / len(step_times), 2) if step_times else None,
-            "peak_rss_bytes": peak.get("peak_rss_bytes"), "peak_processes": peak.get("peak_processes"),
+            "peak_pss_bytes": peak.get("peak_pss_bytes"), "peak_rss_bytes": peak.get("peak_rss_bytes"),
+            "peak_processes": peak.get("peak_processes"),
         })
     runs += [{"name": name, "state": "not started", "why": why, "returncode": None, "wall_s": 0.0, "log": None,
               "metrics": None, "steps_logged": [], "error": "", "first_error": "", "time_per_step_s": None,
-              "peak_rss_bytes": None} for name, why in result.not_started.items()]
+              "peak_pss_bytes": None, "peak_rss_bytes": None} for name, why in result.not_started.items()]
     return runs
 
 
@@ -192,6 +195,7 @@ def build_report(result: RehearsalResult) -> dict[str, Any]:
         "interrupted_by": result.interrupted_by,
         "report": str(result.options.out_dir / "report.md"),
         "runs": _run_entries(result, logs, memory),
+        "peak_pss_bytes": memory["peak_pss_bytes"],
         "peak_rss_bytes": memory["peak_rss_bytes"],
         "memory": memory,
         "changes": [{"key": c.key, "recipe": c.recipe, "rehearsal": c.rehearsal, "reason": c.reason, "group": c.group}
@@ -268,11 +272,12 @@ def _markdown(report: dict[str, Any]) -> str:
     lines = [f"# Rehearsal of `{report['config']}`", "",
              f"Entry point: `python {report['entry']}`, rollout engine `{report['rollout_engine']}`. "
              f"Result: **{_verdict(report)}**.", ""]
-    lines += ["| run | state | exit | wall time | steps logged | time per step | peak resident memory |",
+    lines += ["| run | state | exit | wall time | steps logged | time per step | peak memory (PSS / sum of RSS) |",
               "|---|---|---|---|---|---|---|"]
     for run in report["runs"]:
         lines.append(f"| {run['name']} | {run['state']} | {run['returncode']} | {run['wall_s']} s | "
-                     f"{run['steps_logged']} | {_per_step(run)} | {gib(run['peak_rss_bytes'])} |")
+                     f"{run['steps_logged']} | {_per_step(run)} | {gib(run['peak_pss_bytes'])} / "
+                     f"{gib(run['peak_rss_bytes'])} |")
         if run["state"] == "not started":
             lines += ["", f"**{run['name']} did not start:** {run['why']}.", ""]
         elif run["error"]:
@@ -326,12 +331,14 @@ def _memory_line(report: dict[str, Any]) -> str:
     memory = report["memory"]
     if memory["peak_rss_bytes"] is None:
         return "memory: not measured"
-    runs = ", ".join(f"{name} {gib(peak['peak_rss_bytes'])}" for name, peak in memory["runs"].items()
+    runs = ", ".join(f"{name} {gib(peak['peak_pss_bytes'])}" for name, peak in memory["runs"].items()
                      if peak["peak_processes"])
     mode = "overlapped" if memory["overlap_resume"] else "after the first run"
-    return (f"memory: the rehearsal's processes peaked at {gib(memory['peak_rss_bytes'])} resident (sum of RSS over "
-            f"{memory['peak_processes']} processes, sampled every {memory['interval_s']:g} s; {runs or 'no run'}; "
-            f"resume run {mode}); this machine had {gib(memory['available_min_bytes'])} available at the least")
+    return (f"memory: the rehearsal's processes held up to {gib(memory['peak_pss_bytes'])} (sum of their "
+            f"proportional set sizes, every {memory['pss_interval_s']:g} s; {runs or 'no run'}; resume run {mode}); "
+            f"the sum of their RSS, counting shared pages once per process, peaked at "
+            f"{gib(memory['peak_rss_bytes'])} over {memory['peak_processes']} processes; this machine had "
+            f"{gib(memory['available_min_bytes'])} available at the least")
 
 
 def _run_status(run: dict[str, Any]) -> str:
@@ -349,7 +356,7 @@ def summary_lines(report: dict[str, Any]) -> list[str]:
     lines = []
     for run in report["runs"]:
         lines.append(f"{run['name']}: steps {run['steps_logged']}, {run['wall_s']} s, {_per_step(run)} per step, "
-                     f"peak {gib(run['peak_rss_bytes'])} resident -- {_run_status(run)}")
+                     f"held up to {gib(run['peak_pss_bytes'])} -- {_run_status(run)}")
     lines.append(_memory_line(report))
     active = [c["component"] for c in report["components"] if c["active"]]
     lines.append(f"DAPO components active: {', '.join(active) or 'none'}")

@@ -107,6 +107,7 @@ def _assert_interrupted(console: str, report: dict, by: str, processes: int) -> 
                                                                       ("run2 (resume)", "interrupted")]
     memory = report["memory"]
     assert 2**30 < report["peak_rss_bytes"] < 24 * 2**30, memory  # verl, Ray and torch in a dozen processes or more
+    assert 0 < report["peak_pss_bytes"] < report["peak_rss_bytes"], memory  # shared pages count once in PSS
     assert memory["peak_processes"] >= min(processes, 10), (memory, processes)
     assert all(run["peak_rss_bytes"] > 0 and run["peak_processes"] > 1 for run in report["runs"]), report["runs"]
 

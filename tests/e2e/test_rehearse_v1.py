@@ -34,6 +34,7 @@ def test_v1_sync_trains_with_the_replenisher_and_resumes_exactly_on_the_stand_in
     # Both runs' processes were measured, the resume run's while the first run's were up too.
     memory = report["memory"]
     assert memory["overlap_resume"] is True and 2**30 < report["peak_rss_bytes"] < 24 * 2**30, memory
+    assert 2**29 < report["peak_pss_bytes"] < report["peak_rss_bytes"], memory
     assert all(run["peak_processes"] > 5 and run["peak_rss_bytes"] > 2**29 for run in report["runs"]), report["runs"]
     # verl's checkpoint folder holds the sampler's state, written by dapo_verl's checkpoint callback.
     assert (out / "run1" / "checkpoints" / "global_step_2" / "dapo_sampler.safetensors").is_file()

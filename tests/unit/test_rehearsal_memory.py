@@ -18,6 +18,7 @@ import time
 import pytest
 
 from dapo_verl import lifetime
+from dapo_verl.rehearsal import memory
 from dapo_verl.rehearsal.memory import (
     MemoryPeaks,
     MemorySampler,
@@ -85,6 +86,71 @@ def test_a_sample_sums_the_resident_memory_of_each_process_of_the_run_and_of_the
     assert peaks.available_min_bytes is None or peaks.available_min_bytes > 0
 
 
+_FORKED = textwrap.dedent("""
+    import os, sys, time
+    block = bytearray(b"\\x01" * (192 * 2**20))  # touched: resident, then shared copy-on-write by the children
+    for _ in range(2):
+        if os.fork() == 0:  # a child holds the block it shares with the parent until it is killed
+            time.sleep(60)
+            os._exit(0)
+    print("held", flush=True)
+    time.sleep(60)
+""")
+
+
+def test_a_page_three_processes_share_counts_once_in_the_proportional_sum_and_three_times_in_the_rss_sum(tmp_path):
+    marker, records = str(tmp_path / "dvr-marker"), tmp_path / "engine"
+    records.mkdir()
+    parent = _start(_FORKED, marker, start_new_session=True)
+    try:
+        assert parent.stdout.readline() == "held\n"
+        sampler = MemorySampler([Watched("run1", marker, records)])
+        deadline = time.monotonic() + 10
+        while len(sampler.members()["run1"]) < 3 and time.monotonic() < deadline:  # the forks print nothing
+            time.sleep(0.05)
+        sampler.sample(pss=True)
+        peaks = sampler.peaks
+        rss, pss = peaks.runs["run1"], peaks.runs_pss["run1"]
+        assert rss.processes == pss.processes == 3
+        assert rss.bytes >= 3 * 192 * MIB  # each process maps the whole block
+        assert 192 * MIB <= pss.bytes <= rss.bytes - 2 * 160 * MIB  # the block once, split among the three
+        assert peaks.pss.bytes >= pss.bytes and peaks.pss_interval_s == 2.0
+    finally:
+        lifetime.kill_session(parent.pid)
+        parent.wait()
+
+
+def test_the_proportional_sizes_are_read_when_rss_rises_at_every_nth_sample_and_when_the_sampler_stops(
+        tmp_path, monkeypatch):
+    # Every process of the rehearsal (this one, and whatever pytest started) is given the same sizes, so that each
+    # sample's sums are known; what is checked is when the sampler pays for reading smaps_rollup.
+    rss, reads = {"bytes": 100 * MIB}, []
+    monkeypatch.setattr(memory, "resident_bytes", lambda pid: rss["bytes"])
+    monkeypatch.setattr(memory, "proportional_bytes", lambda pid: reads.append(pid) or rss["bytes"] // 2)
+    sampler = MemorySampler([Watched("run1", str(tmp_path / "dvr-none"), tmp_path / "absent")], interval_s=0.01,
+                            pss_every=3)
+
+    def read_at_sample() -> bool:
+        before = len(reads)
+        sampler.sample()
+        return len(reads) > before
+
+    assert read_at_sample()  # the first: a new RSS peak, and due
+    assert not read_at_sample() and not read_at_sample()  # no new RSS peak, not due
+    assert read_at_sample()  # the third after the first: due, and the RSS sum (100) could beat the PSS peak (50)
+    rss["bytes"] = 300 * MIB
+    assert read_at_sample()  # a new RSS peak
+    assert sampler.peaks.pss.bytes == sampler.peaks.total.bytes // 2
+    rss["bytes"] = 120 * MIB
+    assert not read_at_sample() and not read_at_sample()  # due now, but 120 cannot beat the PSS peak of 150
+    sampler.start()
+    before = len(reads)
+    sampler.stop()
+    assert len(reads) > before  # the last sample always reads them
+    with pytest.raises(ValueError, match="pss_every=0: expected a whole number of samples >= 1"):
+        MemorySampler([], pss_every=0)
+
+
 def test_the_peak_stays_after_the_processes_that_made_it_have_ended(tmp_path):
     marker, records = str(tmp_path / "dvr-marker"), tmp_path / "engine"
     records.mkdir()
@@ -128,11 +194,13 @@ def test_a_failure_with_no_sign_of_memory_is_not_a_memory_kill():
 
 
 def test_the_out_of_memory_line_names_the_peak_and_the_fix():
-    peaks = MemoryPeaks(Peak(14 * 2**30, 60, 100.0), {"run1": Peak(7 * 2**30, 30, 90.0)}, int(0.8 * 2**30))
+    peaks = MemoryPeaks(Peak(14 * 2**30, 60, 100.0), {"run1": Peak(7 * 2**30, 30, 90.0)}, int(0.8 * 2**30),
+                        pss=Peak(10 * 2**30, 60, 100.0), runs_pss={"run1": Peak(5 * 2**30, 30, 90.0)})
     line = out_of_memory_line("run1", "run1", "Ray's memory monitor killed a worker ('...')", peaks, overlap=True)
     assert line.startswith("run1 was killed for lack of memory: Ray's memory monitor killed a worker ('...'); the "
-                           "rehearsal's processes held up to 14.0 GiB resident (run1: 7.0 GiB), and this machine had "
-                           "0.8 GiB available at the least. Close other work")
+                           "rehearsal's processes held up to 10.0 GiB (run1: 5.0 GiB; the sum of their proportional "
+                           "set sizes, that of their RSS up to 14.0 GiB), and this machine had 0.8 GiB available at "
+                           "the least. Close other work")
     assert "without --overlap-resume" in line and "\n" not in line
     assert "--overlap-resume" not in out_of_memory_line("run1", "run1", "x", peaks, overlap=False)
 

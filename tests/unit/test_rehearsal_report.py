@@ -34,7 +34,9 @@ def _record(out: Path, folder: str, name: str, returncode: int, **fields) -> Run
 def _result(out: Path, runs: list[RunRecord], **fields) -> RehearsalResult:
     data = RehearsalData(out / "train.parquet", out / "val.parquet", 0, 0, 96, ())
     peaks = MemoryPeaks(Peak(int(9.5 * GIB), 31, 80.0),
-                        {"run1": Peak(5 * GIB, 20, 60.0), "run2": Peak(4 * GIB, 18, 80.0)}, int(11 * GIB), samples=300)
+                        {"run1": Peak(5 * GIB, 20, 60.0), "run2": Peak(4 * GIB, 18, 80.0)}, int(11 * GIB), samples=300,
+                        pss=Peak(int(6.5 * GIB), 31, 78.0),
+                        runs_pss={"run1": Peak(int(3.5 * GIB), 20, 58.0), "run2": Peak(3 * GIB, 18, 82.0)})
     return RehearsalResult(RehearsalOptions("dapo_trainer", out_dir=out), "-m dapo_verl.main", "dapo_verl.main", [],
                            data, "model", True, EngineChoice(Engine.STAND_IN, None, "chosen"), runs=runs,
                            memory=peaks, **fields)
@@ -49,12 +51,15 @@ def test_an_interrupted_rehearsal_lists_both_runs_it_stopped_with_their_state_an
                                                                 ("run2 (resume)", "interrupted")]
     assert report["peak_rss_bytes"] == int(9.5 * GIB) and report["memory"]["peak_processes"] == 31
     assert [r["peak_rss_bytes"] for r in report["runs"]] == [5 * GIB, 4 * GIB]
+    assert report["peak_pss_bytes"] == int(6.5 * GIB)
+    assert [r["peak_pss_bytes"] for r in report["runs"]] == [int(3.5 * GIB), 3 * GIB]
     assert report["memory"]["available_min_bytes"] == 11 * GIB and report["memory"]["overlap_resume"] is False
     lines = summary_lines(report)
-    assert lines[0].startswith("run1: steps [1], 42.4 s, 2.0 s per step, peak 5.0 GiB resident -- interrupted: ")
-    assert ("memory: the rehearsal's processes peaked at 9.5 GiB resident (sum of RSS over 31 processes, sampled "
-            "every 0.5 s; run1 5.0 GiB, run2 4.0 GiB; resume run after the first run); this machine had 11.0 GiB "
-            "available at the least") in lines
+    assert lines[0].startswith("run1: steps [1], 42.4 s, 2.0 s per step, held up to 3.5 GiB -- interrupted: ")
+    assert ("memory: the rehearsal's processes held up to 6.5 GiB (sum of their proportional set sizes, every 2 s; "
+            "run1 3.5 GiB, run2 3.0 GiB; resume run after the first run); the sum of their RSS, counting shared pages "
+            "once per process, peaked at 9.5 GiB over 31 processes; this machine had 11.0 GiB available at the "
+            "least") in lines
     assert lines[-1] == f"INTERRUPTED BY CTRL-C; report: {tmp_path / 'report.md'}"
 
 
@@ -66,11 +71,12 @@ def test_a_resume_run_that_never_started_is_listed_as_not_started_with_why(tmp_p
     assert report["runs"][1] == {
         "name": "run2 (resume)", "state": "not started", "returncode": None, "wall_s": 0.0, "log": None,
         "metrics": None, "steps_logged": [], "error": "", "first_error": "", "time_per_step_s": None,
-        "peak_rss_bytes": None, "why": "the rehearsal was interrupted by SIGTERM before it started"}
+        "peak_pss_bytes": None, "peak_rss_bytes": None,
+        "why": "the rehearsal was interrupted by SIGTERM before it started"}
     assert json.loads((tmp_path / "report.json").read_text())["runs"][1]["state"] == "not started"
     markdown = (tmp_path / "report.md").read_text()
     assert "Result: **interrupted by SIGTERM**." in markdown
-    assert "| run2 (resume) | not started | None | 0.0 s | [] | - | - |" in markdown
+    assert "| run2 (resume) | not started | None | 0.0 s | [] | - | - / - |" in markdown
     assert "**run2 (resume) did not start:** the rehearsal was interrupted by SIGTERM before it started." in markdown
     assert "not started: the rehearsal was interrupted by SIGTERM" in summary_lines(report)[1]
 

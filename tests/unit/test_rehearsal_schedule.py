@@ -127,7 +127,7 @@ def test_a_run_that_rays_memory_monitor_killed_says_so_in_one_line_with_the_peak
     assert line.startswith("run1 was killed for lack of memory: Ray's memory monitor killed a worker "
                            "('ray.exceptions.OutOfMemoryError: Task was killed due to the node running low on memory.')"
                            "; the rehearsal's processes held up to "), line
-    assert "GiB resident (run1: " in line and "(run1: 0.0 GiB)" not in line and "\n" not in line
+    assert "GiB (run1: " in line and "(run1: 0.0 GiB;" not in line and "\n" not in line
     assert line.endswith("or rehearse without --overlap-resume: the resume run then starts after the first run "
                          "ends, and one trainer, rollout engine and Ray cluster run at a time.")
     assert f"[run1] {line}" in outcome["console"]
