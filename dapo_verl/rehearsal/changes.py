@@ -65,12 +65,14 @@ class RehearsalShape:
         max_prompt_length: Longest rehearsal prompt in tokens, rounded up (never above the recipe's).
         max_response_length: Response budget in tokens.
         train_batch_size: Prompt groups per training step.
-        gpus: Fake GPUs (CPU worker processes) on the single node.
+        gpus: Fake GPUs (CPU worker processes) on each node.
         steps: Training steps of the first run.
         checkpoint_dir: ``trainer.default_local_dir`` of the run.
         ray_temp_dir: The private Ray directory of the run (a short path: Ray's socket names must fit 107 bytes).
         engine: ``vllm`` (verl's own vLLM rollout on vLLM's CPU build) or ``stand-in`` (the CPU replica).
         max_positions: The model's ``max_position_embeddings`` (None when its config does not say).
+        nodes: Ray nodes. With more than one the runs are jobs on a running cluster (:mod:`.multinode`): Ray's
+            start-up keys stay the recipe's, and so do its checkpoint and log paths under ``DAPO_OUTPUT_DIR``.
     """
 
     model_path: str
@@ -86,6 +88,7 @@ class RehearsalShape:
     ray_temp_dir: str
     engine: str = "stand-in"
     max_positions: int | None = None
+    nodes: int = 1
 
 
 def select(config: DictConfig, key: str, default: Any = None) -> Any:

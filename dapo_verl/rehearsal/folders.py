@@ -92,22 +92,23 @@ def _refuse_live_processes(out: Path) -> None:
 
 
 @contextlib.contextmanager
-def private_folders(out: Path) -> Iterator[tuple[list[str], Path]]:
-    """One private Ray folder per run (the two overlap) and the bridges' site folder, for the block.
+def private_folders(out: Path, cluster: bool = False) -> Iterator[tuple[list[str], Path]]:
+    """One private Ray folder per run (the two overlap), with ``cluster`` a third for a multi-node cluster's nodes
+    (:mod:`.cluster`, recording their sessions in ``out/cluster``), and the bridges' site folder, for the block.
 
     On leaving the block, however it is left, every process naming a Ray folder is stopped and the folders are
     removed. If this process dies first (SIGKILL), a :class:`~dapo_verl.lifetime.Watchdog` does the same, stops
-    the sessions the runs' drivers lead and removes the shared memory the runs recorded (which each run's launch
-    does otherwise).
+    the sessions the runs' drivers and the cluster's nodes lead and removes the shared memory the runs recorded
+    (which each run's launch does otherwise).
     """
     # Short paths: Ray's socket paths must fit in 107 bytes.
-    ray_dirs = [tempfile.mkdtemp(prefix="dvr-"), tempfile.mkdtemp(prefix="dvr-")]
+    ray_dirs = [tempfile.mkdtemp(prefix="dvr-") for _ in range(3 if cluster else 2)]
     folders = [*ray_dirs, tempfile.mkdtemp(prefix="dvr-site-")]
     with Watchdog(str(out)) as watchdog:
         for ray_dir in ray_dirs:
             watchdog.kill(ray_dir)
-        for run in ("run1", "run2"):
-            watchdog.watch_records(out / run / "engine")
+        for records in [out / "run1" / "engine", out / "run2" / "engine", *([out / "cluster"] if cluster else [])]:
+            watchdog.watch_records(records)
         for folder in folders:
             watchdog.remove(folder)
         try:

@@ -28,7 +28,10 @@ class RehearsalOptions:
         overrides: The user's Hydra overrides, applied before the rehearsal's changes.
         out_dir: Output folder (created; must not hold an earlier rehearsal unless ``overwrite``).
         steps: Training steps of the first run (>= 2: a checkpoint at ``steps - 1`` is resumed).
-        gpus: Fake GPUs, i.e. data-parallel worker processes (>= 1).
+        gpus: Fake GPUs per node, i.e. data-parallel worker processes on each (>= 1).
+        nodes: Ray nodes (>= 1). With 1 the recipe's entry point runs with a Ray cluster of its own; with N >= 2 a
+            head and N - 1 worker nodes start on this machine (:mod:`.cluster`) and each run is submitted to them
+            through ``recipes/run_ray.sh --follow`` (:mod:`.multinode`).
         train_batch_size: Prompt groups per step in the rehearsal (the recipe's if smaller).
         max_response_length: Response budget in tokens (the recipe's if smaller).
         train_rows: Rows of the rehearsal's training file.
@@ -50,6 +53,7 @@ class RehearsalOptions:
     out_dir: Path = Path("runs/rehearse")
     steps: int = 3
     gpus: int = 1
+    nodes: int = 1
     train_batch_size: int = 4
     max_response_length: int = 8
     train_rows: int = 96
@@ -84,6 +88,8 @@ class RehearsalResult:
     """The stop signal that ended the rehearsal ("Ctrl-C", "SIGTERM", "SIGHUP"); "" when none did."""
     memory: MemoryPeaks | None = None
     """The resident memory the rehearsal's processes held (:mod:`.memory`)."""
+    cluster: dict[str, Any] | None = None
+    """With ``nodes`` >= 2, what the cluster says of each run's job (:func:`.multinode.job_report`)."""
 
 
 class RehearsalInterrupted(RehearsalError):

@@ -14,7 +14,9 @@ The changes fall in five groups:
 * **Scale**: batch sizes shrink keeping the recipe's ratios (generation batch / train batch, mini-batches
   per step as far as the smaller batch allows); sequence lengths shrink to what the rehearsal data needs, and
   every length-derived budget (token limits per GPU, overlong buffer) keeps its ratio to them.
-* **Hardware**: one node, ``gpus`` fake GPUs (CPU processes), no tensor/sequence/pipeline parallelism, float32.
+* **Hardware**: ``nodes`` nodes (one by default), ``gpus`` fake GPUs (CPU processes) each, no
+  tensor/sequence/pipeline parallelism, float32. On one node the run starts a private Ray cluster through
+  ``ray_kwargs.ray_init``; on several, the runs are jobs on a running cluster and ``ray_kwargs`` stays the recipe's.
   FSDP1 is replaced by FSDP2, because FSDP1 requires CUDA (``sync_module_states``).
 * **Engine**: with vLLM's CPU build installed, ``rollout.name`` stays ``vllm`` and verl runs its own vLLM rollout;
   only what a CPU cannot do changes -- float32, eager mode (no CUDA graphs), sleep mode and ``free_cache_engine``
@@ -25,8 +27,9 @@ The changes fall in five groups:
   (``checkpoint_engine.backend=naive``), verl's rollout-versus-actor metrics are on
   (``rollout.calculate_log_probs``), and one agent-loop worker runs unless the command line asks for more (each
   worker is a process of its own, and start-up is most of a rehearsal's time on 2 cores).
-* **Run**: the rehearsal's data files, step count, checkpoint cadence and directories; logging to JSONL (``file``)
-  in addition to the recipe's offline loggers.
+* **Run**: the rehearsal's data files, step count, checkpoint cadence and directories (on several nodes the
+  recipe's own checkpoint folder when it lies under ``DAPO_OUTPUT_DIR``); logging to JSONL (``file``) in addition
+  to the recipe's offline loggers.
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from dapo_verl.rehearsal.changes import Change, Planner, RehearsalShape, select
 
@@ -149,7 +152,8 @@ def _lengths(p: Planner, shape: RehearsalShape) -> None:
 
 
 def _hardware(p: Planner, shape: RehearsalShape) -> None:
-    p.set("trainer.nnodes", 1, "one machine", "hardware")
+    p.set("trainer.nnodes", shape.nodes, "one machine" if shape.nodes == 1 else f"{shape.nodes} Ray nodes on this "
+          f"machine", "hardware")
     p.set("trainer.n_gpus_per_node", shape.gpus, "fake GPUs: one CPU process each", "hardware")
     p.set("trainer.device", "cpu", "no GPU", "hardware")
     for role in ("actor", "ref"):
@@ -184,6 +188,8 @@ def _separate(p: Planner) -> bool:
 
 
 def _ray(p: Planner, shape: RehearsalShape) -> None:
+    if shape.nodes > 1:  # a job joins the running cluster with the recipe's own ray_init, as on a real cluster
+        return
     # Ray counts only GPU/NPU resources for placement (the cpu platform names GPU), so fake GPUs satisfy it.
     rollout_pool = 0
     if _separate(p):  # the standalone rollout pool: one fake GPU of its own
@@ -272,7 +278,8 @@ def _run(p: Planner, shape: RehearsalShape) -> None:
     p.set("data.val_files", shape.val_file, "rehearsal data", "run")
     p.set("trainer.total_training_steps", shape.steps, "rehearsal length", "run")
     p.set("trainer.save_freq", max(1, shape.steps - 1), "checkpoint before the last step, to resume from it", "run")
-    p.set("trainer.default_local_dir", shape.checkpoint_dir, "rehearsal output", "run")
+    if shape.nodes == 1 or not _under_output_dir(p, "trainer.default_local_dir"):
+        p.set("trainer.default_local_dir", shape.checkpoint_dir, "rehearsal output", "run")
     p.set("trainer.resume_mode", "disable", "the first run starts fresh", "run")
     loggers = p.get("trainer.logger") or []
     loggers = [loggers] if isinstance(loggers, str) else list(loggers)
@@ -286,6 +293,16 @@ def _run(p: Planner, shape: RehearsalShape) -> None:
     for key in ("trainer.rollout_data_dir", "trainer.validation_data_dir"):
         if p.get(key):
             p.set(key, f"{shape.checkpoint_dir}/../{key.rsplit('.', 1)[1]}", "rehearsal output", "run")
+
+
+def _under_output_dir(p: Planner, key: str) -> bool:
+    """Whether the recipe's ``key`` is written under ``${oc.env:DAPO_OUTPUT_DIR...}`` (a job's documented paths)."""
+    parent, _, leaf = key.rpartition(".")
+    node = p.config
+    for part in parent.split("."):
+        node = node.get(part) if isinstance(node, DictConfig) else None
+    raw = OmegaConf.to_container(node, resolve=False).get(leaf) if isinstance(node, DictConfig) else None
+    return isinstance(raw, str) and "DAPO_OUTPUT_DIR" in raw
 
 
 def override_keys(overrides: Sequence[str]) -> frozenset[str]:

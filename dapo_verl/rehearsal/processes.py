@@ -242,16 +242,18 @@ def _exceptions(lines: list[str]) -> list[str]:
 def launch(name: str, command: list[str], run_dir: Path, timeout_s: float, ray_dir: str, steps: int,
            echo: Callable[[str], None], on_step: Callable[[int], None] | None = None,
            on_start: Callable[[subprocess.Popen], None] | None = None, env: dict[str, str] | None = None,
-           stopped: Callable[[], tuple[str, bool] | None] | None = None) -> RunRecord:
+           stopped: Callable[[], tuple[str, bool] | None] | None = None, metrics: Path | None = None) -> RunRecord:
     """Run one verl process to its end (or ``timeout_s``); ``on_step`` hears each step verl's console logged.
 
     The run's processes record into ``run_dir/engine`` (:mod:`.bridges.cpu_vllm`) and keep their sockets
     in ``ray_dir``; what they left in ``/dev/shm`` is removed once they have ended. ``stopped``, asked once the
     process has ended, says whether the rehearsal stopped it from another thread: (what stopped it, whether that
-    was a stop signal), or None.
+    was a stop signal), or None. ``metrics`` is verl's JSONL where the run chooses it (default
+    ``run_dir/metrics.jsonl``, given to verl as ``VERL_FILE_LOGGER_PATH``).
     """
     run_dir.mkdir(parents=True, exist_ok=True)
-    log, metrics, records = run_dir / "log.txt", run_dir / "metrics.jsonl", run_dir / "engine"
+    log, records = run_dir / "log.txt", run_dir / "engine"
+    metrics = metrics or run_dir / "metrics.jsonl"
     if records.exists():  # a second start of the same run (Ray missed its window) begins a fresh record
         shutil.rmtree(records)
     records.mkdir()
@@ -270,10 +272,14 @@ def launch(name: str, command: list[str], run_dir: Path, timeout_s: float, ray_d
         if on_start is not None:
             on_start(process)
 
+        heard_steps: set[int] = set()
+
         def heard(line: str) -> None:
             sink.write(line)
             step = _STEP_LINE.search(line)
-            if step:
+            # Once per step: on several Ray nodes of one machine each node's log monitor forwards the same line.
+            if step and int(step.group(1)) not in heard_steps:
+                heard_steps.add(int(step.group(1)))
                 echo(f"[{name}] step {step.group(1)}/{steps} logged ({time.perf_counter() - start:.0f} s)")
                 if on_step is not None:
                     on_step(int(step.group(1)))

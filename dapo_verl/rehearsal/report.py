@@ -221,14 +221,18 @@ def build_report(result: RehearsalResult) -> dict[str, Any]:
         # TransferQueue depends on timing.
         lends = (result.recipe.get("trainer.v1.trainer_mode") == "separate_async"
                  and bool(result.recipe.get("trainer.v1.separate_async.hybrid_rollout.enable_switch")))
-        why = (REPLICAS_ROUTE if result.options.gpus != 1 or lends
+        why = (REPLICAS_ROUTE if result.options.gpus * result.options.nodes != 1 or lends
                else STREAMING_TIMES if result.recipe.get("algorithm.filter_groups.streaming") else "")
         report["resume"]["required"] = not why
         report["resume"]["why_not_required"] = why
     engine_ok = (report["engine_started"] and report["rollout_vs_actor"]["ok"]
                  and report.get("weight_sync", {"ok": True})["ok"])
     resume_ok = "resume" not in report or not report["resume"]["required"] or report["resume"]["data_identical"]
-    if (dapo_recipe and report["missing_required_metrics"]) or (first and not (engine_ok and resume_ok)):
+    if result.cluster is not None:
+        report["cluster"] = result.cluster
+    cluster_ok = result.cluster is None or result.cluster["ok"]
+    if (dapo_recipe and report["missing_required_metrics"]) or (first and not (engine_ok and resume_ok)) or (
+            not cluster_ok):
         report["ok"] = False
     report["state"] = "interrupted" if result.interrupted_by else "passed" if report["ok"] else "failed"
     return report
@@ -285,6 +289,10 @@ def _markdown(report: dict[str, Any]) -> str:
             if run["first_error"] and run["first_error"] != run["error"]:
                 lines += [f"The first error it printed, often the cause: `{run['first_error']}`", ""]
     lines += ["", _memory_line(report)]
+    if "cluster" in report:
+        from dapo_verl.rehearsal.multinode import cluster_lines
+
+        lines += ["", "## Cluster", "", "```", *cluster_lines(report["cluster"]), "```"]
     lines += ["", "## DAPO components", "", "| component | recipe setting | active | evidence |", "|---|---|---|---|"]
     lines += [f"| {c['component']} | {c['setting']} | {'yes' if c['active'] else 'no'} | {c['evidence']} |"
               for c in report["components"]]
@@ -371,6 +379,10 @@ def summary_lines(report: dict[str, Any]) -> list[str]:
         r = report["resume"]
         lines.append(f"resume: step {r['step']} after the resume vs uninterrupted: {r['compared']} values, "
                      f"{resume_verdict(r)}")
+    if "cluster" in report:
+        from dapo_verl.rehearsal.multinode import cluster_lines
+
+        lines += cluster_lines(report["cluster"])
     for step, metrics in report["missing_required_metrics"].items():
         lines.append(f"step {step} lacks {', '.join(metrics)}")
     lines.append(f"{_verdict(report).upper()}; report: {report['report']}")

@@ -53,7 +53,7 @@ from dapo_verl.rehearsal.engine import (
 from dapo_verl.rehearsal.folders import RehearsalError, own_out, private_folders
 from dapo_verl.rehearsal.options import RehearsalInterrupted, RehearsalOptions, RehearsalResult
 from dapo_verl.rehearsal.plan import Change, RehearsalShape, override_keys, rehearsal_changes, select
-from dapo_verl.rehearsal.schedule import run_both
+from dapo_verl.rehearsal.schedule import Outcome, Target, run_both
 
 __all__ = ["RehearsalError", "RehearsalInterrupted", "RehearsalOptions", "RehearsalResult", "compose_recipe",
            "rehearse"]
@@ -168,12 +168,22 @@ def _plan(options: RehearsalOptions, config: DictConfig, out: Path, run: str, ra
         max_prompt_length=64 * -(-longest // 64), max_response_length=options.max_response_length,
         train_batch_size=options.train_batch_size, gpus=options.gpus, steps=options.steps,
         checkpoint_dir=str(out / run / "checkpoints"), ray_temp_dir=ray_dir, engine=engine.value,
-        max_positions=_max_positions(model_path),
+        max_positions=_max_positions(model_path), nodes=options.nodes,
     )
     return rehearsal_changes(config, shape, override_keys(options.overrides))
 
 
 def _check(options: RehearsalOptions) -> None:
+    if options.nodes < 1:
+        raise RehearsalError(f"--nodes {options.nodes}: need >= 1 Ray node (1: one process tree; 2 or more: a "
+                             f"multi-node cluster on this machine).")
+    if options.nodes > 1 and options.overlap:
+        raise RehearsalError(f"--nodes {options.nodes} with --overlap-resume: the runs of a multi-node rehearsal are "
+                             f"jobs on one cluster, one after the other; drop --overlap-resume.")
+    if options.nodes > 1 and options.config_name == VERL_CONFIG:
+        raise RehearsalError(f"--nodes {options.nodes} rehearses through recipes/run_ray.sh, which submits "
+                             f"dapo_verl's recipes (python -m dapo_verl.main); rehearse one of them, or "
+                             f"{VERL_CONFIG} on one node.")
     if options.steps < 2:
         raise RehearsalError(f"--steps {options.steps}: a rehearsal needs >= 2 steps (a checkpoint at step "
                              f"steps-1 is resumed). Use --steps 2 or more.")
@@ -206,6 +216,10 @@ def rehearse(options: RehearsalOptions, echo: Callable[[str], None] = print) -> 
         raise RehearsalError(str(err)) from None
     config, entry = compose_recipe(options.config_name, options.overrides)
     check_verl_config(config, entry_module=entry[2], unset_env_is_problem=False)  # the recipe's paths are replaced
+    if options.nodes > 1 and select(config, "trainer.v1.trainer_mode") == "separate_async":
+        raise RehearsalError(f"--nodes {options.nodes}: trainer.v1.trainer_mode=separate_async places its rollout "
+                             f"pool on nodes of its own, which a multi-node rehearsal does not set up yet; rehearse it "
+                             f"on one node.")
     out = options.out_dir.resolve()
     with own_out(out, options.overwrite):
         result = _rehearse_in(out, options, config, entry, engine, echo)
@@ -228,7 +242,7 @@ def _rehearse_in(out: Path, options: RehearsalOptions, config: DictConfig, entry
     data = prepare_files(out / "data", train_files=_as_list(select(config, "data.train_files")),
                          val_files=_as_list(select(config, "data.val_files")), train_rows=options.train_rows,
                          val_rows=options.val_rows, seed=options.seed)
-    with private_folders(out) as (ray_dirs, site):
+    with private_folders(out, cluster=options.nodes > 1) as (ray_dirs, site):
         changes = _plan(options, config, out, "run1", ray_dirs[0], data, model_path, replaced, engine.engine)
         environment = dict(VLLM_ENVIRONMENT) if engine.engine is Engine.VLLM else {}
         result = RehearsalResult(options, " ".join(entry[1:]), entry[2], changes, data, model_path, replaced,
@@ -241,10 +255,36 @@ def _rehearse_in(out: Path, options: RehearsalOptions, config: DictConfig, entry
                 return {}
             return vllm_environment(write_private_site(site, str(engine.version)), ray_dir)
 
-        outcome = run_both(options, entry, changes, out, ray_dirs, engine_env, echo)
+        if options.nodes == 1:
+            target = Target(entry, lambda run: out / run / "checkpoints", lambda run, ray_dir: engine_env(ray_dir))
+            outcome = run_both(options, target, changes, out, ray_dirs, echo)
+        else:
+            outcome = _on_cluster(options, config, out, changes, ray_dirs, engine_env(ray_dirs[2]), model_path, data,
+                                  result, echo)
     result.runs, result.not_started, result.interrupted_by = outcome.runs, outcome.not_started, outcome.interrupted_by
     result.memory = outcome.memory
     return result
+
+
+def _on_cluster(options: RehearsalOptions, config: DictConfig, out: Path, changes: list[Change], ray_dirs: list[str],
+                engine_env: dict[str, str], model_path: str, data: RehearsalData, result: RehearsalResult,
+                echo: Callable[[str], None]) -> Outcome:
+    """The runs as jobs on a cluster of ``options.nodes`` nodes (:mod:`.multinode`); the cluster's account of them
+    goes into ``result.cluster``."""
+    from dapo_verl.rehearsal.cluster import ClusterError, LocalCluster
+    from dapo_verl.rehearsal.multinode import job_report, job_target, node_env
+
+    cluster = LocalCluster(options.nodes, options.gpus, ray_dirs[2], out / "cluster", node_env(engine_env), echo=echo)
+    try:
+        with cluster:
+            recipe_checkpoints = "trainer.default_local_dir" not in {change.key for change in changes}
+            target = job_target(config, options.config_name, out, cluster, model_path, data.train_file.parent,
+                                recipe_checkpoints)
+            outcome = run_both(options, target, changes, out, ray_dirs[:2], echo)
+            result.cluster = job_report(cluster, out, [run.log.parent.name for run in outcome.runs])
+    except ClusterError as err:
+        raise RehearsalError(str(err)) from None
+    return outcome
 
 
 _RECIPE_KEYS = (

@@ -36,10 +36,36 @@ from dapo_verl.rehearsal.processes import RunRecord, kill_leftovers, launch_once
 if TYPE_CHECKING:
     from dapo_verl.rehearsal.options import RehearsalOptions
 
-__all__ = ["FIRST", "RESUME", "Outcome", "Resume", "checkpointed_step", "run_both"]
+__all__ = ["FIRST", "RESUME", "Outcome", "Resume", "Target", "checkpointed_step", "run_both"]
 
 FIRST, RESUME = "run1", "run2 (resume)"
 """The runs' names in the console, the logs and the report (their folders: ``run1``, ``run2``)."""
+
+
+def _no_env(run: str, ray_dir: str) -> dict[str, str]:
+    return {}
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where a rehearsal's runs go and what each needs.
+
+    Attributes:
+        command: What starts a run, without overrides: the recipe's entry point (one node), or
+            ``bash recipes/run_ray.sh CONFIG --follow`` (a job on the rehearsal's cluster, :mod:`.multinode`).
+        checkpoints: verl's checkpoint folder of the run in the folder named (``run1``, ``run2``).
+        env: Environment additions of the run named, given its private folder.
+        metrics: verl's JSONL of the run named, where the run itself chooses it (None: ``runN/metrics.jsonl``, set
+            through ``VERL_FILE_LOGGER_PATH``).
+        sets_checkpoint_dir: Whether the resume run is given its checkpoint folder on the command line (else the
+            recipe's own path, under the run's ``DAPO_OUTPUT_DIR``, applies).
+    """
+
+    command: list[str]
+    checkpoints: Callable[[str], Path]
+    env: Callable[[str, str], dict[str, str]] = _no_env
+    metrics: Callable[[str], Path] | None = None
+    sets_checkpoint_dir: bool = True
 
 
 @dataclass
@@ -59,37 +85,34 @@ class Outcome:
     memory: MemoryPeaks = field(default_factory=MemoryPeaks)
 
 
-def run_both(options: RehearsalOptions, command: list[str], changes: Sequence[Change], out: Path,
-             ray_dirs: Sequence[str], engine_env: Callable[[str], dict[str, str]],
-             echo: Callable[[str], None]) -> Outcome:
+def run_both(options: RehearsalOptions, target: Target, changes: Sequence[Change], out: Path,
+             ray_dirs: Sequence[str], echo: Callable[[str], None]) -> Outcome:
     """Run the first run and the resume run (see the module docstring) and say how each ended.
 
     Args:
         options: The rehearsal's options (``steps``, ``resume``, ``overlap``, ``timeout_s``, ``overrides``).
-        command: The recipe's entry point, without overrides.
+        target: What starts a run and what each run needs (:class:`Target`).
         changes: The rehearsal's changes to the recipe (the first run's; the resume run's own folders replace
             its checkpoint folder and Ray folder).
         out: The rehearsal's folder.
-        ray_dirs: The private Ray folder of each run.
-        engine_env: The rollout engine's environment for a run, given its Ray folder.
+        ray_dirs: The private folder of each run (its Ray cluster's on one node; its sockets').
         echo: Prints a console line.
     """
     outcome = Outcome()
     resume = None
     if options.resume:
         barrier = Path(ray_dirs[1]) / "checkpoint-ready"
-        resume = Resume(_resume_launcher(options, command, changes, out, ray_dirs[1], barrier, echo,
-                                         engine_env(ray_dirs[1])),
-                        out / "run1" / "checkpoints", options.steps - 1, barrier, options.timeout_s)
+        resume = Resume(_resume_launcher(options, target, changes, out, ray_dirs[1], barrier, echo),
+                        target.checkpoints("run1"), options.steps - 1, barrier, options.timeout_s)
     sampler = MemorySampler([Watched(f"run{i + 1}", ray_dir, out / f"run{i + 1}" / "engine")
                              for i, ray_dir in enumerate(ray_dirs)]).start()
     try:
         if resume is not None and options.overlap:
             resume.start()
         first = launch_once_more_if_ray_did_not_start(
-            FIRST, [*command, *options.overrides, *(c.override() for c in changes)], out / "run1",
+            FIRST, [*target.command, *options.overrides, *(c.override() for c in changes)], out / "run1",
             options.timeout_s, ray_dirs[0], options.steps, echo=echo, on_step=resume.on_step if resume else None,
-            env=engine_env(ray_dirs[0]))
+            env=target.env("run1", ray_dirs[0]), metrics=target.metrics("run1") if target.metrics else None)
         outcome.runs.append(first)
         outcome.interrupted_by = first.stopped_by if first.interrupted else ""
         if resume is not None and first.returncode == 0 and (second := resume.result()) is not None:
@@ -125,25 +148,27 @@ def _note_not_started(outcome: Outcome, resume: bool) -> None:
                                        else f"the first run {first.state}; the resume run needs its checkpoint")
 
 
-def _resume_launcher(options: RehearsalOptions, command: list[str], changes: Sequence[Change], out: Path,
-                     ray_dir: str, barrier: Path, echo: Callable[[str], None],
-                     engine_env: dict[str, str]) -> Callable[..., RunRecord]:
+def _resume_launcher(options: RehearsalOptions, target: Target, changes: Sequence[Change], out: Path,
+                     ray_dir: str, barrier: Path, echo: Callable[[str], None]) -> Callable[..., RunRecord]:
     """The resume run's launch: the first run's command, resuming from its checkpoint of step ``steps - 1`` once
     ``barrier`` exists. Overlapped, its time limit covers the first run's too."""
     def own_ray(change: Change) -> Change:
         return replace(change, rehearsal=ray_dir) if change.key == "ray_kwargs.ray_init._temp_dir" else change
 
     own = ("trainer.default_local_dir", "trainer.resume_mode")
-    resumed = [*command, *options.overrides, *(own_ray(c).override() for c in changes if c.key not in own),
-               f"trainer.default_local_dir={out / 'run2' / 'checkpoints'}", "trainer.resume_mode=resume_path",
-               f"trainer.resume_from_path={out / 'run1' / 'checkpoints' / f'global_step_{options.steps - 1}'}",
+    folder = [f"trainer.default_local_dir={target.checkpoints('run2')}"] if target.sets_checkpoint_dir else []
+    resumed = [*target.command, *options.overrides, *(own_ray(c).override() for c in changes if c.key not in own),
+               *folder, "trainer.resume_mode=resume_path",
+               f"trainer.resume_from_path={target.checkpoints('run1') / f'global_step_{options.steps - 1}'}",
                "trainer.val_before_train=false"]
-    env = {**engine_env, resume_barrier.ENV: str(barrier), resume_barrier.TIMEOUT_ENV: str(options.timeout_s)}
+    env = {**target.env("run2", ray_dir), resume_barrier.ENV: str(barrier),
+           resume_barrier.TIMEOUT_ENV: str(options.timeout_s)}
+    metrics = target.metrics("run2") if target.metrics else None
     limit_s = (2 if options.overlap else 1) * options.timeout_s
 
     def launch(**hooks: Any) -> RunRecord:
         return launch_once_more_if_ray_did_not_start(RESUME, resumed, out / "run2", limit_s, ray_dir, options.steps,
-                                                      echo=echo, env=env, **hooks)
+                                                      echo=echo, env=env, metrics=metrics, **hooks)
 
     return launch
 

@@ -10,8 +10,10 @@ import json
 import os
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -215,3 +217,26 @@ def test_launcher_passes_shellcheck(script):
     result = subprocess.run([shellcheck, "-x", str(RECIPES / script)], capture_output=True, text=True,
                             cwd=RECIPES.parent)
     assert result.returncode == 0, result.stdout
+
+
+def test_a_followed_job_is_stopped_when_the_launcher_is_terminated(tmp_path):
+    # A stand-in for the ray command line that records what it was asked (the real `ray job submit` tails a real
+    # job above); `job submit` follows a job that never ends.
+    fake = tmp_path / "bin" / "ray"
+    fake.parent.mkdir()
+    fake.write_text(f"#!{sys.executable}\nimport sys, time\nopen({str(tmp_path / 'calls')!r}, 'a').write("
+                    f"' '.join(sys.argv[1:4]) + '\\n')\nif sys.argv[1:3] == ['job', 'submit']:\n    time.sleep(120)\n")
+    fake.chmod(0o755)
+    env = {**os.environ, "DAPO_MODEL_PATH": "/m", "DAPO_DATA_DIR": "/d", "DAPO_OUTPUT_DIR": "/o",
+           "DAPO_SUBMISSION_ID": "long-1", "PYTHON": sys.executable,
+           "PATH": f"{fake.parent}{os.pathsep}{os.environ['PATH']}"}
+    launcher = subprocess.Popen(["bash", str(RAY), "dapo_qwen2.5_32b", "--follow"], env=env,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while not (tmp_path / "calls").exists() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    launcher.send_signal(signal.SIGTERM)
+    _, stderr = launcher.communicate(timeout=60)
+    assert launcher.returncode == 143
+    assert "run_ray.sh: SIGTERM: stopping job long-1 (ray job stop)" in stderr
+    assert (tmp_path / "calls").read_text().splitlines() == ["job submit --submission-id", "job stop --no-wait"]

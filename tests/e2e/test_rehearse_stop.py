@@ -160,3 +160,45 @@ def test_a_rehearsal_stopped_with_its_runs_up_leaves_no_process_folder_or_shared
             shutil.rmtree(folder, ignore_errors=True)
         if planted:
             (lifetime.SHM_ROOT / planted).unlink(missing_ok=True)
+
+
+def test_a_two_node_rehearsal_killed_with_its_job_up_leaves_no_ray_node_process_or_shared_memory(tmp_path):
+    # SIGKILL: the CLI runs no code, so the watchdog stops the nodes' sessions and every process naming the
+    # cluster's folder or a run's; SIGTERM and Ctrl-C take the path of the one-node runs above (the launch stops its
+    # job, then the cluster stops with its block).
+    out, console = tmp_path / "rehearsal", tmp_path / "console.txt"
+    cli = Path(sys.executable).with_name("dapo-verl")
+    with open(console, "w") as sink:
+        command = subprocess.Popen(["nice", "-n", "10", str(cli), "rehearse", "dapo_trainer", "--engine", "stand-in",
+                                    "--nodes", "2", "--out", str(out)], stdout=sink, stderr=subprocess.STDOUT,
+                                   env={**os.environ, "PYTHONUNBUFFERED": "1"}, start_new_session=True)
+    tree: dict[int, str] = {}
+    folders: list[str] = []
+    planted = ""
+    try:
+        _wait_for_line(console, command, "[run1] step 1/3 logged", STARTUP_S)
+        pattern = rf"{re.escape(tempfile.gettempdir())}/dvr-[A-Za-z0-9_]+"
+        folders = sorted(set(re.findall(pattern, console.read_text() + (out / "run1" / "log.txt").read_text())))
+        assert len(folders) == 2, folders  # the cluster's folder (console) and run 1's (sent with its job)
+        planted = _plant_segment(out / "run1" / "engine")
+        tree = _descendants(command.pid)
+        commands = [Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace") for pid in tree]
+        assert sum("raylet" in c for c in commands) == 2, commands  # a raylet per node, and the job's workers up
+
+        command.send_signal(signal.SIGKILL)
+        sent = time.monotonic()
+        command.wait(STOPPED_WITHIN_S)
+        while (left := _leftovers(out, folders, tree, planted)) and time.monotonic() - sent < STOPPED_WITHIN_S:
+            time.sleep(0.5)
+        print(f"SIGKILL, 2 nodes: {len(tree)} processes, the last gone {time.monotonic() - sent:.1f} s after it")
+        assert not left, left
+    finally:
+        if command.poll() is None:
+            command.kill()
+        for pid, started in tree.items():
+            if _start_time(pid) == started:
+                os.kill(pid, signal.SIGKILL)
+        for marker in (str(out), *folders):
+            lifetime.kill_marked(marker)
+        if planted:
+            (lifetime.SHM_ROOT / planted).unlink(missing_ok=True)

@@ -213,3 +213,16 @@ def test_cluster_lengths_given_on_the_command_line_are_scaled_when_the_model_can
     config, _ = compose_recipe("ppo_trainer", small)
     assert "data.max_response_length" not in {
         c.key for c in rehearsal_changes(config, _shape(tmp_path, max_positions=4096), override_keys(small))}
+
+
+def test_on_several_nodes_a_job_keeps_rays_start_up_and_the_recipes_paths_under_its_output_dir(tmp_path):
+    config, _ = compose_recipe("dapo_qwen2.5_32b", [])
+    changes = {c.key: c for c in rehearsal_changes(config, _shape(tmp_path, nodes=2))}
+    assert (changes["trainer.nnodes"].recipe, changes["trainer.nnodes"].rehearsal) == (16, 2)
+    assert not [key for key in changes if key.startswith("ray_kwargs.")]  # the job joins the running cluster
+    assert "trainer.default_local_dir" not in changes  # ${oc.env:DAPO_OUTPUT_DIR,runs}/checkpoints/...: the job's own
+    one_node = {c.key for c in rehearsal_changes(config, _shape(tmp_path))}
+    assert {"trainer.default_local_dir", "ray_kwargs.ray_init._temp_dir", "ray_kwargs.ray_init.num_gpus"} <= one_node
+    # verl's default folder (relative, not under DAPO_OUTPUT_DIR) would land wherever the job's driver runs.
+    trainer, _ = compose_recipe("dapo_trainer", [])
+    assert "trainer.default_local_dir" in {c.key for c in rehearsal_changes(trainer, _shape(tmp_path, nodes=2))}

@@ -29,7 +29,7 @@ LAYERS = [  # an import may go to the same layer or one below, never up
     {"local", "adapter"},
     {"rehearsal", "config_docs"},
     {"reliability", "doctor", "main"},
-    {"cli", "cli_errors"},
+    {"cli", "cli_errors", "cli_rehearse"},
 ]
 
 

@@ -37,7 +37,7 @@ _HARNESS = textwrap.dedent("""
     from pathlib import Path
     from types import SimpleNamespace
     from dapo_verl.lifetime import stop_signals
-    from dapo_verl.rehearsal.schedule import run_both
+    from dapo_verl.rehearsal.schedule import Target, run_both
 
     out, case, overlap = Path(sys.argv[1]), sys.argv[2], sys.argv[3] == "overlap"
     ray_dirs = [str(out / "dvr-a"), str(out / "dvr-b")]
@@ -45,8 +45,8 @@ _HARNESS = textwrap.dedent("""
         Path(folder).mkdir(parents=True)
     options = SimpleNamespace(steps=3, resume=True, overlap=overlap, timeout_s=60.0, overrides=())
     with stop_signals():
-        outcome = run_both(options, [sys.executable, "-c", sys.argv[4], case], [], out, ray_dirs, lambda d: {},
-                           lambda line: print(line, flush=True))
+        target = Target([sys.executable, "-c", sys.argv[4], case], lambda run: out / run / "checkpoints")
+        outcome = run_both(options, target, [], out, ray_dirs, lambda line: print(line, flush=True))
     runs = [[run.name, run.state, run.stopped_by, run.returncode, run.error] for run in outcome.runs]
     print("OUTCOME " + json.dumps({"runs": runs, "not_started": outcome.not_started,
                                    "interrupted_by": outcome.interrupted_by,

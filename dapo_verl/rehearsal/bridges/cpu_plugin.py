@@ -11,7 +11,8 @@ for every process of the run (driver, TaskRunner, workers, rollout servers); ver
   ``VERL_PLATFORM=cpu``; there, too, a rehearsal's resume run waits at verl's checkpoint load for the first
   run's checkpoint (:mod:`.resume_barrier`, only with ``DAPO_REHEARSAL_RESUME_AFTER`` set), and the bridges to
   verl's own vLLM rollout are installed (:func:`.cpu_vllm.install_verl_side`, only with the run's record folder
-  set).
+  set), and the process records what it saw (:mod:`.process_record`: its Ray node, the job's variables, verl's
+  plugin entry point).
 
 Nothing imports it implicitly: neither ``import dapo_verl`` nor the ``verl.plugins`` entry point
 (:mod:`dapo_verl.adapter.register`) reach it, so a GPU run is never touched.
@@ -24,7 +25,7 @@ import os
 from verl.workers.rollout.base import _ROLLOUT_REGISTRY
 from verl.workers.rollout.replica import RolloutReplicaRegistry
 
-from dapo_verl.rehearsal.bridges import cpu_vllm, resume_barrier
+from dapo_verl.rehearsal.bridges import cpu_vllm, process_record, resume_barrier
 from dapo_verl.rehearsal.bridges.cpu_platform import CPU_PLATFORM_NAME, apply_cpu_patches
 
 __all__ = ["activate"]
@@ -50,6 +51,8 @@ def activate() -> None:
         apply_cpu_patches()
         resume_barrier.install()
         cpu_vllm.install_verl_side()
+        if (records := cpu_vllm.active()) is not None:
+            process_record.record_process(records)
 
 
 activate()
