@@ -23,6 +23,10 @@ checkpoint and trains the last step again, skipping the validation before traini
 :mod:`.processes` launches each and follows it). :mod:`.report` compares the two and summarises what verl logged.
 A stop signal stops both runs; the report is written, and :class:`RehearsalInterrupted` says what was stopped.
 
+With ``nodes`` >= 2 the two runs are instead Ray jobs that ``recipes/run_ray.sh --follow`` submits to a private
+multi-node cluster on this machine (:mod:`.cluster`, :mod:`.multinode`), and the report adds what the cluster says
+of them.
+
 Output layout under ``out``: ``data/`` (train/val parquet), ``model/`` (the stand-in), ``run1/`` and
 ``run2/`` (``metrics.jsonl``, ``log.txt``, ``checkpoints/``, ``engine/``), ``changes.json``, ``report.md``,
 ``report.json``.
