@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
+import tempfile
+from pathlib import Path
 
 import pytest
 import torch
@@ -25,3 +28,12 @@ def one_torch_thread():
 def gen() -> torch.Generator:
     """A seeded CPU generator; every test that draws random numbers uses one."""
     return torch.Generator().manual_seed(1234)
+
+
+@pytest.fixture
+def memory_heavy():
+    """A machine-wide lock held for the test: the suite's rehearsals that hold the most memory (two vLLM engines on
+    two Ray nodes, 11 GiB; two overlapped runs) never run at once beside the other rehearsals pytest-xdist runs."""
+    with open(Path(tempfile.gettempdir()) / "dapo-verl-tests-memory.lock", "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        yield

@@ -38,7 +38,7 @@ def _nothing_left(*markers: str) -> None:
     assert not left, left
 
 
-def test_the_paper_recipe_runs_as_jobs_on_two_nodes_with_verls_workers_on_both(tmp_path):
+def test_the_paper_recipe_runs_as_jobs_on_two_nodes_with_verls_workers_on_both(tmp_path, memory_heavy):
     out = tmp_path / "rehearsal"
     done = subprocess.run([str(CLI), "rehearse", "dapo_qwen2.5_32b", "--nodes", "2", "--out", str(out)],
                           capture_output=True, text=True, timeout=1500)

@@ -18,7 +18,7 @@ from tests.e2e.rehearsal_helpers import CARRY, SIZES, assert_dapo_metrics_every_
 pytestmark = [pytest.mark.slow, pytest.mark.verl, pytest.mark.e2e]
 
 
-def test_v1_sync_trains_with_the_replenisher_and_resumes_exactly_on_the_stand_in(tmp_path):
+def test_v1_sync_trains_with_the_replenisher_and_resumes_exactly_on_the_stand_in(tmp_path, memory_heavy):
     # The default path: the resume run starts with the first and waits at verl's checkpoint load for it.
     report, logged, out = run_rehearsal(tmp_path, "dapo_trainer", "actor_rollout_ref.rollout.n=4", *SIZES, *CARRY,
                                         overlap=True, engine="stand-in")
