@@ -208,7 +208,8 @@ def _cmd_ablate(args: argparse.Namespace) -> int:
     out = args.out or f"runs/ablate/{study.name}"
     jobs = ablate.DEFAULT_JOBS if args.jobs is None else args.jobs
     try:
-        seeds = ablate.seed_list(args.seeds, args.seed_list, study.power.seeds if study.power else ablate.DEFAULT_SEEDS)
+        seeds = (study.power.main_seeds if study.power and args.seeds is None and args.seed_list is None
+                 else ablate.seed_list(args.seeds, args.seed_list, ablate.DEFAULT_SEEDS))
         print(f"{study.title}: {len(study.arms)} arms x seeds {seeds} -> {out}", flush=True)
         result = ablate.run_ablation(study, seeds, out, steps=args.steps, extra_overrides=args.overrides, jobs=jobs,
                                      on_run=ablate.Progress(lambda line: print(line, flush=True), jobs=jobs))
@@ -314,10 +315,12 @@ def _parser() -> argparse.ArgumentParser:
                         "e.g. local.task.name=summod2")
     ablate.add_argument("--ladder", action="store_true", help="run the ladder: naive GRPO, + overlong filtering, "
                         "+ clip-higher, + soft overlong punishment, + token-level loss, + dynamic sampling")
-    ablate.add_argument("--setting", choices=("default", "clip-acts"), default="default", help="setting of the "
-                        "clip ablation (default: default): 'default' = the default local run, 200 steps, 10 seeds; "
-                        "'clip-acts' = where the upper clip acts, 40 steps, the seeds of its power calculation, "
-                        "with the paired test (default out: runs/ablate/clip-acts)")
+    ablate.add_argument("--setting", choices=("default", "clip-acts", "stream-guard"), default="default",
+                        help="the study (default: default): 'default' = the clip ablation on the default local run, "
+                        "200 steps, 10 seeds; 'clip-acts' = where the upper clip acts, 40 steps, the seeds of its "
+                        "power calculation, with the paired test (default out: runs/ablate/clip-acts); "
+                        "'stream-guard' = rounds vs streaming with carried partials, 100 steps, seeds 100-125 from "
+                        "its power calculation, with the paired test (docs/local.md)")
     seeds = ablate.add_mutually_exclusive_group()
     seeds.add_argument("--seeds", type=int, metavar="N", help="seeds 0..N-1 in every arm (default: 10; "
                        f"clip-acts: {_clip_acts_seeds()}, from its power calculation)")

@@ -1,6 +1,6 @@
 """The arms of the local ablations, as data: a name, what it tests, and the Hydra overrides that make it.
 
-Three studies (``dapo-verl ablate``, :mod:`dapo_verl.local.ablate`):
+Four studies (``dapo-verl ablate``, :mod:`dapo_verl.local.ablate`):
 
 * :data:`CLIP_STUDY` -- Clip-Higher alone (paper §3.1, Fig. 2): ``eps_high`` 0.2 versus 0.28 on top of the
   embedded default run (``configs/local.yaml``: token-level loss, dynamic sampling, soft overlong
@@ -9,6 +9,9 @@ Three studies (``dapo-verl ablate``, :mod:`dapo_verl.local.ablate`):
   upper clip acts (:data:`CLIP_ACTS_SETTING`, designed in docs/ablation.md): a warm start that makes the
   correct answers unlikely, 16 gradient steps per rollout, pass@k on the held-out prompts, and a powered
   paired test of a primary metric declared before the main run (:data:`CLIP_ACTS_PRIMARY`).
+* :data:`STREAM_GUARD_STUDY` (``--setting stream-guard``) -- not a clip study: the accuracy guard of streaming
+  generation (issue 28), rounds (the shipped default) against streaming with carried partials, with responses long
+  enough to be aborted, and a powered paired test of a primary metric declared before its main run.
 * :data:`LADDER_STUDY` -- the paper's Table 1, cumulative: naive GRPO, then one technique per rung in the
   paper's order: overlong filtering, clip-higher, soft overlong punishment, token-level loss, dynamic
   sampling. The last rung is full DAPO with overlong filtering on.
@@ -38,7 +41,7 @@ from dataclasses import dataclass
 __all__ = [
     "CLIP_ACTS_PRIMARY", "CLIP_ACTS_SETTING", "CLIP_ACTS_STUDY", "CLIP_HIGH", "CLIP_LOW", "CLIP_STUDY",
     "DYNAMIC_SAMPLING", "LADDER_STUDY", "LOSS_AGG", "OVERLONG_FILTERING", "OVERLONG_PENALTY", "SETTINGS", "STEPS_KEY",
-    "STUDIES", "Arm", "PowerPlan", "PrimaryMetric", "Study",
+    "STREAM_GUARD_PRIMARY", "STREAM_GUARD_STUDY", "STUDIES", "Arm", "PowerPlan", "PrimaryMetric", "Study",
 ]
 
 CLIP_LOW = "actor_rollout_ref.actor.clip_ratio_low"
@@ -106,6 +109,8 @@ class PowerPlan:
         why: Why ``effect`` is not the pilot's, if it is not.
         alpha: Two-sided level.
         power: Target power.
+        first_seed: The main run's first seed (its seeds are ``first_seed`` .. ``first_seed + seeds - 1``), kept
+            clear of the pilot's.
     """
 
     pilot_seeds: tuple[int, ...]
@@ -117,6 +122,12 @@ class PowerPlan:
     why: str = ""
     alpha: float = 0.05
     power: float = 0.8
+    first_seed: int = 0
+
+    @property
+    def main_seeds(self) -> list[int]:
+        """The main run's seeds."""
+        return list(range(self.first_seed, self.first_seed + self.seeds))
 
 
 @dataclass(frozen=True)
@@ -242,8 +253,37 @@ LADDER_STUDY = Study(
     arms=_ladder_arms(),
 )
 
-STUDIES = {study.name: study for study in (CLIP_STUDY, CLIP_ACTS_STUDY, LADDER_STUDY)}
+_STREAM_BASE = {"data.max_response_length": "24", "local.rollout.chunk_tokens": "4", STEPS_KEY: "100"}
+_STREAMING = {"algorithm.filter_groups.streaming": "true", "algorithm.filter_groups.surplus": "carry",
+              "algorithm.filter_groups.stream_oversample": "2.0"}
+
+STREAM_GUARD_PRIMARY = PrimaryMetric(
+    key="val-core/*/acc/mean@1",
+    title="area under the held-out greedy accuracy curve (trapezoid over the run's evaluations, divided by the "
+          "steps: 1 = perfect from the start)",
+    baseline="rounds", treatment="streaming_carry")
+"""Declared before the main run (2026-12-03): streaming must hold the whole learning curve, so the outcome is the
+curve's area, as in the clip-acts study, on the same task. Streaming holds accuracy if the interval's lower end is
+above -0.05 (the smallest effect of interest); it loses accuracy if the interval lies below 0."""
+
+STREAM_GUARD_STUDY = Study(
+    name="stream-guard",
+    title="Streaming accuracy guard: rounds vs streaming with carried partials (2x in flight), 24-token responses "
+          "decoded 4 tokens a pass, 100 steps",
+    arms=(Arm(name="rounds", description="rounds (the shipped default)", settings=dict(_STREAM_BASE)),
+          Arm(name="streaming_carry", description="streaming, aborted groups carried, twice a round in flight",
+              settings={**_STREAM_BASE, **_STREAMING})),
+    primary=STREAM_GUARD_PRIMARY,
+    power=PowerPlan(
+        pilot_seeds=(0, 1), pilot_effect=-0.2894, pilot_sd=0.0221, pilot_effect_seeds=2, effect=0.05, seeds=26,
+        first_seed=100,
+        why="a standard deviation from two pilot seeds is no estimate; the seeds are sized for the smallest effect "
+            "of interest, 0.05 of greedy-accuracy AUC, with the clip-acts pilot's SD of the same metric on the same "
+            "task (0.0864, six seeds) as the planning value"),
+)
+
+STUDIES = {study.name: study for study in (CLIP_STUDY, CLIP_ACTS_STUDY, STREAM_GUARD_STUDY, LADDER_STUDY)}
 """Study name -> study."""
 
-SETTINGS = {"default": CLIP_STUDY, "clip-acts": CLIP_ACTS_STUDY}
-"""``dapo-verl ablate --setting`` -> the clip study it runs."""
+SETTINGS = {"default": CLIP_STUDY, "clip-acts": CLIP_ACTS_STUDY, "stream-guard": STREAM_GUARD_STUDY}
+"""``dapo-verl ablate --setting`` -> the study it runs (the two clip settings, and the streaming guard)."""

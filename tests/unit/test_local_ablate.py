@@ -185,7 +185,8 @@ def test_cli_help_explains_both_settings_and_the_clip_acts_seed_count():
 
     ablate = _parser()._subparsers._group_actions[0].choices["ablate"]  # type: ignore[union-attr]
     helps = {action.dest: action.help for action in ablate._actions}
-    assert "'default' = the default local run" in helps["setting"] and "'clip-acts' = " in helps["setting"]
+    assert "'default' = the clip ablation on the default local run" in helps["setting"]
+    assert "'clip-acts' = " in helps["setting"] and "'stream-guard' = rounds vs streaming" in helps["setting"]
     assert "clip-acts" in ablate.description and "almost never binds" in ablate.description
     assert f"clip-acts: {CLIP_ACTS_STUDY.power.seeds}, from its power calculation" in helps["seeds"]
 

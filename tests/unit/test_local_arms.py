@@ -101,3 +101,18 @@ def test_clip_acts_seed_count_is_its_power_calculation():
     assert not set(plan.pilot_seeds) & set(range(plan.seeds))  # the main run reuses no pilot seed
     assert {CLIP_ACTS_STUDY.primary.baseline, CLIP_ACTS_STUDY.primary.treatment} == {
         arm.name for arm in CLIP_ACTS_STUDY.arms}
+
+
+def test_the_stream_guard_differs_only_in_streaming_and_its_seeds_are_its_power_calculation():
+    from dapo_verl.local.arms import CLIP_ACTS_STUDY, STREAM_GUARD_STUDY
+    from dapo_verl.report.stats import seeds_for_power
+
+    assert STREAM_GUARD_STUDY.varied_keys == ["algorithm.filter_groups.streaming", "algorithm.filter_groups.surplus",
+                                              "algorithm.filter_groups.stream_oversample"]
+    plan = STREAM_GUARD_STUDY.power
+    assert plan.pilot_effect_seeds == seeds_for_power(plan.pilot_effect, plan.pilot_sd)
+    # The planning SD is the clip-acts pilot's: two pilot seeds give no usable estimate.
+    assert plan.seeds == seeds_for_power(plan.effect, CLIP_ACTS_STUDY.power.pilot_sd) == 26
+    assert plan.main_seeds == list(range(100, 126)) and not set(plan.main_seeds) & set(plan.pilot_seeds)
+    primary = STREAM_GUARD_STUDY.primary
+    assert (primary.baseline, primary.treatment) == ("rounds", "streaming_carry")
