@@ -83,12 +83,18 @@ class PrimaryMetric:
         title: What it is, for reports.
         baseline: The arm subtracted (A in d = B - A).
         treatment: The arm tested (B).
+        effect_name: What the treatment is, in the reading's sentence.
+        margin: For a guard (does the treatment hold the metric?), the smallest loss of interest: the reading is
+            "holds" when the interval's lower end is above ``-margin``, "loses" when the interval lies below 0,
+            else undecided. None for a study that expects the treatment to raise the metric.
     """
 
     key: str
     title: str
     baseline: str
     treatment: str
+    effect_name: str = "clip-higher"
+    margin: float | None = None
 
 
 @dataclass(frozen=True)
@@ -107,6 +113,7 @@ class PowerPlan:
         effect: The paired difference the seeds are sized to detect.
         seeds: Pairs needed to detect ``effect``: the main run's seed count.
         why: Why ``effect`` is not the pilot's, if it is not.
+        planning_sd: The SD the seeds were sized with, when it is not the pilot's (``why`` says why).
         alpha: Two-sided level.
         power: Target power.
         first_seed: The main run's first seed (its seeds are ``first_seed`` .. ``first_seed + seeds - 1``), kept
@@ -120,9 +127,15 @@ class PowerPlan:
     effect: float
     seeds: int
     why: str = ""
+    planning_sd: float | None = None
     alpha: float = 0.05
     power: float = 0.8
     first_seed: int = 0
+
+    @property
+    def sizing_sd(self) -> float:
+        """The SD the seed count was computed with."""
+        return self.pilot_sd if self.planning_sd is None else self.planning_sd
 
     @property
     def main_seeds(self) -> list[int]:
@@ -261,7 +274,7 @@ STREAM_GUARD_PRIMARY = PrimaryMetric(
     key="val-core/*/acc/mean@1",
     title="area under the held-out greedy accuracy curve (trapezoid over the run's evaluations, divided by the "
           "steps: 1 = perfect from the start)",
-    baseline="rounds", treatment="streaming_carry")
+    baseline="rounds", treatment="streaming_carry", effect_name="streaming with carried partials", margin=0.05)
 """Declared before the main run (2026-12-03): streaming must hold the whole learning curve, so the outcome is the
 curve's area, as in the clip-acts study, on the same task. Streaming holds accuracy if the interval's lower end is
 above -0.05 (the smallest effect of interest); it loses accuracy if the interval lies below 0."""
@@ -276,7 +289,7 @@ STREAM_GUARD_STUDY = Study(
     primary=STREAM_GUARD_PRIMARY,
     power=PowerPlan(
         pilot_seeds=(0, 1), pilot_effect=-0.2894, pilot_sd=0.0221, pilot_effect_seeds=2, effect=0.05, seeds=26,
-        first_seed=100,
+        planning_sd=CLIP_ACTS_STUDY.power.pilot_sd if CLIP_ACTS_STUDY.power else None, first_seed=100,
         why="a standard deviation from two pilot seeds is no estimate; the seeds are sized for the smallest effect "
             "of interest, 0.05 of greedy-accuracy AUC, with the clip-acts pilot's SD of the same metric on the same "
             "task (0.0864, six seeds) as the planning value"),

@@ -80,9 +80,11 @@ class PrimaryResult:
         if self.power is not None:
             w = self.power
             target = "the pilot's effect" if w.effect == w.pilot_effect else "an effect of"
+            sizing = (f"the pilot's SD {w.pilot_sd:.4f}" if w.planning_sd is None
+                      else f"a planning SD of {w.planning_sd:.4f}")
             lines += [f"Seeds: {w.seeds}, for {w.power:.0%} power at alpha {w.alpha} (paired t-test sample size: the "
                       f"normal approximation n = ((z + z) SD / effect)^2 refined with t quantiles) to detect "
-                      f"{target} ±{abs(w.effect):.4f} with the pilot's SD {w.pilot_sd:.4f}. Pilot (seeds "
+                      f"{target} ±{abs(w.effect):.4f} with {sizing}. Pilot (seeds "
                       f"{', '.join(map(str, w.pilot_seeds))}, not reused here): paired effect {w.pilot_effect:+.4f}, "
                       f"SD {w.pilot_sd:.4f}, which would need {w.pilot_effect_seeds} seeds"
                       + (f"; {w.why}." if w.why else "."), ""]
@@ -109,10 +111,18 @@ def _reading(primary: PrimaryMetric, test: PairedTest | None, power: PowerPlan |
              f"{test.ci_high:+.4f}], paired t({test.df}) = {test.t:.2f}, p = {test.p_value:.3g}, n = {test.n})")
     planned = "" if power is None or test.n >= power.seeds else (
         f" Underpowered: {test.n} of the {power.seeds} planned seeds ran.")
+    name = primary.effect_name
+    if primary.margin is not None:  # a guard: does the treatment hold the metric?
+        if test.ci_high < 0:
+            return f"It loses: {stats}; the interval lies below 0: {name} lowered the primary metric.{planned}"
+        if test.ci_low > -primary.margin:
+            return (f"It holds: {stats}; the interval's lower end is above -{primary.margin:g}, the smallest loss "
+                    f"of interest.{planned}")
+        return (f"Undecided: {stats}; the interval reaches below -{primary.margin:g} and above 0.{planned}")
     if test.ci_low > 0:
-        return f"The paper's direction: {stats}; clip-higher raised the primary metric.{planned}"
+        return f"The paper's direction: {stats}; {name} raised the primary metric.{planned}"
     if test.ci_high < 0:
-        return f"The opposite of the paper's direction: {stats}; clip-higher lowered the primary metric.{planned}"
+        return f"The opposite of the paper's direction: {stats}; {name} lowered the primary metric.{planned}"
     powered = "" if power is None else (
         f" The seed count had {power.power:.0%} power for an effect of ±{abs(power.effect):.4f}.")
     return f"No detectable effect: {stats}; the interval holds 0.{powered}{planned}"

@@ -112,7 +112,8 @@ def test_the_stream_guard_differs_only_in_streaming_and_its_seeds_are_its_power_
     plan = STREAM_GUARD_STUDY.power
     assert plan.pilot_effect_seeds == seeds_for_power(plan.pilot_effect, plan.pilot_sd)
     # The planning SD is the clip-acts pilot's: two pilot seeds give no usable estimate.
-    assert plan.seeds == seeds_for_power(plan.effect, CLIP_ACTS_STUDY.power.pilot_sd) == 26
+    assert plan.seeds == seeds_for_power(plan.effect, plan.sizing_sd) == 26
+    assert plan.sizing_sd == CLIP_ACTS_STUDY.power.pilot_sd
     assert plan.main_seeds == list(range(100, 126)) and not set(plan.main_seeds) & set(plan.pilot_seeds)
     primary = STREAM_GUARD_STUDY.primary
     assert (primary.baseline, primary.treatment) == ("rounds", "streaming_carry")

@@ -79,3 +79,21 @@ def test_seeds_missing_in_one_arm_are_left_out_and_one_pair_is_no_test():
     result = analyse_primary(CLIP_ACTS_STUDY, arms)
     assert result.differences == pytest.approx({0: 0.2}) and result.test is None
     assert result.reading == "Fewer than two seeds ran in both arms: no test."
+
+
+@pytest.mark.parametrize(("treat", "start"), [
+    ([0.49, 0.61, 0.47, 0.71], "It holds: streaming_carry minus rounds"),   # within the 0.05 margin
+    ([0.30, 0.42, 0.31, 0.50], "It loses: streaming_carry minus rounds"),   # the interval below 0
+    ([0.42, 0.66, 0.40, 0.74], "Undecided: streaming_carry minus rounds"),  # reaches below -0.05 and above 0
+])
+def test_a_guard_reads_its_interval_against_its_margin(treat, start):
+    from dapo_verl.local.arms import STREAM_GUARD_STUDY
+
+    base = [0.50, 0.60, 0.48, 0.70]
+    runs = {arm: [(seed, _run([(0, v), (5, v), (10, v)])) for seed, v in enumerate(values)]
+            for arm, values in (("rounds", base), ("streaming_carry", treat))}
+    result = analyse_primary(STREAM_GUARD_STUDY, runs)
+    assert result.reading.startswith(start), result.reading
+    assert "clip-higher" not in result.reading and "paper's direction" not in result.reading
+    text = "\n".join(result.markdown())
+    assert "with a planning SD of 0.0864." in text and "the pilot's SD" not in text
