@@ -117,3 +117,18 @@ def test_the_stream_guard_differs_only_in_streaming_and_its_seeds_are_its_power_
     assert plan.main_seeds == list(range(100, 126)) and not set(plan.main_seeds) & set(plan.pilot_seeds)
     primary = STREAM_GUARD_STUDY.primary
     assert (primary.baseline, primary.treatment) == ("rounds", "streaming_carry")
+
+
+def test_a_local_run_that_streams_and_carries_is_warned_of_its_measured_accuracy_loss(caplog):
+    import logging
+
+    from dapo_verl.local.arms import STREAM_GUARD_STUDY
+    from dapo_verl.local.compose import STREAMING_CARRY_WARNING, check_run
+
+    rounds, carry = (compose_run(arm.overrides) for arm in STREAM_GUARD_STUDY.arms)
+    discard = compose_run([*STREAM_GUARD_STUDY.arms[1].overrides, "algorithm.filter_groups.surplus=discard"])
+    for spec, warned in ((rounds, False), (carry, True), (discard, False)):
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="dapo_verl.local.compose"):
+            check_run(spec)
+        assert (STREAMING_CARRY_WARNING in caplog.text) is warned
