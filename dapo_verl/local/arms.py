@@ -41,7 +41,8 @@ from dataclasses import dataclass
 __all__ = [
     "CLIP_ACTS_PRIMARY", "CLIP_ACTS_SETTING", "CLIP_ACTS_STUDY", "CLIP_HIGH", "CLIP_LOW", "CLIP_STUDY",
     "DYNAMIC_SAMPLING", "LADDER_STUDY", "LOSS_AGG", "OVERLONG_FILTERING", "OVERLONG_PENALTY", "SETTINGS", "STEPS_KEY",
-    "STREAM_GUARD_PRIMARY", "STREAM_GUARD_STUDY", "STUDIES", "Arm", "PowerPlan", "PrimaryMetric", "Study",
+    "STREAM_GUARD_PRIMARY", "STREAM_GUARD_STUDY", "STREAM_PREFIX_STUDY", "STUDIES", "Arm", "PowerPlan",
+    "PrimaryMetric", "Study",
 ]
 
 CLIP_LOW = "actor_rollout_ref.actor.clip_ratio_low"
@@ -295,8 +296,24 @@ STREAM_GUARD_STUDY = Study(
             "task (0.0864, six seeds) as the planning value"),
 )
 
-STUDIES = {study.name: study for study in (CLIP_STUDY, CLIP_ACTS_STUDY, STREAM_GUARD_STUDY, LADDER_STUDY)}
+STREAM_PREFIX_STUDY = Study(
+    name="stream-prefix",
+    title="Streaming accuracy guard, older prefix trained: rounds vs streaming with carried partials whose "
+          "older-policy tokens stay in the loss (local.rollout.stale_prefix=train)",
+    arms=(STREAM_GUARD_STUDY.arms[0],
+          Arm(name="streaming_carry_train", description="streaming, aborted groups carried, older prefix trained",
+              settings={**_STREAM_BASE, **_STREAMING, "local.rollout.stale_prefix": "train"})),
+    primary=dataclasses.replace(STREAM_GUARD_PRIMARY, treatment="streaming_carry_train",
+                                effect_name="streaming with carried partials, older prefix trained"),
+    power=STREAM_GUARD_STUDY.power,
+)
+"""Declared (2026-12-03) after the stream-guard study lost accuracy and before its own main run: the same arms,
+seeds, metric and reading, with the carried prefix trained instead of masked (the suspected cause)."""
+
+STUDIES = {study.name: study for study in (CLIP_STUDY, CLIP_ACTS_STUDY, STREAM_GUARD_STUDY, STREAM_PREFIX_STUDY,
+                                           LADDER_STUDY)}
 """Study name -> study."""
 
-SETTINGS = {"default": CLIP_STUDY, "clip-acts": CLIP_ACTS_STUDY, "stream-guard": STREAM_GUARD_STUDY}
+SETTINGS = {"default": CLIP_STUDY, "clip-acts": CLIP_ACTS_STUDY, "stream-guard": STREAM_GUARD_STUDY,
+            "stream-prefix": STREAM_PREFIX_STUDY}
 """``dapo-verl ablate --setting`` -> the study it runs (the two clip settings, and the streaming guard)."""

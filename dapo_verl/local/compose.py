@@ -110,7 +110,7 @@ STREAMING_CARRY_WARNING = (
     "algorithm.filter_groups.streaming=true with surplus=carry on the local backend: a continued group's tokens "
     "from an earlier policy are masked out of its loss, and in the declared guard (docs/local.md, 26 seeds) this "
     "lost 0.25 of held-out accuracy AUC against rounds, on every seed; streaming with surplus=discard did not "
-    "(exploratory). Use surplus=discard, or rounds, for results.")
+    "(exploratory). Use surplus=discard, local.rollout.stale_prefix=train, or rounds, for results.")
 """The warning of a local run that streams and carries (its measured accuracy loss)."""
 
 
@@ -140,7 +140,7 @@ def check_run(spec: RunSpec) -> None:
                                       ppo_epochs=actor.ppo_epochs)
     if reason is not None:
         logger.warning("%s", reason)
-    if dapo.sampler.streaming and dapo.sampler.surplus == "carry":
+    if dapo.sampler.streaming and dapo.sampler.surplus == "carry" and spec.run.rollout.stale_prefix == "mask":
         logger.warning("%s", STREAMING_CARRY_WARNING)
 
 

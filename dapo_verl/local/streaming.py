@@ -14,7 +14,9 @@ tokens sampled by an earlier policy are masked out of the loss (``payload["mask"
 old log-probabilities with the current policy and has no rollout log-probabilities to correct an older sampler with
 (verl's path uses verl's rollout correction instead, docs/verl.md), so the ratio of those tokens would not be an
 importance ratio. They still condition the tokens after them. A group whose tokens all come from one policy is
-unchanged.
+unchanged. ``local.rollout.stale_prefix=train`` keeps them in the loss instead, as verl's partial rollouts are
+without rollout correction (a token at most one step stale treated as on-policy); docs/local.md has the declared
+comparison of the two.
 
 Shape legend: G responses per group, S prompt length, L response budget, R running responses.
 """
@@ -55,6 +57,9 @@ class ChunkedEngine:
     Args:
         rollout: The local rollout: model, prompts, answers, sampling settings and scoring.
         chunk_tokens: Tokens each running response advances per decoding pass.
+        stale_prefix: ``mask`` (default) leaves a continued response's older-policy tokens out of the loss; ``train``
+            keeps them (old log-probs recomputed by the current policy, as verl's partial rollouts are without rollout
+            correction).
 
     Attributes:
         policy_version: The training step whose weights generate now; the trainer sets it before each step.
@@ -63,11 +68,15 @@ class ChunkedEngine:
     streaming = True
     resumes_partials = True
 
-    def __init__(self, rollout: Rollout, *, chunk_tokens: int = 8) -> None:
+    def __init__(self, rollout: Rollout, *, chunk_tokens: int = 8, stale_prefix: str = "mask") -> None:
         if isinstance(chunk_tokens, bool) or not isinstance(chunk_tokens, int) or chunk_tokens < 1:
             raise ValueError(f"chunk_tokens={chunk_tokens!r}; expected a positive integer (tokens per decoding pass).")
+        if stale_prefix not in ("mask", "train"):
+            raise ValueError(f"stale_prefix={stale_prefix!r}; expected 'mask' (older-policy tokens out of the loss) or "
+                             f"'train' (kept in it).")
         self.rollout = rollout
         self.chunk_tokens = chunk_tokens
+        self.stale_prefix = stale_prefix
         self.policy_version = 0
         self.passes = 0
         self._running: dict[int, _Running] = {}
@@ -145,7 +154,8 @@ class ChunkedEngine:
         self.rollout.generated_tokens += len(taken)
 
     def _completion(self, group: _Running) -> Completion:
-        """The finished group, scored as the round-based rollout scores one, with the older prefix masked."""
+        """The finished group, scored as the round-based rollout scores one, with the older prefix masked (or kept,
+        with ``stale_prefix="train"``)."""
         rollout, request = self.rollout, group.request
         size, budget = len(group.tokens), rollout.budget
         tokens = torch.full((size, budget), rollout.pad_id, dtype=torch.int64)  # (G, L)
@@ -157,8 +167,9 @@ class ChunkedEngine:
         out = rollout.score(tokens, answers)
         return request, GroupResult(
             prompt_id=request.prompt_id, metric=out.acc, response_lengths=out.lengths, truncated=out.truncated,
-            scores=out.scores, payload={"tokens": out.tokens, "mask": current_policy_mask(out.mask, versions),
-                                        "exact": out.exact, "versions": versions})
+            scores=out.scores, payload={"tokens": out.tokens, "exact": out.exact, "versions": versions,
+                                        "mask": out.mask if self.stale_prefix == "train"
+                                        else current_policy_mask(out.mask, versions)})
 
 
 def current_policy_mask(mask: Tensor, versions: Tensor) -> Tensor:

@@ -205,8 +205,8 @@ class _Trainer:
                                temperature=run.rollout.temperature, max_response_length=dapo.max_response_length,
                                overlong=dapo.overlong, device=self.device, val_n=run.rollout.val_n,
                                seed=spec.seed)
-        self.engine = ChunkedEngine(self.rollout, chunk_tokens=run.rollout.chunk_tokens) if dapo.sampler.streaming \
-            else None
+        self.engine = ChunkedEngine(self.rollout, chunk_tokens=run.rollout.chunk_tokens,
+                                    stale_prefix=run.rollout.stale_prefix) if dapo.sampler.streaming else None
         self.sampler = BatchReplenisher(dapo.sampler, len(self.task.train_prompts), self.engine or self.rollout)
         self.idle_steps = self.partial_steps = 0
         logger.info("Task %s: %d training prompts, %d evaluation prompts (%s); model %s from %s.", self.task.name,

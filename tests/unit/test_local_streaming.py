@@ -83,6 +83,24 @@ def test_a_continued_group_extends_its_prefix_and_masks_the_older_policys_tokens
     assert rollout.generated_tokens - before == int(group.response_lengths.sum()) - partial.tokens  # new tokens only
 
 
+def test_with_stale_prefix_train_a_continued_group_trains_its_older_tokens_too(parts):
+    torch.manual_seed(1)
+    rollout = _rollout(parts)
+    engine = ChunkedEngine(rollout, chunk_tokens=2, stale_prefix="train")
+    engine.submit(_requests(range(8)))
+    engine.collect()
+    _, partial = engine.abort().partial[0]
+    engine.policy_version = 1
+    engine.submit([Request(request_id=100, prompt_id=partial.prompt_id, born_step=1, resume=partial)])
+    ((_, group),) = engine.collect()
+    assert any(partial.payload["tokens"])  # an older prefix exists ...
+    for r in range(len(partial.payload["tokens"])):  # ... and every response token is trained, older ones included
+        assert group.payload["mask"][r].tolist() == [t < int(group.response_lengths[r]) for t in range(BUDGET)]
+    assert (group.payload["versions"][group.payload["mask"]] == 0).any()
+    with pytest.raises(ValueError, match="stale_prefix='keep'; expected 'mask'"):
+        ChunkedEngine(rollout, stale_prefix="keep")
+
+
 def test_current_policy_mask_keeps_only_the_latest_policys_tokens():
     mask = torch.tensor([[True, True, True, False], [True, True, False, False]])
     versions = torch.tensor([[3, 4, 4, -1], [4, 4, -1, -1]])
