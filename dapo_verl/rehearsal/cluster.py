@@ -114,6 +114,7 @@ class LocalCluster:
         self.nodes, self.gpus_per_node, self.cpus_per_node = nodes, gpus_per_node, cpus_per_node
         self.temp_dir, self._records, self._env, self._echo = temp_dir, records, env, echo
         self._sessions: list[int] = []
+        self._processes: list[subprocess.Popen[bytes]] = []
         gcs, dashboard, client, *agents = free_ports(3 + nodes)
         self.gcs_address = f"127.0.0.1:{gcs}"
         self.dashboard_url = f"http://127.0.0.1:{dashboard}"
@@ -149,6 +150,7 @@ class LocalCluster:
                                            stderr=subprocess.STDOUT, env=self._env, start_new_session=True)
             lifetime.record_session(self._records, process.pid)
             self._sessions.append(process.pid)
+            self._processes.append(process)
             self._wait(lambda joined=index + 1: self._alive_nodes() >= joined, index, log)  # type: ignore[misc]
         self._wait(self._job_server_answers, 0, self._records / "head.log")
         self._echo(f"[cluster] {self.nodes} Ray nodes up ({', '.join(self.node_name(i) for i in range(self.nodes))}; "
@@ -158,11 +160,14 @@ class LocalCluster:
     def _wait(self, ready: Callable[[], bool], index: int, log: Path) -> None:
         deadline = time.monotonic() + _START_TIMEOUT_S
         while not ready():
-            if time.monotonic() > deadline:
+            ended = next((p for p in self._processes if p.poll() is not None), None)
+            if ended is not None or time.monotonic() > deadline:
                 tail = " / ".join(log.read_text(errors="replace").strip().splitlines()[-3:])
-                raise ClusterError(f"Ray node {self.node_name(index)} did not come up within "
-                                   f"{_START_TIMEOUT_S:.0f} s ({log}: {tail or 'empty'}); a machine busy with other "
-                                   f"work can be too slow: run the same command again.")
+                what = (f"exited with status {ended.returncode}" if ended is not None
+                        else f"did not come up within {_START_TIMEOUT_S:.0f} s")
+                raise ClusterError(f"Ray node {self.node_name(index)} {what} ({log}: {tail or 'empty'}); a machine "
+                                   f"busy with other work can be too slow, and a port taken meanwhile fails it: run "
+                                   f"the same command again.")
             time.sleep(0.5)
 
     def _alive_nodes(self) -> int:
@@ -206,7 +211,8 @@ class LocalCluster:
         order = {self.node_name(i): i for i in range(self.nodes)}
         entries = [NodeActors(nodes[node_id].node_name if node_id in nodes else "?", node_id,
                               bool(nodes[node_id].is_head_node) if node_id in nodes else False,
-                              tuple(sorted(actors))) for node_id, actors in found.items()]
+                              tuple(sorted(actors, key=lambda a: (a[0], a[1], a[2] or 0))))
+                   for node_id, actors in found.items()]
         return sorted(entries, key=lambda entry: order.get(entry.node, len(order)))
 
     def stop(self) -> None:

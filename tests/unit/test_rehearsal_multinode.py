@@ -114,3 +114,14 @@ def test_a_process_records_the_jobs_variables_and_finds_verls_plugin_entry_point
     assert record["env"]["DAPO_OUTPUT_DIR"] == "/out/run1/output" and record["env"]["DAPO_DATA_DIR"] is None
     assert record["entry_point"]["found"] == ["dapo = dapo_verl.adapter.register"]  # pyproject's verl.plugins
     assert record["entry_point"]["loads"] is True
+
+
+def test_a_node_whose_ray_start_fails_is_reported_at_once_with_its_log(tmp_path, monkeypatch):
+    from dapo_verl.rehearsal.cluster import ClusterError
+
+    cluster = LocalCluster(2, 1, "/tmp/dvr-none", tmp_path, {})
+    monkeypatch.setattr(cluster, "_command", lambda index: [sys.executable, "-c", "print('port taken'); exit(3)"])
+    monkeypatch.setattr(cluster, "_alive_nodes", lambda: 0)
+    with pytest.raises(ClusterError, match=r"Ray node head exited with status 3 \(.*head.log: port taken\)"):
+        with cluster:
+            pass
