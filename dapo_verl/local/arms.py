@@ -267,7 +267,9 @@ LADDER_STUDY = Study(
     arms=_ladder_arms(),
 )
 
-_STREAM_BASE = {"data.max_response_length": "24", "local.rollout.chunk_tokens": "4", STEPS_KEY: "100"}
+_STREAM_BASE = {"data.max_response_length": "24", "local.rollout.chunk_tokens": "4", STEPS_KEY: "100",
+                # The value these studies' runs were made with (the default then); it acts only on carried groups.
+                "local.rollout.stale_prefix": "mask"}
 _STREAMING = {"algorithm.filter_groups.streaming": "true", "algorithm.filter_groups.surplus": "carry",
               "algorithm.filter_groups.stream_oversample": "2.0"}
 
@@ -276,9 +278,11 @@ STREAM_GUARD_PRIMARY = PrimaryMetric(
     title="area under the held-out greedy accuracy curve (trapezoid over the run's evaluations, divided by the "
           "steps: 1 = perfect from the start)",
     baseline="rounds", treatment="streaming_carry", effect_name="streaming with carried partials", margin=0.05)
-"""Declared before the main run (2026-12-03): streaming must hold the whole learning curve, so the outcome is the
-curve's area, as in the clip-acts study, on the same task. Streaming holds accuracy if the interval's lower end is
-above -0.05 (the smallest effect of interest); it loses accuracy if the interval lies below 0."""
+"""Declared before the main run (2026-12-03; the older prefix was then masked, the only choice, so the study pins
+``stale_prefix=mask`` now that ``train`` is the default): streaming must hold the whole learning curve, so the
+outcome is the curve's area, as in the clip-acts study, on the same task. Streaming holds accuracy if the
+interval's lower end is above -0.05 (the smallest effect of interest); it loses accuracy if the interval lies
+below 0."""
 
 STREAM_GUARD_STUDY = Study(
     name="stream-guard",

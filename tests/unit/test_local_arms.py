@@ -127,7 +127,8 @@ def test_a_local_run_that_streams_and_carries_is_warned_of_its_measured_accuracy
 
     rounds, carry = (compose_run(arm.overrides) for arm in STREAM_GUARD_STUDY.arms)
     discard = compose_run([*STREAM_GUARD_STUDY.arms[1].overrides, "algorithm.filter_groups.surplus=discard"])
-    for spec, warned in ((rounds, False), (carry, True), (discard, False)):
+    trained = compose_run([o for o in STREAM_GUARD_STUDY.arms[1].overrides if "stale_prefix" not in o])  # default
+    for spec, warned in ((rounds, False), (carry, True), (discard, False), (trained, False)):
         caplog.clear()
         with caplog.at_level(logging.WARNING, logger="dapo_verl.local.compose"):
             check_run(spec)

@@ -64,7 +64,7 @@ def test_groups_finish_one_by_one_and_each_response_ends_at_eos_or_the_budget(pa
 def test_a_continued_group_extends_its_prefix_and_masks_the_older_policys_tokens(parts):
     torch.manual_seed(1)
     rollout = _rollout(parts)
-    engine = ChunkedEngine(rollout, chunk_tokens=2)
+    engine = ChunkedEngine(rollout, chunk_tokens=2, stale_prefix="mask")
     engine.submit(_requests(range(8)))
     engine.collect()
     _, partial = engine.abort().partial[0]
@@ -83,10 +83,10 @@ def test_a_continued_group_extends_its_prefix_and_masks_the_older_policys_tokens
     assert rollout.generated_tokens - before == int(group.response_lengths.sum()) - partial.tokens  # new tokens only
 
 
-def test_with_stale_prefix_train_a_continued_group_trains_its_older_tokens_too(parts):
+def test_by_default_a_continued_group_trains_its_older_tokens_too(parts):
     torch.manual_seed(1)
     rollout = _rollout(parts)
-    engine = ChunkedEngine(rollout, chunk_tokens=2, stale_prefix="train")
+    engine = ChunkedEngine(rollout, chunk_tokens=2)  # stale_prefix="train"
     engine.submit(_requests(range(8)))
     engine.collect()
     _, partial = engine.abort().partial[0]
@@ -97,7 +97,7 @@ def test_with_stale_prefix_train_a_continued_group_trains_its_older_tokens_too(p
     for r in range(len(partial.payload["tokens"])):  # ... and every response token is trained, older ones included
         assert group.payload["mask"][r].tolist() == [t < int(group.response_lengths[r]) for t in range(BUDGET)]
     assert (group.payload["versions"][group.payload["mask"]] == 0).any()
-    with pytest.raises(ValueError, match="stale_prefix='keep'; expected 'mask'"):
+    with pytest.raises(ValueError, match="stale_prefix='keep'; expected 'train'"):
         ChunkedEngine(rollout, stale_prefix="keep")
 
 
@@ -125,17 +125,19 @@ def test_the_replenisher_on_the_chunked_engine_carries_continues_and_conserves(p
                            max_num_gen_batches=50)
     sampler = BatchReplenisher(config, len(task.train_prompts), engine)
     totals = dict.fromkeys(("aborted_groups", "resumed_groups"), 0.0)
+    older_trained = 0
     for step in range(1, 6):
         engine.policy_version = step
         batch = sampler.next_batch()
         assert len(batch.groups) == 4 and sampler.conservation_gap() == 0
         assert batch.metrics["dapo/sampler/trained_token_age_max"] <= config.max_staleness_steps
         for group in batch.groups:
-            versions = group.payload["versions"][group.payload["mask"]]
-            assert torch.all(versions == versions.max())  # only the latest policy's tokens are trained
+            versions = group.payload["versions"][group.payload["mask"]]  # stale_prefix="train": older ones too
+            assert torch.all(step - versions <= config.max_staleness_steps)  # the staleness bound on every token
+            older_trained += int((versions < step).sum())
         for name in totals:
             totals[name] += batch.metrics[f"dapo/sampler/{name}"]
-    assert totals["aborted_groups"] > 0 and totals["resumed_groups"] > 0
+    assert totals["aborted_groups"] > 0 and totals["resumed_groups"] > 0 and older_trained > 0
 
 
 @pytest.mark.parametrize("bad", [0, -1, 2.5, True])

@@ -122,6 +122,5 @@ def test_a_node_whose_ray_start_fails_is_reported_at_once_with_its_log(tmp_path,
     cluster = LocalCluster(2, 1, "/tmp/dvr-none", tmp_path, {})
     monkeypatch.setattr(cluster, "_command", lambda index: [sys.executable, "-c", "print('port taken'); exit(3)"])
     monkeypatch.setattr(cluster, "_alive_nodes", lambda: 0)
-    with pytest.raises(ClusterError, match=r"Ray node head exited with status 3 \(.*head.log: port taken\)"):
-        with cluster:
-            pass
+    with pytest.raises(ClusterError, match=r"Ray node head exited with status 3 \(.*head.log: port taken\)"), cluster:
+        pass
