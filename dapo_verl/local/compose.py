@@ -107,15 +107,16 @@ def _known_keys(config_name: str) -> KnownKeys:
 
 
 STREAMING_CARRY_WARNING = (
-    "algorithm.filter_groups.streaming=true with surplus=carry on the local backend: a continued group's tokens "
-    "from an earlier policy are masked out of its loss, and in the declared guard (docs/local.md, 26 seeds) this "
-    "lost 0.25 of held-out accuracy AUC against rounds, on every seed; streaming with surplus=discard did not "
-    "(exploratory). Use surplus=discard, local.rollout.stale_prefix=train, or rounds, for results.")
-"""The warning of a local run that streams and carries (its measured accuracy loss)."""
+    "algorithm.filter_groups.streaming=true with surplus=carry and local.rollout.stale_prefix=mask on the local "
+    "backend: a continued group's tokens from an earlier policy are masked out of its loss, and in the declared guard "
+    "(docs/local.md, 26 seeds) this lost 0.25 of held-out accuracy AUC against rounds, on every seed; with "
+    "stale_prefix=train (the default) the declared follow-up held it. Use stale_prefix=train for results.")
+"""The warning of a local run that streams, carries and masks the older prefix (its measured accuracy loss)."""
 
 
 def check_run(spec: RunSpec) -> None:
-    """Cross-key checks of a local run; warns once when clip-higher cannot act, and when it streams and carries.
+    """Cross-key checks of a local run; warns once when clip-higher cannot act, and when it streams, carries and
+    masks the older prefix.
 
     Raises:
         ValueError: naming the offending key and how to fix it.
