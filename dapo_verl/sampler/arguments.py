@@ -1,4 +1,4 @@
-"""Checks of the plain-number arguments the sampler's public classes and functions take.
+"""Checks of the plain-number (and typed) arguments the sampler's public classes and functions take.
 
 Every check raises one line: the argument and its value, what was expected, and how to fix it. They read Python
 numbers only (never a tensor), so they cost nothing next to the work they guard.
@@ -10,7 +10,7 @@ import math
 from numbers import Integral, Real
 from typing import Any
 
-__all__ = ["require_flag", "require_int", "require_real"]
+__all__ = ["require_flag", "require_instance", "require_int", "require_real"]
 
 
 def require_int(name: str, value: Any, *, low: int, high: int | None = None, fix: str) -> int:
@@ -54,4 +54,11 @@ def require_flag(name: str, value: Any, *, fix: str) -> bool:
     """``value`` if it is a bool (1, 0, 'false' and None are refused: each would read as a different choice)."""
     if not isinstance(value, bool):
         raise TypeError(f"{name}={value!r} ({type(value).__name__}) must be True or False. {fix}")
+    return value
+
+
+def require_instance(name: str, value: Any, kind: type, *, fix: str) -> Any:
+    """``value`` if it is a ``kind``; a one-line TypeError naming what was given otherwise."""
+    if not isinstance(value, kind):
+        raise TypeError(f"{name}={value!r} ({type(value).__name__}) must be a {kind.__name__}. {fix}")
     return value

@@ -37,6 +37,7 @@ from typing import Any
 
 from dapo_verl.config import PromptSelection, SamplerConfig, ShortfallPolicy, SurplusPolicy
 from dapo_verl.core import DropReason
+from dapo_verl.sampler.arguments import require_instance
 from dapo_verl.sampler.carry import decode_groups, decode_partials, encode_groups, encode_partials, fresh, split_stale
 from dapo_verl.sampler.contracts import check_state, restoring
 from dapo_verl.sampler.engine import Completion, GenerationEngine, PartialGroup, RoundEngine
@@ -85,7 +86,7 @@ class BatchReplenisher:
         codec: PayloadCodec | None = None,
         shuffle: bool = True,
     ) -> None:
-        self.config = config
+        self.config = require_instance("config", config, SamplerConfig, fix="Use DapoConfig.sampler.")
         self.generate = generate
         # A callback is looked up on each round, so a caller may replace ``generate`` (a wrapper, a spy).
         self.engine: GenerationEngine = (generate if isinstance(generate, GenerationEngine)

@@ -245,6 +245,12 @@ def test_a_fractional_prompt_count_is_named_by_the_replenisher():
         BatchReplenisher(SamplerConfig(train_batch_size=2), 10.5, lambda ids: [])
 
 
+@pytest.mark.parametrize("config", ["x", None, {"train_batch_size": 2}])
+def test_a_config_that_is_not_a_sampler_config_is_named_by_the_replenisher(config):
+    with pytest.raises(TypeError, match=r"config=.* must be a SamplerConfig\. Use DapoConfig\.sampler\."):
+        BatchReplenisher(config, 10, lambda ids: [])
+
+
 def test_take_refuses_a_negative_count_and_takes_nothing_for_zero():
     stream = PromptStream(10, seed=1)
     with pytest.raises(ValueError, match=r"count=-1 must be an integer >= 0"):
