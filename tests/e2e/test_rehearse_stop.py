@@ -95,6 +95,23 @@ def _leftovers(out: Path, ray_folders: list[str], tree: dict[int, str], planted:
     return found
 
 
+def _stop_what_the_test_started(command: subprocess.Popen, tree: dict[int, str], out: Path, folders: list[str],
+                                planted: str) -> None:
+    """On a failure, kill the command, the descendants it had at the signal and whatever names its folders, and
+    remove the folders and the planted segment."""
+    if command.poll() is None:
+        command.kill()
+    for pid, started in tree.items():
+        if _start_time(pid) == started:
+            os.kill(pid, signal.SIGKILL)
+    for marker in (str(out), *folders):
+        lifetime.kill_marked(marker)
+    for folder in folders:
+        shutil.rmtree(folder, ignore_errors=True)
+    if planted:
+        (lifetime.SHM_ROOT / planted).unlink(missing_ok=True)
+
+
 def _assert_interrupted(console: str, report: dict, by: str, processes: int) -> None:
     """One line says the rehearsal was interrupted; the report lists both runs as interrupted, with a plausible
     memory peak that covers many processes."""
@@ -149,17 +166,7 @@ def test_a_rehearsal_stopped_with_its_runs_up_leaves_no_process_folder_or_shared
         with own_out(out, overwrite=True):  # a rehearsal started again into the same --out may begin
             pass
     finally:  # on a failure, stop what this test started
-        if command.poll() is None:
-            command.kill()
-        for pid, started in tree.items():
-            if _start_time(pid) == started:
-                os.kill(pid, signal.SIGKILL)
-        for marker in (str(out), *ray_folders):
-            lifetime.kill_marked(marker)
-        for folder in ray_folders:
-            shutil.rmtree(folder, ignore_errors=True)
-        if planted:
-            (lifetime.SHM_ROOT / planted).unlink(missing_ok=True)
+        _stop_what_the_test_started(command, tree, out, ray_folders, planted)
 
 
 def test_a_two_node_rehearsal_killed_with_its_job_up_leaves_no_ray_node_process_or_shared_memory(tmp_path):
@@ -193,12 +200,4 @@ def test_a_two_node_rehearsal_killed_with_its_job_up_leaves_no_ray_node_process_
         print(f"SIGKILL, 2 nodes: {len(tree)} processes, the last gone {time.monotonic() - sent:.1f} s after it")
         assert not left, left
     finally:
-        if command.poll() is None:
-            command.kill()
-        for pid, started in tree.items():
-            if _start_time(pid) == started:
-                os.kill(pid, signal.SIGKILL)
-        for marker in (str(out), *folders):
-            lifetime.kill_marked(marker)
-        if planted:
-            (lifetime.SHM_ROOT / planted).unlink(missing_ok=True)
+        _stop_what_the_test_started(command, tree, out, folders, planted)
