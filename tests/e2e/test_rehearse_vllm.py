@@ -128,26 +128,38 @@ STREAMING = ["algorithm.filter_groups.streaming=true", "algorithm.filter_groups.
 
 def test_v1_colocate_async_streams_on_real_vllm_and_continues_what_verl_aborted(tmp_path):
     # Streaming: verl aborts what is still generating when the batch is full and continues it after the weight update;
-    # the sampler follows those groups first at the next step. The engine runs 2 sequences at a time (max_num_seqs
-    # scaled), so groups finish one by one.
+    # the sampler follows those groups first at the next step. With the stand-in's few-token responses and 2
+    # sequences at a time a group can take less than a TransferQueue poll on a loaded machine, so a step may see every
+    # group finished at once and have nothing left to abort (CI, at step 1). Here the engine runs one sequence at a
+    # time and every response runs its 16 tokens (ignore_eos), so groups finish one by one, each a poll's many times
+    # apart; and two steps may abort (the checkpoint, save_freq 3, settles step 3; step 4 is the resumed one).
     report, logged, out = run_rehearsal(tmp_path, "dapo_trainer", "trainer.v1.trainer_mode=colocate_async",
-                                        "actor_rollout_ref.rollout.n=4", *SIZES, *STREAMING)
+                                        "actor_rollout_ref.rollout.n=4", "actor_rollout_ref.rollout.max_num_seqs=1",
+                                        "actor_rollout_ref.rollout.ignore_eos=true", "data.max_response_length=16",
+                                        "reward.reward_kwargs.overlong_tokens=3",  # the recipe's 20% of the budget
+                                        *SIZES, *STREAMING, steps=4)
     assert report["ok"], report
-    trained = assert_dapo_metrics_every_step(logged, 3)
-    assert_real_vllm_ran(report, logged, out, 3)
+    trained = assert_dapo_metrics_every_step(logged, 4)
+    assert_real_vllm_ran(report, logged, out, 4)
     sampler = {step: {k.removeprefix("dapo/sampler/"): v for k, v in data.items() if k.startswith("dapo/sampler/")}
                for step, data in trained.items()}
-    assert sampler[1]["aborted_groups"] > 0  # the batch filled while groups were still generating ...
-    assert sampler[2]["resumed_groups"] == sampler[1]["carried_aborted_groups"] > 0  # ... followed at the next step
+    seen = {s: {k: v[k] for k in ("inflight_at_full", "aborted_groups", "resumed_groups", "carried_aborted_groups",
+                                  "dropped_aborted/stale")} for s, v in sampler.items()}
+    for step in (1, 2):
+        # What a step aborted is followed at the next, unless a group aborted twice has outgrown the staleness bound.
+        assert (sampler[step + 1]["resumed_groups"] + sampler[step + 1]["dropped_aborted/stale"]
+                == sampler[step]["carried_aborted_groups"]), seen
+    assert sampler[1]["aborted_groups"] + sampler[2]["aborted_groups"] > 0, seen  # a batch filled mid-generation
+    assert sampler[2]["resumed_groups"] + sampler[3]["resumed_groups"] > 0, seen  # ... and verl continued it
     assert max(s["trained_token_age_max"] for s in sampler.values()) <= 1  # continued tokens: at most 1 step old
-    assert sampler[2]["carried_aborted_groups"] == 0  # a checkpointed step leaves nothing in flight
+    assert sampler[3]["carried_aborted_groups"] == 0  # a checkpointed step leaves nothing in flight
     for data in trained.values():  # verl's truncated importance weights, which the dapo loss applies per token
         assert 0 < data["rollout_corr/rollout_is_mean"] <= 2.0  # rollout_is_threshold
     # Which groups finish first depends on timing, so the resumed step's data may differ; the restored state may not.
     assert not report["resume"]["required"] and "streaming" in report["resume"]["why_not_required"]
     resumed = training_steps(read_jsonl(out / "run2" / "metrics.jsonl"))
     for key in ("dapo/sampler/train_step", "dapo/sampler/groups_from_carry"):  # carried groups restored and served
-        assert resumed[3][key] == trained[3][key], key
+        assert resumed[4][key] == trained[4][key], key
 
 
 def test_verl_main_ppo_with_the_loss_mode_dapo_overrides_runs_on_real_vllm(tmp_path):
