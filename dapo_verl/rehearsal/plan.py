@@ -222,6 +222,11 @@ def _engine(p: Planner, shape: RehearsalShape) -> None:
         for key, value, reason in _VLLM_ON_CPU:
             p.set(f"actor_rollout_ref.rollout.{key}", value, reason, "engine")
         _whole_prefills_fit(p)
+        if (p.get("actor_rollout_ref.rollout.engine_kwargs") or {}).get("dapo_cpu", {}).get("response_lengths") \
+                == "long_tail":
+            p.set("actor_rollout_ref.rollout.logprobs_mode", "raw_logprobs", "long_tail lengths mask EOS before a "
+                  "request's drawn length (min_tokens), which vLLM's processed log-probs include; the raw ones are the "
+                  "model's own, as the actor computes them at temperature 1", "engine")
     else:
         p.set("actor_rollout_ref.rollout.name", "dapo_cpu", "CPU rollout replica in place of vLLM", "engine")
     p.set("actor_rollout_ref.rollout.calculate_log_probs", True,

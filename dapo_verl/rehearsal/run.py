@@ -197,6 +197,30 @@ def _check(options: RehearsalOptions) -> None:
         raise RehearsalError("--train-batch-size and --max-response-length must be >= 1.")
 
 
+def _check_length_options(config: DictConfig, engine: str) -> None:
+    """Refuse the stand-in's length options (``engine_kwargs.dapo_cpu``) here, not inside a started engine.
+
+    On vLLM, ``long_tail`` needs temperature 1: it masks EOS before the drawn length, so the rollout reports vLLM's
+    raw log-probabilities (the planner sets ``logprobs_mode``), which leave out the temperature.
+    """
+    from dapo_verl.preflight import ConfigRefused, Problem
+    from dapo_verl.rehearsal.bridges.response_lengths import OPTIONS_ENGINE, length_shape
+
+    key = f"actor_rollout_ref.rollout.engine_kwargs.{OPTIONS_ENGINE}"
+    rollout = config.actor_rollout_ref.rollout
+    try:
+        shape = length_shape(rollout)
+    except ValueError as err:
+        raise ConfigRefused([Problem(key, str(err))]) from None
+    temperature = select(config, "actor_rollout_ref.rollout.temperature")
+    if shape is not None and engine == "vllm" and temperature != 1.0:
+        raise ConfigRefused([Problem(key, f"{key}.response_lengths=long_tail on vLLM needs actor_rollout_ref."
+                                          f"rollout.temperature=1.0, not {temperature!r}: it masks EOS before the "
+                                          f"drawn length, so the rollout reports vLLM's raw log-probabilities, which "
+                                          f"leave out the temperature. Rehearse at temperature 1.0, or with --engine "
+                                          f"stand-in.")])
+
+
 def rehearse(options: RehearsalOptions, echo: Callable[[str], None] = print) -> RehearsalResult:
     """Run the rehearsal described in the module docstring and return what happened (see :mod:`.report`).
 
@@ -220,6 +244,7 @@ def rehearse(options: RehearsalOptions, echo: Callable[[str], None] = print) -> 
         raise RehearsalError(str(err)) from None
     config, entry = compose_recipe(options.config_name, options.overrides)
     check_verl_config(config, entry_module=entry[2], unset_env_is_problem=False)  # the recipe's paths are replaced
+    _check_length_options(config, engine.engine)
     if options.nodes > 1 and select(config, "trainer.v1.trainer_mode") == "separate_async":
         raise RehearsalError(f"--nodes {options.nodes}: trainer.v1.trainer_mode=separate_async places its rollout "
                              f"pool on nodes of its own, which a multi-node rehearsal does not set up yet; rehearse it "

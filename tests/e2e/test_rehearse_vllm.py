@@ -122,6 +122,8 @@ def test_v1_colocate_async_runs_on_real_vllm_and_resumes(tmp_path):
         assert resumed[3][key] == trained[3][key], key
 
 
+LONG_TAIL = ["+actor_rollout_ref.rollout.engine_kwargs.dapo_cpu.response_lengths=long_tail",
+             "data.max_response_length=32", "reward.reward_kwargs.overlong_tokens=6"]  # the recipe's 20% buffer
 STREAMING = ["algorithm.filter_groups.streaming=true", "algorithm.filter_groups.stream_oversample=2.0",
              "algorithm.filter_groups.surplus=carry", "algorithm.rollout_correction.rollout_is=token"]
 
@@ -186,13 +188,21 @@ def test_verl_main_ppo_with_the_loss_mode_dapo_overrides_runs_on_real_vllm(tmp_p
     assert report["resume"]["data_identical"], report["resume"]["differences"]
 
 
-def test_the_legacy_trainer_runs_on_real_vllm(tmp_path):
+def test_the_legacy_trainer_runs_on_real_vllm_with_long_tailed_lengths(tmp_path):
+    # DAPO-like lengths on vLLM itself (min_tokens = max_tokens = a length drawn with the request's seed): most far
+    # below the 32-token budget, a tail towards it; drawn again alike by the resumed run.
     report, logged, out = run_rehearsal(tmp_path, "dapo_trainer", "trainer.use_v1=false",
-                                        "actor_rollout_ref.rollout.n=4", *SIZES, steps=2)
+                                        "actor_rollout_ref.rollout.n=4", *SIZES, *LONG_TAIL, steps=2)
     assert report["ok"], report
-    assert_dapo_metrics_every_step(logged, 2)
+    trained = assert_dapo_metrics_every_step(logged, 2)
     assert_real_vllm_ran(report, logged, out, 2)
     assert report["resume"]["identical"], report["resume"]["differences"]
+    lengths = sorted(json.loads(line)["tokens"] for path in (out / "run1" / "engine").glob("requests-*.jsonl")
+                     for line in path.read_text().splitlines())  # every request, as vLLM's server answered it
+    assert len(lengths) >= 32 and lengths[-1] <= 32
+    assert lengths[len(lengths) // 2] <= 12 < lengths[-1]  # median near 0.15 x 32; a tail well past it
+    for data in trained.values():  # verl's own view of what it trained on
+        assert data["response_length/mean"] < 16 and data["response_length/min"] < data["response_length/max"]
 
 
 def test_v1_separate_async_lends_its_gpus_only_when_the_buffer_is_short_and_resumes(tmp_path):

@@ -164,6 +164,21 @@ def test_on_vllm_no_algorithm_key_or_sampling_parameter_changes(name, tmp_path):
     assert rollout.max_num_batched_tokens >= rollout.max_model_len and rollout.max_num_seqs >= 1
 
 
+def test_long_tailed_lengths_on_vllm_report_the_models_own_log_probs(tmp_path):
+    # The lengths mask EOS before each request's drawn length (min_tokens); vLLM's processed log-probs include that
+    # mask, its raw ones are the model's, which the actor recomputes: the only change is logprobs_mode.
+    plain, _ = compose_recipe("dapo_trainer", [])
+    assert "actor_rollout_ref.rollout.logprobs_mode" not in {
+        c.key for c in rehearsal_changes(plain, _shape(tmp_path, engine="vllm"))}
+    config, _ = compose_recipe("dapo_trainer", ["+actor_rollout_ref.rollout.engine_kwargs.dapo_cpu.response_lengths="
+                                                "long_tail"])
+    changes = {c.key: c for c in rehearsal_changes(config, _shape(tmp_path, engine="vllm"))}
+    assert changes["actor_rollout_ref.rollout.logprobs_mode"].rehearsal == "raw_logprobs"
+    assert changes["actor_rollout_ref.rollout.logprobs_mode"].recipe == "processed_logprobs"
+    assert "actor_rollout_ref.rollout.logprobs_mode" not in {  # the stand-in reports the model's own anyway
+        c.key for c in rehearsal_changes(config, _shape(tmp_path, engine="stand-in"))}
+
+
 def test_the_paper_recipes_engine_budgets_shrink_by_the_sequence_lengths_factor(tmp_path):
     config, _ = compose_recipe("dapo_qwen2.5_32b", [])
     changes = {c.key: c for c in rehearsal_changes(config, _shape(tmp_path, engine="vllm"))}

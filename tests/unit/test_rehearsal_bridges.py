@@ -1,4 +1,5 @@
-"""The rehearsal's bridges that need no verl run: recorded /dev/shm leftovers, request seeds, the weight-sync check."""
+"""The rehearsal's bridges that need no verl run: recorded /dev/shm leftovers, request seeds, the weight-sync check,
+the stand-in's response lengths."""
 
 from __future__ import annotations
 
@@ -9,11 +10,17 @@ import subprocess
 import sys
 import textwrap
 from multiprocessing import shared_memory
+from types import SimpleNamespace
 
 import pytest
 
+from dapo_verl.preflight import ConfigRefused
 from dapo_verl.rehearsal.bridges import cpu_leftovers, weight_probe
 from dapo_verl.rehearsal.bridges.request_seeds import RequestSeeds
+from dapo_verl.rehearsal.bridges.response_lengths import length_shape, shape_vllm_request, target_length
+from dapo_verl.rehearsal.options import RehearsalOptions
+from dapo_verl.rehearsal.run import rehearse
+from dapo_verl.sampler.simulated_engine import LongTailLengths
 
 _LEAKER = textwrap.dedent("""
     import os, sys, time
@@ -131,3 +138,50 @@ def test_a_push_that_changes_nothing_cannot_show_the_sync(tmp_path):
 def test_no_recorded_push_is_reported_as_such(tmp_path):
     check = weight_probe.weight_sync_check(tmp_path)
     assert not check["ok"] and check["pushes"] == 0 and "no weight push was recorded" in check["reason"]
+
+
+def _rollout(response_length=64, prompt_length=128, **options):
+    return SimpleNamespace(response_length=response_length, prompt_length=prompt_length,
+                           engine_kwargs={"dapo_cpu": options} if options else {})
+
+
+def test_a_vllm_request_is_held_to_its_drawn_length_within_its_budget():
+    config = _rollout(response_lengths="long_tail")
+    shape = length_shape(config)
+    assert shape is not None and shape.median == pytest.approx(0.15 * 64) and length_shape(_rollout()) is None
+    lengths = []
+    for seed in range(2000):
+        params = {"seed": seed, "temperature": 1.0}
+        length = shape_vllm_request(params, shape, [1, 2, 3], config)
+        assert params["min_tokens"] == params["max_tokens"] == length  # vLLM can neither stop early nor run on
+        assert length == min(64, target_length(shape, [1, 2, 3], seed))  # the drawn length, seeded like the tokens
+        lengths.append(length)
+    lengths.sort()
+    assert 6 <= lengths[1000] <= 13 and lengths[1800] >= 2 * lengths[1000]  # median near 0.15 x 64, a long tail
+    assert 0 < lengths.count(64) < 100  # a few run to the budget (truncated)
+    # verl's default budget leaves room for the prompt within prompt + response lengths ...
+    short = {"seed": 1}
+    assert shape_vllm_request(short, LongTailLengths(median=1000.0), list(range(180)), config) == 12  # 192 - 180
+    # ... and a continued request brings what is left of its budget (verl's partial-rollout client)
+    continued = {"seed": 1, "max_tokens": 5}
+    assert shape_vllm_request(continued, LongTailLengths(median=1000.0), [1], config) == 5
+
+
+@pytest.mark.parametrize(("options", "message"), [
+    ({"response_lengths": "pareto"}, "response_lengths='pareto'; expected model"),
+    ({"response_lengths": "long_tail", "median_fraction": 1.5}, "median_fraction=1.5; expected a share"),
+    ({"lengths": "long_tail"}, "unknown keys \\['lengths'\\]"),
+    ({"response_lengths": "long_tail", "temperature": 0.7}, "on vLLM needs actor_rollout_ref.rollout.temperature=1.0, "
+                                                             "not 0.7"),
+])
+def test_bad_length_options_are_refused_before_a_rehearsal_starts(tmp_path, options, message):
+    options = dict(options)
+    temperature = [f"actor_rollout_ref.rollout.temperature={options.pop('temperature')}"] if "temperature" in options \
+        else []
+    overrides = [f"+actor_rollout_ref.rollout.engine_kwargs.dapo_cpu.{k}={v}" for k, v in options.items()]
+    out = tmp_path / "never"
+    with pytest.raises(ConfigRefused, match=message) as refused:
+        rehearse(RehearsalOptions(config_name="dapo_trainer", overrides=(*overrides, *temperature), out_dir=out,
+                                  engine="vllm"), echo=lambda line: None)
+    assert refused.value.problems[0].key == "actor_rollout_ref.rollout.engine_kwargs.dapo_cpu"
+    assert not out.exists()  # refused before anything was written

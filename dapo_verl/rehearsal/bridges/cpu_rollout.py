@@ -19,13 +19,10 @@ cache released), refuses weights with unknown names or shapes, and reports the s
 ``stop_reason="aborted"``; new requests wait behind the closed gate, or fail with ``reject_request``, until
 ``resume_generation``), so verl's partial-rollout client and dapo_verl's streaming sampler run on it as on vLLM.
 
-Response lengths. A random stand-in model rarely emits EOS, so by default nearly every response runs to the
-budget. ``actor_rollout_ref.rollout.engine_kwargs.dapo_cpu.response_lengths=long_tail`` shapes them like DAPO's
-instead (:class:`~dapo_verl.sampler.simulated_engine.LongTailLengths`: most far below the budget, a tail to it, some
-truncated; median ``median_fraction`` of the budget, default 0.15): each request draws a target length, seeded like
-its tokens; EOS is kept out of the sampling before it and taken at it (a continued request, whose prompt holds its
-earlier tokens, draws its remaining length afresh). The reported log-probabilities stay the model's own, so verl's
-rollout-versus-actor check still compares like with like.
+Response lengths: by default the stand-in model decides (it rarely emits EOS, so nearly every response runs to
+the budget); ``actor_rollout_ref.rollout.engine_kwargs.dapo_cpu.response_lengths=long_tail`` draws DAPO-like
+lengths instead (:mod:`.response_lengths`): EOS is kept out of the sampling before a request's drawn length and
+taken at it. The reported log-probabilities stay the model's own.
 """
 
 from __future__ import annotations
@@ -33,9 +30,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import random
 import threading
-import zlib
 from collections.abc import Generator
 from typing import Any
 
@@ -46,7 +41,7 @@ from verl.workers.rollout.base import BaseRollout
 from verl.workers.rollout.replica import RolloutReplica, TokenOutput
 
 from dapo_verl.rehearsal.bridges.request_seeds import RequestSeeds
-from dapo_verl.sampler.simulated_engine import LongTailLengths
+from dapo_verl.rehearsal.bridges.response_lengths import length_shape, target_length
 
 __all__ = [
     "CPU_ROLLOUT_NAME",
@@ -139,7 +134,7 @@ class CpuRolloutServer:
         self.generated = 0
         self._lock = threading.Lock()
         self._seeds = RequestSeeds(int(getattr(self.config, "seed", 0) or 0))
-        self._lengths = _length_shape(self.config)
+        self._lengths = length_shape(self.config)
         self._open = asyncio.Event()  # the gate: closed between abort_all_requests and resume_generation
         self._open.set()
         self._aborting = threading.Event()  # seen by the sampling thread between two tokens
@@ -225,10 +220,7 @@ class CpuRolloutServer:
 
     def _target_length(self, prompt_ids: list[int], seed: int) -> int | None:
         """The response length drawn for this request (``long_tail``), or None when the model decides."""
-        if self._lengths is None:
-            return None
-        prompt = zlib.crc32(bytes(str(prompt_ids), "ascii"))
-        return max(1, round(self._lengths.draw(prompt, 0, random.Random(seed))))
+        return None if self._lengths is None else target_length(self._lengths, prompt_ids, seed)
 
     # -- weights and memory ---------------------------------------------------------------------------
 
@@ -375,24 +367,3 @@ class CpuServerAdapter(BaseRollout):
         state = {name: _full_cpu_tensor(tensor) for name, tensor in weights}
         if self.has_server:
             await self._handle().update_weights.remote(state, global_steps)
-
-
-def _length_shape(config: RolloutConfig) -> LongTailLengths | None:
-    """``engine_kwargs.dapo_cpu``'s response-length shape (module docstring), checked."""
-    options = dict((getattr(config, "engine_kwargs", None) or {}).get(CPU_ROLLOUT_NAME) or {})
-    key = f"actor_rollout_ref.rollout.engine_kwargs.{CPU_ROLLOUT_NAME}"
-    unknown = sorted(set(options) - {"response_lengths", "median_fraction"})
-    if unknown:
-        raise ValueError(f"{key} has unknown keys {unknown}; expected response_lengths (model or long_tail) and "
-                         f"median_fraction.")
-    shape = options.get("response_lengths", "model")
-    if shape not in ("model", "long_tail"):
-        raise ValueError(f"{key}.response_lengths={shape!r}; expected model (the stand-in model decides) or "
-                         f"long_tail (DAPO-like lengths).")
-    fraction = options.get("median_fraction", 0.15)
-    if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 < fraction <= 1:
-        raise ValueError(f"{key}.median_fraction={fraction!r}; expected a share of the response budget in (0, 1], "
-                         f"e.g. 0.15.")
-    if shape == "model":
-        return None
-    return LongTailLengths(median=max(1.0, fraction * config.response_length))

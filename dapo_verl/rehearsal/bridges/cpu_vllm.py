@@ -18,10 +18,11 @@ bind the same path and could exchange weights. Both record the shared memory the
 (:mod:`.cpu_leftovers`), and the vLLM side records which vLLM ran (``engine-<pid>.json``) for the report.
 
 In verl's processes, besides: each request to vLLM gets a seed from its content (:mod:`.request_seeds`), so a
-resumed run regenerates the uninterrupted run's groups; every request is recorded (:data:`REQUESTS`: when it
-started and ended, with which weights, how many tokens), so generation can be counted at the engine whichever
-sampler asked for it; and the weight-sync probe of :mod:`.weight_probe` runs around every weight push and on the
-engine's first request after it.
+resumed run regenerates the uninterrupted run's groups, and, with ``engine_kwargs.dapo_cpu.response_lengths=
+long_tail``, a DAPO-like length drawn with that seed (:mod:`.response_lengths`); every request is recorded
+(:data:`REQUESTS`: when it started and ended, with which weights, how many tokens), so generation can be counted at
+the engine whichever sampler asked for it; and the weight-sync probe of :mod:`.weight_probe` runs around every
+weight push and on the engine's first request after it.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from typing import Any
 from dapo_verl.rehearsal.bridges import cpu_leftovers, weight_probe
 from dapo_verl.rehearsal.bridges.import_patches import is_patched, mark, patch_on_import
 from dapo_verl.rehearsal.bridges.request_seeds import RequestSeeds
+from dapo_verl.rehearsal.bridges.response_lengths import length_shape, shape_vllm_request
 
 __all__ = ["RECORD_ENV", "REQUESTS", "SOCKET_ENV", "active", "install_verl_side", "register"]
 
@@ -213,6 +215,8 @@ def _patch_http_server(module: ModuleType, record_dir: Path) -> None:
             # vLLM seeds its engine once; a seed per request from its content makes a group independent of the
             # order requests arrive in (dapo_verl.rehearsal.bridges.request_seeds). vLLM takes a signed 64-bit seed.
             params["seed"] = state["seeds"].next(list(prompt_ids), params, self.global_steps) >> 1
+        if state["lengths"] is not None:  # engine_kwargs.dapo_cpu.response_lengths=long_tail
+            shape_vllm_request(params, state["lengths"], prompt_ids, self.config)
         started, weights = time.time(), self.global_steps
         output = await original_generate(self, prompt_ids, params, request_id, *args, **kwargs)
         _record_request(record_dir, started, weights, len(output.token_ids))
@@ -238,6 +242,6 @@ def _probe_state(server: Any) -> dict[str, Any]:
     if state is None:
         seed = int(server.config.seed or 0) + int(server.replica_rank)  # vLLM's own engine seed
         state = {"seq": 0, "pending": False, "lock": asyncio.Lock(), "seeds": RequestSeeds(seed),
-                 "weights": object()}
+                 "weights": object(), "lengths": length_shape(server.config)}
         server.__dict__["_dapo_rehearsal"] = state
     return state

@@ -1,0 +1,210 @@
+"""Streaming dynamic sampling on verl's real v1 trainer with real vLLM and long-tailed lengths: time and tokens.
+
+Every strategy runs the same recipe -- ``dapo_trainer`` through ``python -m dapo_verl.main`` (verl's v1 trainer, FSDP2
+workers, agent loop, TransferQueue and verl's own vLLM rollout on vLLM's CPU build, the stand-in model and data) --
+through ``dapo-verl rehearse`` with the same seeds, steps and sizes, and with the stand-in's DAPO-like response
+lengths on vLLM (``engine_kwargs.dapo_cpu.response_lengths=long_tail``: most far below the budget, a tail to it, some
+truncated; :mod:`dapo_verl.rehearsal.bridges.response_lengths`), so that aborting a tail can change time. They
+differ only in the trainer mode and the sampler keys (:data:`STRATEGIES`):
+
+* ``verl_sync`` -- verl's own ``ReplayBuffer`` with ``filter_groups`` (sync: refill two prompts per evicted group,
+  drain what is in flight, discard the surplus);
+* ``verl_async`` -- verl's own ``colocate_async`` with ``ReplayBufferAsync`` (warm-up batch, abort at full, resume
+  after the weight update, keep the surplus);
+* ``dapo_rounds`` -- ``DapoReplayBuffer`` with the shipped defaults (sync, adaptive rounds, surplus discarded);
+* ``dapo_stream_discard`` -- ``DapoReplayBuffer`` streaming in sync (groups counted as they finish, what is in flight
+  topped up, the replicas aborted once the batch is full; verl's sync client cannot continue an aborted request, so
+  aborted groups are discarded);
+* ``dapo_stream_carry`` -- ``DapoReplayBuffer`` streaming in ``colocate_async`` with ``surplus=carry`` and
+  ``stream_oversample=2`` (the candidate default of the simulated study: verl aborts at full and continues the
+  unfinished groups after the weight update; the sampler follows them first).
+
+What is counted, the same way for every strategy, from what verl and vLLM recorded:
+
+* **tokens generated per trained token**: the tokens vLLM's server returned for every request made with the previous
+  step's weights (``runN/engine/requests-*.jsonl``; a continued request returns only its new tokens), over the
+  response tokens of the trained batch (verl's ``response_length/mean`` x ``train_batch_size x n``);
+* **requests per trained response**: requests answered (a continued request is a request again) per trained one;
+* **engine busy time per step**: how long vLLM's server had at least one of the step's requests in flight (the union
+  of their start-to-end intervals), steps 2 on (step 1 holds vLLM's warm-up). It leaves out the time the engine
+  waits for a buffer to poll: verl's buffers sleep 2 s between polls of TransferQueue, ``DapoReplayBuffer`` 0.05 s,
+  so verl's idle waits are not charged to it (in its favour);
+* verl's ``timing_s/gen`` beside it (decided by those sleeps, so not a comparison), and ``DapoReplayBuffer``'s own
+  ``dapo/sampler/aborted_tokens``, ``resumed_tokens`` and ``gen_rounds``.
+
+Run: ``python -m benchmarks.bench_stream_engine --seeds 0 --steps 10`` (a progress line per run; about 3-5 min per
+run on 2 cores); writes ``--out`` (JSON, one entry per run) and prints a Markdown table. ``--reuse`` recomputes from
+the rehearsal folders of an earlier run. The declared test and its seeds: benchmarks/README.md ("Streaming on the
+real engine").
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from benchmarks.bench_rehearsal_sampler import SIZES, busy_seconds
+from benchmarks.sampler_report import commit_id, spread, write_result
+
+_VERL_BUFFER = ("trainer.v1.sampler.custom_sampler.path=null", "trainer.v1.sampler.custom_sampler.name=null",
+                "trainer.checkpoint_callback_class=null")
+_STREAM = ("algorithm.filter_groups.streaming=true",)
+STRATEGIES: dict[str, tuple[str, tuple[str, ...]]] = {
+    "verl_sync": ("verl v1 ReplayBuffer, filter_groups (sync: refill 2 per evicted group, drain, discard)",
+                  ("trainer.v1.trainer_mode=sync", *_VERL_BUFFER)),
+    "verl_async": ("verl v1 colocate_async, ReplayBufferAsync (abort at full, resume, keep surplus)",
+                   ("trainer.v1.trainer_mode=colocate_async", *_VERL_BUFFER)),
+    "dapo_rounds": ("DapoReplayBuffer, shipped defaults (sync, adaptive rounds, surplus discarded)",
+                    ("trainer.v1.trainer_mode=sync",)),
+    "dapo_stream_discard": ("DapoReplayBuffer streaming in sync (abort at full, discard)",
+                            ("trainer.v1.trainer_mode=sync", *_STREAM)),
+    "dapo_stream_carry": ("DapoReplayBuffer streaming in colocate_async, carry, 2x in flight",
+                          ("trainer.v1.trainer_mode=colocate_async", *_STREAM, "algorithm.filter_groups.surplus=carry",
+                           "algorithm.filter_groups.stream_oversample=2.0")),
+}
+"""name -> (label, the overrides that select it)."""
+
+COMMON = ("trainer.val_before_train=false", "trainer.test_freq=-1",
+          "+actor_rollout_ref.rollout.engine_kwargs.dapo_cpu.response_lengths=long_tail",
+          "reward.reward_kwargs.overlong_tokens=12")
+"""Every strategy: no validation (its requests would count), DAPO-like lengths, the overlong buffer at about the
+recipe's share of the response budget (20%)."""
+
+
+def step_rows(records: Path, metrics: Path, steps: int, responses_per_step: int) -> list[dict[str, Any]]:
+    """Per training step: what the engine answered with the previous step's weights (requests, tokens, busy time),
+    what was trained (verl's ``response_length/mean``), verl's ``timing_s/gen`` and the sampler's own counts."""
+    requests = [json.loads(line) for file in sorted(records.glob("requests-*.jsonl"))
+                for line in file.read_text().splitlines() if line.strip()]
+    logged: dict[int, dict[str, Any]] = {}
+    for line in metrics.read_text().splitlines():
+        if line.strip():
+            record = json.loads(line)
+            logged.setdefault(int(record["step"]), {}).update(record["data"])
+    rows = []
+    for step in range(1, steps + 1):
+        data = logged.get(step, {})
+        if "response_length/mean" not in data or "timing_s/gen" not in data:
+            raise RuntimeError(f"step {step} is missing from verl's log {metrics}; see the run's log.txt")
+        mine = [r for r in requests if r["weights"] == step - 1]
+        rows.append({
+            "requests": len(mine), "tokens": sum(int(r["tokens"]) for r in mine),
+            "trained_responses": responses_per_step,
+            "trained_tokens": float(data["response_length/mean"]) * responses_per_step,
+            "engine_busy_s": busy_seconds([(r["start"], r["end"]) for r in mine]),
+            "gen_time_s": float(data["timing_s/gen"]),
+            **{key: float(data[f"dapo/sampler/{key}"]) for key in ("gen_rounds", "aborted_tokens", "resumed_tokens")
+               if f"dapo/sampler/{key}" in data},
+        })
+    return rows
+
+
+def summarise(rows: list[dict[str, Any]]) -> dict[str, float]:
+    """One run's figures over its steps 2 on (step 1 holds vLLM's warm-up and, in colocate_async, the warm-up batch)."""
+    kept = rows[1:] or rows
+    summary = {
+        "tokens_per_trained": sum(r["tokens"] for r in kept) / sum(r["trained_tokens"] for r in kept),
+        "requests_per_trained": sum(r["requests"] for r in kept) / sum(r["trained_responses"] for r in kept),
+        "engine_busy_s": statistics.fmean(r["engine_busy_s"] for r in kept),
+        "gen_time_s": statistics.fmean(r["gen_time_s"] for r in kept),
+    }
+    for key in ("gen_rounds", "aborted_tokens", "resumed_tokens"):
+        if all(key in r for r in kept):
+            summary[key] = statistics.fmean(r[key] for r in kept)
+    return summary
+
+
+def run_one(strategy: str, seed: int, args: argparse.Namespace) -> dict[str, Any]:
+    """One rehearsal (no resume) of ``strategy``: its rows and summary."""
+    from dapo_verl.rehearsal.run import RehearsalOptions, rehearse
+
+    out = args.work / f"{strategy}-seed{seed}"
+    overrides = (*SIZES, *COMMON, f"data.max_response_length={args.response_length}",
+                 f"actor_rollout_ref.rollout.n={args.group_size}",
+                 f"actor_rollout_ref.rollout.max_num_seqs={args.max_num_seqs}",
+                 f"actor_rollout_ref.rollout.seed={seed}", *STRATEGIES[strategy][1])
+    saved = out / "report.json"
+    if args.reuse and saved.is_file():
+        report = json.loads(saved.read_text())
+    else:
+        options = RehearsalOptions(config_name="dapo_trainer", overrides=overrides, out_dir=out, steps=args.steps,
+                                   resume=False, overwrite=True, seed=seed, train_batch_size=args.train_batch_size,
+                                   engine="vllm")
+        report = rehearse(options, echo=lambda line: print(f"  {line}", file=sys.stderr, flush=True)).report
+    if not report["runs"] or report["runs"][0]["returncode"] != 0:
+        raise RuntimeError(f"{strategy} seed {seed} failed: {report['runs'][0]['error'] if report['runs'] else ''}; "
+                           f"see {out}/run1/log.txt")
+    rows = step_rows(out / "run1" / "engine", out / "run1" / "metrics.jsonl", args.steps,
+                     args.train_batch_size * args.group_size)
+    return {"strategy": strategy, "seed": seed, "wall_s": report["runs"][0]["wall_s"], "steps": rows,
+            **summarise(rows)}
+
+
+def table(result: dict[str, Any]) -> str:
+    """Markdown: mean ± sd over seeds per strategy, and the busy-time ratio against verl_sync on the same seeds."""
+    runs = {name: {r["seed"]: r for r in entry["runs"]} for name, entry in result["strategies"].items()}
+    base = runs.get("verl_sync", {})
+    lines = ["| strategy | tokens generated / trained | requests / trained response | engine busy / step (s) | "
+             "x verl sync (busy) | aborted / resumed tokens per step | verl timing_s/gen (poll-bound, s) |",
+             "|---|---|---|---|---|---|---|"]
+    for name, entry in result["strategies"].items():
+        s = entry["summary"]
+        ratios = [run["engine_busy_s"] / base[seed]["engine_busy_s"] for seed, run in runs[name].items()
+                  if seed in base]
+        ratio = f"{statistics.fmean(ratios):.2f}" if ratios else "-"
+        carried = (f"{s['aborted_tokens']['mean']:.0f} / {s['resumed_tokens']['mean']:.0f}" if "aborted_tokens" in s
+                   else "not logged")
+        tokens = s["tokens_per_trained"]
+        lines.append(f"| {entry['label']} | {tokens['mean']:.2f} ± {tokens['sd']:.2f} "
+                     f"| {s['requests_per_trained']['mean']:.2f} | {s['engine_busy_s']['mean']:.2f} ± "
+                     f"{s['engine_busy_s']['sd']:.2f} | {ratio} | {carried} | {s['gen_time_s']['mean']:.2f} |")
+    return "\n".join(lines)
+
+
+def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_stream_engine",
+                                     description=__doc__.split("\n")[0])
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0], help="seeds (default: 0)")
+    parser.add_argument("--steps", type=int, default=10, help="training steps per run (default: 10)")
+    parser.add_argument("--train-batch-size", type=int, default=16, help="prompts per step (default: 16)")
+    parser.add_argument("--group-size", type=int, default=8, help="responses per prompt (default: 8)")
+    parser.add_argument("--response-length", type=int, default=64, help="response budget, tokens (default: 64)")
+    parser.add_argument("--max-num-seqs", type=int, default=128,
+                        help="sequences vLLM runs at once (default: 128, a step's first round at once, as a GPU "
+                             "replica's 256 hold the paper's)")
+    parser.add_argument("--strategies", nargs="+", default=list(STRATEGIES), choices=list(STRATEGIES))
+    parser.add_argument("--work", type=Path, default=Path("runs/bench/stream_engine"), help="rehearsal folders")
+    parser.add_argument("--out", type=Path, default=Path("runs/bench/bench_stream_engine.json"))
+    parser.add_argument("--reuse", action="store_true", help="recompute from earlier rehearsal folders in --work")
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    args = _parse_args(argv)
+    result: dict[str, Any] = {"benchmark": "bench_stream_engine", "commit": commit_id(),
+                              "settings": {k: str(v) for k, v in vars(args).items()}, "strategies": {}}
+    total, done = len(args.strategies) * len(args.seeds), 0
+    for seed in args.seeds:  # seeds outermost: an interrupted run still has every strategy on its first seeds
+        for strategy in args.strategies:
+            done += 1
+            print(f"[{done}/{total}] {strategy} seed {seed}: {args.steps} steps on vLLM ...", file=sys.stderr,
+                  flush=True)
+            run = run_one(strategy, seed, args)
+            print(json.dumps({k: v for k, v in run.items() if k != "steps"}), flush=True)
+            entry = result["strategies"].setdefault(strategy, {"label": STRATEGIES[strategy][0], "runs": []})
+            entry["runs"].append(run)
+            entry["summary"] = {key: spread([r[key] for r in entry["runs"]]) for key in entry["runs"][0]
+                                if key not in ("strategy", "seed", "steps")
+                                and all(key in r for r in entry["runs"])}
+            write_result(result, args.out)
+    print(table(result))
+    return result
+
+
+if __name__ == "__main__":
+    main()
