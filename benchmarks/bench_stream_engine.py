@@ -1,11 +1,13 @@
 """Streaming dynamic sampling on verl's real v1 trainer with real vLLM and long-tailed lengths: time and tokens.
 
-Every strategy runs the same recipe -- ``dapo_trainer`` through ``python -m dapo_verl.main`` (verl's v1 trainer, FSDP2
-workers, agent loop, TransferQueue and verl's own vLLM rollout on vLLM's CPU build, the stand-in model and data) --
-through ``dapo-verl rehearse`` with the same seeds, steps and sizes, and with the stand-in's DAPO-like response
-lengths on vLLM (``engine_kwargs.dapo_cpu.response_lengths=long_tail``: most far below the budget, a tail to it, some
-truncated; :mod:`dapo_verl.rehearsal.bridges.response_lengths`), so that aborting a tail can change time. They
-differ only in the trainer mode and the sampler keys (:data:`STRATEGIES`):
+Every strategy runs verl's v1 trainer (FSDP2 workers, agent loop, TransferQueue and verl's own vLLM rollout on
+vLLM's CPU build, the stand-in model and data) with the dapo loss, advantage and reward manager, through ``dapo-verl
+rehearse`` with the same seeds, steps and sizes -- verl's own buffers through ``verl.trainer.main_ppo`` with the
+``loss_mode=dapo`` overrides, DapoReplayBuffer through ``python -m dapo_verl.main`` -- and with the stand-in's
+DAPO-like response lengths on vLLM (``engine_kwargs.dapo_cpu.response_lengths=long_tail``: most far below the budget,
+a tail to it, some truncated; :mod:`dapo_verl.rehearsal.bridges.response_lengths`), so that aborting a tail can change
+time. They
+differ only in the entry point, the trainer mode and the sampler keys (:data:`STRATEGIES`):
 
 * ``verl_sync`` -- verl's own ``ReplayBuffer`` with ``filter_groups`` (sync: refill two prompts per evicted group,
   drain what is in flight, discard the surplus);
@@ -32,8 +34,12 @@ What is counted, the same way for every strategy, from what verl and vLLM record
 * verl's ``timing_s/gen`` beside it (decided by those sleeps, so not a comparison), and ``DapoReplayBuffer``'s own
   ``dapo/sampler/aborted_tokens``, ``resumed_tokens`` and ``gen_rounds``.
 
-Run: ``python -m benchmarks.bench_stream_engine --seeds 0 --steps 10`` (a progress line per run; about 3-5 min per
-run on 2 cores); writes ``--out`` (JSON, one entry per run) and prints a Markdown table. ``--reuse`` recomputes from
+Prompts: half the training file is the rehearsal's generated problems (answers 1 or 2: the stand-in is right about a
+third of the time, so nearly every group of 8 is mixed), half problems it cannot answer (:func:`write_unsolvable_rows`,
+all-wrong groups): about half of a fresh batch is informative, as early in the paper's run.
+
+Run: ``python -m benchmarks.bench_stream_engine --seeds 0`` (a progress line per run; about 3-4 min per run on 2
+cores); writes ``--out`` (JSON, one entry per run) and prints a Markdown table. ``--reuse`` recomputes from
 the rehearsal folders of an earlier run. The declared test and its seeds: benchmarks/README.md ("Streaming on the
 real engine").
 """
@@ -51,29 +57,66 @@ from typing import Any
 from benchmarks.bench_rehearsal_sampler import SIZES, busy_seconds
 from benchmarks.sampler_report import commit_id, spread, write_result
 
-_VERL_BUFFER = ("trainer.v1.sampler.custom_sampler.path=null", "trainer.v1.sampler.custom_sampler.name=null",
-                "trainer.checkpoint_callback_class=null")
+_VERL = ("actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.actor.policy_loss.loss_mode=dapo",
+         "actor_rollout_ref.actor.clip_ratio_low=0.2", "actor_rollout_ref.actor.clip_ratio_high=0.28",
+         "actor_rollout_ref.actor.loss_agg_mode=token-mean", "algorithm.adv_estimator=dapo",
+         "reward.reward_manager.name=dapo_verl", "+reward.reward_kwargs.overlong_tokens=12",
+         "+reward.reward_kwargs.overlong_penalty_factor=1.0", "algorithm.filter_groups.enable=true",
+         "algorithm.filter_groups.metric=acc", "algorithm.filter_groups.max_num_gen_batches=10")
+"""verl's own buffers: ``ppo_trainer`` with docs/verl.md's ``loss_mode=dapo`` overrides and ``filter_groups`` on
+``acc`` (``python -m dapo_verl.main`` always runs DapoReplayBuffer; its pre-flight check refuses anything else)."""
+_OURS = ("reward.reward_kwargs.overlong_tokens=12",)
 _STREAM = ("algorithm.filter_groups.streaming=true",)
-STRATEGIES: dict[str, tuple[str, tuple[str, ...]]] = {
+STRATEGIES: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "verl_sync": ("verl v1 ReplayBuffer, filter_groups (sync: refill 2 per evicted group, drain, discard)",
-                  ("trainer.v1.trainer_mode=sync", *_VERL_BUFFER)),
+                  "ppo_trainer", ("trainer.v1.trainer_mode=sync", *_VERL)),
     "verl_async": ("verl v1 colocate_async, ReplayBufferAsync (abort at full, resume, keep surplus)",
-                   ("trainer.v1.trainer_mode=colocate_async", *_VERL_BUFFER)),
+                   "ppo_trainer", ("trainer.v1.trainer_mode=colocate_async", *_VERL)),
     "dapo_rounds": ("DapoReplayBuffer, shipped defaults (sync, adaptive rounds, surplus discarded)",
-                    ("trainer.v1.trainer_mode=sync",)),
+                    "dapo_trainer", ("trainer.v1.trainer_mode=sync", *_OURS)),
     "dapo_stream_discard": ("DapoReplayBuffer streaming in sync (abort at full, discard)",
-                            ("trainer.v1.trainer_mode=sync", *_STREAM)),
+                            "dapo_trainer", ("trainer.v1.trainer_mode=sync", *_OURS, *_STREAM)),
     "dapo_stream_carry": ("DapoReplayBuffer streaming in colocate_async, carry, 2x in flight",
-                          ("trainer.v1.trainer_mode=colocate_async", *_STREAM, "algorithm.filter_groups.surplus=carry",
-                           "algorithm.filter_groups.stream_oversample=2.0")),
+                          "dapo_trainer", ("trainer.v1.trainer_mode=colocate_async", *_OURS, *_STREAM,
+                                           "algorithm.filter_groups.surplus=carry",
+                                           "algorithm.filter_groups.stream_oversample=2.0")),
 }
-"""name -> (label, the overrides that select it)."""
+"""name -> (label, config, the overrides that select it). Both configs run verl's v1 trainer with the dapo loss,
+advantage and reward manager; the loss and reward settings are the same."""
 
 COMMON = ("trainer.val_before_train=false", "trainer.test_freq=-1",
-          "+actor_rollout_ref.rollout.engine_kwargs.dapo_cpu.response_lengths=long_tail",
-          "reward.reward_kwargs.overlong_tokens=12")
-"""Every strategy: no validation (its requests would count), DAPO-like lengths, the overlong buffer at about the
-recipe's share of the response budget (20%)."""
+          "+actor_rollout_ref.rollout.engine_kwargs.dapo_cpu.response_lengths=long_tail")
+"""Every strategy: no validation (its requests would count), DAPO-like lengths; the overlong buffer (12 tokens) is
+about the recipe's share (20%) of the default 64-token budget."""
+
+
+def write_unsolvable_rows(path: Path, num_rows: int, *, seed: int) -> Path:
+    """``num_rows`` DAPO-Math rows whose answers (3 to 9) the stand-in model cannot give: their groups are all wrong.
+
+    The rehearsal takes half its training file from the recipe's files and generates the other half with answers 1
+    or 2, which the stand-in gets right about a third of the time (nearly every group of 8 is informative). Given
+    these as ``data.train_files``, about half of a fresh batch is informative, the paper's share early in its run
+    (54%, falling to 25%).
+    """
+    import random
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from dapo_verl.data.schema import OUTPUT_SCHEMA, dapo_prompt
+
+    rng, rows = random.Random(seed), []
+    for i in range(num_rows):
+        answer, a = rng.randint(3, 9), rng.randint(0, 9)
+        problem = f"Hard problem {i}: what is {a + answer} - {a}?"  # distinct from the rehearsal's "Problem i"
+        rows.append({"data_source": "math_dapo", "prompt": [{"content": dapo_prompt(problem), "role": "user"}],
+                     "ability": "MATH",
+                     "reward_model": {"ground_truth": str(answer), "style": "rule-lighteval/MATH_v2"},
+                     "extra_info": {"index": i, "source_id": f"unsolvable-{i}", "raw_problem": problem,
+                                    "split": "train"}})
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.Table.from_pylist(rows, schema=OUTPUT_SCHEMA), path)
+    return path
 
 
 def step_rows(records: Path, metrics: Path, steps: int, responses_per_step: int) -> list[dict[str, Any]]:
@@ -105,8 +148,10 @@ def step_rows(records: Path, metrics: Path, steps: int, responses_per_step: int)
 
 
 def summarise(rows: list[dict[str, Any]]) -> dict[str, float]:
-    """One run's figures over its steps 2 on (step 1 holds vLLM's warm-up and, in colocate_async, the warm-up batch)."""
-    kept = rows[1:] or rows
+    """One run's figures over its steps 2 to N-2: step 1 holds vLLM's warm-up (and colocate_async's warm-up batch);
+    the rehearsal checkpoints before the last step, and DapoReplayBuffer lets what is in flight finish before a
+    checkpoint and at the end (nothing partial is saved), so the last two steps do not stream."""
+    kept = rows[1:-2] or rows
     summary = {
         "tokens_per_trained": sum(r["tokens"] for r in kept) / sum(r["trained_tokens"] for r in kept),
         "requests_per_trained": sum(r["requests"] for r in kept) / sum(r["trained_responses"] for r in kept),
@@ -124,17 +169,18 @@ def run_one(strategy: str, seed: int, args: argparse.Namespace) -> dict[str, Any
     from dapo_verl.rehearsal.run import RehearsalOptions, rehearse
 
     out = args.work / f"{strategy}-seed{seed}"
-    overrides = (*SIZES, *COMMON, f"data.max_response_length={args.response_length}",
+    unsolvable = write_unsolvable_rows(args.work / "unsolvable.parquet", args.train_rows // 2, seed=1234)
+    overrides = (*SIZES, *COMMON, f"data.train_files={unsolvable}", f"data.max_response_length={args.response_length}",
                  f"actor_rollout_ref.rollout.n={args.group_size}",
                  f"actor_rollout_ref.rollout.max_num_seqs={args.max_num_seqs}",
-                 f"actor_rollout_ref.rollout.seed={seed}", *STRATEGIES[strategy][1])
+                 f"actor_rollout_ref.rollout.seed={seed}", *STRATEGIES[strategy][2])
     saved = out / "report.json"
     if args.reuse and saved.is_file():
         report = json.loads(saved.read_text())
     else:
-        options = RehearsalOptions(config_name="dapo_trainer", overrides=overrides, out_dir=out, steps=args.steps,
-                                   resume=False, overwrite=True, seed=seed, train_batch_size=args.train_batch_size,
-                                   engine="vllm")
+        options = RehearsalOptions(config_name=STRATEGIES[strategy][1], overrides=overrides, out_dir=out,
+                                   steps=args.steps, resume=False, overwrite=True, seed=seed,
+                                   train_batch_size=args.train_batch_size, train_rows=args.train_rows, engine="vllm")
         report = rehearse(options, echo=lambda line: print(f"  {line}", file=sys.stderr, flush=True)).report
     if not report["runs"] or report["runs"][0]["returncode"] != 0:
         raise RuntimeError(f"{strategy} seed {seed} failed: {report['runs'][0]['error'] if report['runs'] else ''}; "
@@ -170,7 +216,10 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_stream_engine",
                                      description=__doc__.split("\n")[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0], help="seeds (default: 0)")
-    parser.add_argument("--steps", type=int, default=10, help="training steps per run (default: 10)")
+    parser.add_argument("--steps", type=int, default=13,
+                        help="training steps per run (default: 13; steps 2 to 11 are measured)")
+    parser.add_argument("--train-rows", type=int, default=1024,
+                        help="rows of the training file, half of them unsolvable (default: 1024)")
     parser.add_argument("--train-batch-size", type=int, default=16, help="prompts per step (default: 16)")
     parser.add_argument("--group-size", type=int, default=8, help="responses per prompt (default: 8)")
     parser.add_argument("--response-length", type=int, default=64, help="response budget, tokens (default: 64)")
