@@ -14,8 +14,9 @@ How each engine keeps to the drawn length:
   response ends at its length without EOS, which verl and the reward treat as a finished response (not truncated:
   shorter than the budget); a length past the budget runs to the budget and is truncated.
 
-Either way the reported log-probabilities are the model's own (vLLM reports the raw ones, before its EOS mask), so
-verl's rollout-versus-actor check compares like with like.
+Either way the reported log-probabilities are the model's own (on vLLM the rehearsal sets ``logprobs_mode=
+raw_logprobs``: the processed ones would include the EOS mask; so it needs temperature 1), and verl's
+rollout-versus-actor check compares like with like.
 """
 
 from __future__ import annotations
