@@ -100,9 +100,33 @@ def step_counts(records: Path, metrics: Path, steps: int, trained_per_step: int)
     return rows
 
 
+def rehearsed(options: Any, *, reuse: bool, what: str) -> dict[str, Any]:
+    """The report of the rehearsal ``options`` describes: the one saved in its ``out_dir`` with ``reuse``, else a new
+    run's (progress on stderr). Raises RuntimeError naming ``what`` and the log when its first run failed."""
+    from dapo_verl.rehearsal.run import rehearse
+
+    saved = options.out_dir / "report.json"
+    if reuse and saved.is_file():
+        report = json.loads(saved.read_text())
+    else:
+        report = rehearse(options, echo=lambda line: print(f"  {line}", file=sys.stderr, flush=True)).report
+    if not report["runs"] or report["runs"][0]["returncode"] != 0:
+        raise RuntimeError(f"{what} failed: {report['runs'][0]['error'] if report['runs'] else ''}; "
+                           f"see {options.out_dir}/run1/log.txt")
+    return report
+
+
+def add_run_arguments(parser: argparse.ArgumentParser, strategies: Sequence[str], name: str) -> None:
+    """The options every rehearsal benchmark takes: strategies, rehearsal folders, result file, reuse."""
+    parser.add_argument("--strategies", nargs="+", default=list(strategies), choices=list(strategies))
+    parser.add_argument("--work", type=Path, default=Path(f"runs/bench/{name}"), help="rehearsal folders")
+    parser.add_argument("--out", type=Path, default=Path(f"runs/bench/bench_{name}.json"))
+    parser.add_argument("--reuse", action="store_true", help="recompute from earlier rehearsal folders in --work")
+
+
 def run_one(strategy: str, seed: int, args: argparse.Namespace) -> dict[str, Any]:
     """One rehearsal (no resume) of ``strategy``; its per-step counts and their means."""
-    from dapo_verl.rehearsal.run import RehearsalOptions, rehearse
+    from dapo_verl.rehearsal.run import RehearsalOptions
 
     out = args.work / f"{strategy}-seed{seed}"
     overrides = (*README_OVERRIDES, *SIZES, *DYNAMIC_SAMPLING, f"actor_rollout_ref.rollout.n={args.group_size}",
@@ -110,14 +134,7 @@ def run_one(strategy: str, seed: int, args: argparse.Namespace) -> dict[str, Any
     options = RehearsalOptions(config_name="ppo_trainer", overrides=overrides, out_dir=out, steps=args.steps,
                                resume=False, overwrite=True, seed=seed, train_batch_size=args.train_batch_size,
                                engine="vllm")
-    saved = out / "report.json"
-    if args.reuse and saved.is_file():
-        report = json.loads(saved.read_text())
-    else:
-        report = rehearse(options, echo=lambda line: print(f"  {line}", file=sys.stderr, flush=True)).report
-    if not report["runs"] or report["runs"][0]["returncode"] != 0:
-        raise RuntimeError(f"{strategy} seed {seed} failed: {report['runs'][0]['error'] if report['runs'] else ''}; "
-                           f"see {out}/run1/log.txt")
+    report = rehearsed(options, reuse=args.reuse, what=f"{strategy} seed {seed}")
     rows = step_counts(out / "run1" / "engine", out / "run1" / "metrics.jsonl", args.steps,
                        args.train_batch_size * args.group_size)
     generated, trained = sum(r["generated"] for r in rows), sum(r["trained"] for r in rows)
@@ -154,10 +171,7 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=6, help="training steps per run (default: 6)")
     parser.add_argument("--train-batch-size", type=int, default=4, help="prompts per step (default: 4)")
     parser.add_argument("--group-size", type=int, default=4, help="responses per prompt (default: 4)")
-    parser.add_argument("--strategies", nargs="+", default=list(STRATEGIES), choices=list(STRATEGIES))
-    parser.add_argument("--work", type=Path, default=Path("runs/bench/rehearsal_sampler"), help="rehearsal folders")
-    parser.add_argument("--out", type=Path, default=Path("runs/bench/bench_rehearsal_sampler.json"))
-    parser.add_argument("--reuse", action="store_true", help="recompute from earlier rehearsal folders in --work")
+    add_run_arguments(parser, list(STRATEGIES), "rehearsal_sampler")
     return parser.parse_args(argv)
 
 

@@ -54,7 +54,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from benchmarks.bench_rehearsal_sampler import SIZES, busy_seconds
+from benchmarks.bench_rehearsal_sampler import SIZES, add_run_arguments, busy_seconds, rehearsed
 from benchmarks.sampler_report import commit_id, spread, write_result
 
 _VERL = ("actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.actor.policy_loss.loss_mode=dapo",
@@ -166,7 +166,7 @@ def summarise(rows: list[dict[str, Any]]) -> dict[str, float]:
 
 def run_one(strategy: str, seed: int, args: argparse.Namespace) -> dict[str, Any]:
     """One rehearsal (no resume) of ``strategy``: its rows and summary."""
-    from dapo_verl.rehearsal.run import RehearsalOptions, rehearse
+    from dapo_verl.rehearsal.run import RehearsalOptions
 
     out = args.work / f"{strategy}-seed{seed}"
     unsolvable = write_unsolvable_rows(args.work / "unsolvable.parquet", args.train_rows // 2, seed=1234)
@@ -174,17 +174,10 @@ def run_one(strategy: str, seed: int, args: argparse.Namespace) -> dict[str, Any
                  f"actor_rollout_ref.rollout.n={args.group_size}",
                  f"actor_rollout_ref.rollout.max_num_seqs={args.max_num_seqs}",
                  f"actor_rollout_ref.rollout.seed={seed}", *STRATEGIES[strategy][2])
-    saved = out / "report.json"
-    if args.reuse and saved.is_file():
-        report = json.loads(saved.read_text())
-    else:
-        options = RehearsalOptions(config_name=STRATEGIES[strategy][1], overrides=overrides, out_dir=out,
-                                   steps=args.steps, resume=False, overwrite=True, seed=seed,
-                                   train_batch_size=args.train_batch_size, train_rows=args.train_rows, engine="vllm")
-        report = rehearse(options, echo=lambda line: print(f"  {line}", file=sys.stderr, flush=True)).report
-    if not report["runs"] or report["runs"][0]["returncode"] != 0:
-        raise RuntimeError(f"{strategy} seed {seed} failed: {report['runs'][0]['error'] if report['runs'] else ''}; "
-                           f"see {out}/run1/log.txt")
+    options = RehearsalOptions(config_name=STRATEGIES[strategy][1], overrides=overrides, out_dir=out,
+                               steps=args.steps, resume=False, overwrite=True, seed=seed,
+                               train_batch_size=args.train_batch_size, train_rows=args.train_rows, engine="vllm")
+    report = rehearsed(options, reuse=args.reuse, what=f"{strategy} seed {seed}")
     rows = step_rows(out / "run1" / "engine", out / "run1" / "metrics.jsonl", args.steps,
                      args.train_batch_size * args.group_size)
     return {"strategy": strategy, "seed": seed, "wall_s": report["runs"][0]["wall_s"], "steps": rows,
@@ -226,10 +219,7 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--max-num-seqs", type=int, default=128,
                         help="sequences vLLM runs at once (default: 128, a step's first round at once, as a GPU "
                              "replica's 256 hold the paper's)")
-    parser.add_argument("--strategies", nargs="+", default=list(STRATEGIES), choices=list(STRATEGIES))
-    parser.add_argument("--work", type=Path, default=Path("runs/bench/stream_engine"), help="rehearsal folders")
-    parser.add_argument("--out", type=Path, default=Path("runs/bench/bench_stream_engine.json"))
-    parser.add_argument("--reuse", action="store_true", help="recompute from earlier rehearsal folders in --work")
+    add_run_arguments(parser, list(STRATEGIES), "stream_engine")
     return parser.parse_args(argv)
 
 
