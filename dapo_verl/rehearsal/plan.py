@@ -40,6 +40,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from dapo_verl.rehearsal.bridges.response_lengths import length_shape
 from dapo_verl.rehearsal.changes import Change, Planner, RehearsalShape, select
 
 __all__ = ["ONLINE_LOGGERS", "Change", "RehearsalShape", "override_keys", "rehearsal_changes", "select"]
@@ -222,8 +223,7 @@ def _engine(p: Planner, shape: RehearsalShape) -> None:
         for key, value, reason in _VLLM_ON_CPU:
             p.set(f"actor_rollout_ref.rollout.{key}", value, reason, "engine")
         _whole_prefills_fit(p)
-        if (p.get("actor_rollout_ref.rollout.engine_kwargs") or {}).get("dapo_cpu", {}).get("response_lengths") \
-                == "long_tail":
+        if length_shape(p.config.actor_rollout_ref.rollout) is not None:  # long_tail (checked before planning)
             p.set("actor_rollout_ref.rollout.logprobs_mode", "raw_logprobs", "long_tail lengths mask EOS before a "
                   "request's drawn length (min_tokens), which vLLM's processed log-probs include; the raw ones are the "
                   "model's own, as the actor computes them at temperature 1", "engine")
