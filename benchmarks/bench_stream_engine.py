@@ -28,9 +28,11 @@ What is counted, the same way for every strategy, from what verl and vLLM record
   response tokens of the trained batch (verl's ``response_length/mean`` x ``train_batch_size x n``);
 * **requests per trained response**: requests answered (a continued request is a request again) per trained one;
 * **engine busy time per step**: how long vLLM's server had at least one of the step's requests in flight (the union
-  of their start-to-end intervals), steps 2 on (step 1 holds vLLM's warm-up). It leaves out the time the engine
-  waits for a buffer to poll: verl's buffers sleep 2 s between polls of TransferQueue, ``DapoReplayBuffer`` 0.05 s,
-  so verl's idle waits are not charged to it (in its favour);
+  of their intervals from admission to end: a request verl's closed gate held -- colocate_async continues its aborted
+  requests at once, and they wait out the training step there -- is counted from when it was let in, and belongs
+  to the step of the weights it was let in under), steps 2 on (step 1 holds vLLM's warm-up). It leaves out the
+  time the engine waits for a buffer to poll: verl's buffers sleep 2 s between polls of TransferQueue,
+  ``DapoReplayBuffer`` 0.05 s, so verl's idle waits are not charged to it (in its favour);
 * verl's ``timing_s/gen`` beside it (decided by those sleeps, so not a comparison), and ``DapoReplayBuffer``'s own
   ``dapo/sampler/aborted_tokens``, ``resumed_tokens`` and ``gen_rounds``.
 

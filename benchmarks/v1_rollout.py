@@ -170,6 +170,7 @@ class SimulatedRollout:
             raise ValueError(f"writer={writer!r}; expected 'verl' or 'batched'.")
         self.writer = writer
         self._keep_aborted = False
+        self._rejecting = False  # set by an abort with reject_request until the resume
         self.config = config
         self.pass_rate = pass_rate
         self.seed = seed
@@ -258,6 +259,11 @@ class SimulatedRollout:
         (``FullyAsyncLLMServerClient`` in colocate_async). Every session of a group shares its clock."""
         total = remaining = group.latency * self.latency_scale_s
         while True:
+            if not self._open.is_set() and self._rejecting:  # verl's server answers a late arrival as aborted
+                if not group.aborted:
+                    group.aborted = True
+                    group.lengths = [0] * len(group.lengths)
+                return group
             await self._open.wait()  # parked behind the closed gate, as vLLM parks requests after an abort
             abort, started = self._abort, self._loop.time()
             try:
@@ -271,14 +277,17 @@ class SimulatedRollout:
                     group.lengths = [int(length * (1.0 - remaining / total)) for length in group.lengths]
                 return group
 
-    def abort(self, *, keep: bool) -> None:
+    def abort(self, *, keep: bool, reject_request: bool = False) -> None:
         """Thread timing: abort every running generation and close the gate (verl's ``abort_replicas``); with
-        ``keep`` the aborted generations continue after :meth:`resume`, else they return what they held."""
+        ``keep`` the aborted generations continue after :meth:`resume`, else they return what they held. With
+        ``reject_request`` a generation reaching the closed gate returns at once with nothing generated, as verl's
+        server rejects it; without, it parks until :meth:`resume`."""
         if self._thread is None:
             raise NotImplementedError("abort() needs thread timing; virtual timing models no abort.")
 
         async def close_gate() -> None:
             self._keep_aborted = keep
+            self._rejecting = reject_request
             self._open.clear()
             abort, self._abort = self._abort, asyncio.Event()
             abort.set()
@@ -287,7 +296,11 @@ class SimulatedRollout:
 
     def resume(self) -> None:
         """Open the gate again (verl's ``resume_generation_replicas``)."""
-        self._loop.call_soon_threadsafe(self._open.set)
+        def open_gate() -> None:
+            self._rejecting = False
+            self._open.set()
+
+        self._loop.call_soon_threadsafe(open_gate)
 
     def replicas_sleep(self) -> None:
         """verl's ``sleep_replicas``: refused while a dispatched group is still generating (a real replica would

@@ -161,7 +161,8 @@ class SimulatedTrainer(trainer_base.PPOTrainer):
         self.actor_rollout_wg = types.SimpleNamespace(save_checkpoint=lambda *a, **k: None,
                                                       load_checkpoint=lambda *a, **k: None)
         self.checkpoint_manager = types.SimpleNamespace(  # verl's replica controls, on the simulated rollout
-            abort_replicas=lambda **_: rollout.abort(keep=self.trainer_mode != "sync"),
+            abort_replicas=lambda reject_request=False: rollout.abort(
+                keep=self.trainer_mode != "sync", reject_request=reject_request),
             resume_generation_replicas=rollout.resume)
         self.tokenizer = self.processor = None
         self.records: list[StepRecord] = []

@@ -16,7 +16,11 @@ full gives back what is still generating in the way verl's trainer continues it:
 * ``sync``: verl's sync client does not continue an aborted request, so the engine aborts the replicas itself
   (verl's ``abort_replicas``), waits until the agent loop has published what every aborted request held, and lets
   generation resume for the next step. Those groups cannot be continued (``resumes_partials`` is false: the
-  replenisher drops them as ``discarded``, with their exact tokens).
+  replenisher drops them as ``discarded``, with their exact tokens). The abort rejects requests that reach a
+  replica after its gate closed (``reject_request=True``): the agent loop may still be sending a submitted group's
+  requests, and a parked one would wait for the resume, which waits for it -- the sampler would hang. A rejected
+  request returns as aborted with no tokens, as verl's server answers it, and its group is discarded with the rest.
+  The wait is bounded (:data:`ABORT_WAIT_S`) and names the prompts still open.
 
 Every group's trajectory keys are in its payload (:class:`~dapo_verl.adapter.v1_groups.GroupKeys`), so the buffer
 serves or clears it by key, as for rounds.
@@ -31,7 +35,11 @@ from dapo_verl.adapter.v1_groups import TERMINAL, GroupKeys, session_of, train_l
 from dapo_verl.sampler import GroupResult
 from dapo_verl.sampler.engine import Aborted, Completion, PartialGroup, Request
 
-__all__ = ["AgentLoopEngine"]
+__all__ = ["ABORT_WAIT_S", "AgentLoopEngine"]
+
+ABORT_WAIT_S = 300.0
+"""Seconds the sync abort waits for the agent loop to publish what the aborted requests held. An aborted request
+returns at once; this bounds the agent loop's reward and write for them, and turns a stuck request into an error."""
 
 
 class AgentLoopEngine:
@@ -44,7 +52,9 @@ class AgentLoopEngine:
         group_size: G, ``actor_rollout_ref.rollout.n``.
         poll_interval: Seconds between TransferQueue listings while nothing has finished.
         abort_replicas: None when verl continues aborted requests itself (``colocate_async``); otherwise a pair of
-            callables that abort every in-flight request on the replicas and let generation resume afterwards.
+            callables that abort every in-flight request on the replicas (verl's ``abort_replicas``, called with
+            ``reject_request=True``) and let generation resume afterwards.
+        abort_wait_s: Bound on the wait for aborted requests to be published (:data:`ABORT_WAIT_S`).
     """
 
     streaming = True
@@ -53,8 +63,10 @@ class AgentLoopEngine:
     def __init__(self, submit: Callable[[Sequence[int]], list[str]],
                  read: Callable[[Sequence[int], Sequence[str], dict[str, dict]], list[GroupResult]], *,
                  group_size: int, poll_interval: float,
-                 abort_replicas: tuple[Callable[[], object], Callable[[], object]] | None = None) -> None:
+                 abort_replicas: tuple[Callable[..., object], Callable[[], object]] | None = None,
+                 abort_wait_s: float = ABORT_WAIT_S) -> None:
         self._submit, self._read = submit, read
+        self.abort_wait_s = abort_wait_s
         self.group_size = group_size
         self.poll_interval = poll_interval
         self._abort_replicas = abort_replicas
@@ -101,8 +113,9 @@ class AgentLoopEngine:
         before = listing
         if running and self._abort_replicas is not None:
             abort, resume = self._abort_replicas
-            abort()
-            listing = wait_terminal(running, self.poll_interval)  # each aborted request publishes what it held
+            abort(reject_request=True)  # late arrivals return aborted instead of parking (module docstring)
+            listing = wait_terminal(running, self.poll_interval, timeout_s=self.abort_wait_s,
+                                    waiting_for="the aborted requests of a sync step")
             resume()
         partial = [(self._inflight[uid], self._partial(uid, before, listing)) for uid in running]
         self._inflight.clear()

@@ -68,14 +68,34 @@ def session_of(key: str) -> tuple[int, int]:
     return int(session), int(output)
 
 
-def wait_terminal(uids: Sequence[str], poll_interval: float) -> dict[str, dict]:
-    """Poll TransferQueue until every prompt in ``uids`` is finished or failed; return the ``train`` listing."""
+def wait_terminal(uids: Sequence[str], poll_interval: float, *, timeout_s: float | None = None,
+                  waiting_for: str = "generation") -> dict[str, dict]:
+    """Poll TransferQueue until every prompt in ``uids`` is finished or failed; return the ``train`` listing.
+
+    Args:
+        uids: Prompt keys to wait for.
+        poll_interval: Seconds between listings.
+        timeout_s: None waits as long as generation takes (a round's length has no bound worth guessing); a number
+            bounds a wait that should be short, such as for aborted requests to publish what they held.
+        waiting_for: What the wait is for, named in the timeout's error.
+
+    Raises:
+        TimeoutError: when ``timeout_s`` passes first; it names the prompts still open and their statuses.
+    """
     pending = set(uids)
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
     while True:
         listing = train_listing()
         pending = {uid for uid in pending if listing.get(uid, {}).get("status") not in TERMINAL}
         if not pending:
             return listing
+        if deadline is not None and time.monotonic() > deadline:
+            statuses = {uid: listing.get(uid, {}).get("status", "absent") for uid in sorted(pending)[:8]}
+            raise TimeoutError(
+                f"{len(pending)} of {len(uids)} prompts were not published as finished or failed within "
+                f"{timeout_s:g} s of waiting for {waiting_for} (statuses, up to 8: {statuses}). verl's agent loop "
+                f"publishes a prompt once every response of it returned; one that never returns is stuck in the "
+                f"agent loop or the rollout server: see their logs.")
         time.sleep(poll_interval)
 
 

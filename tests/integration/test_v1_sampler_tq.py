@@ -27,6 +27,7 @@ from benchmarks.v1_rollout import SimulatedRollout, clear_all, train_keys  # noq
 from benchmarks.v1_trainer import SimulatedTrainer, StepRecord, compose_v1_config  # noqa: E402
 from dapo_verl.adapter.v1_sampler import SAMPLER_STATE_FILE, DapoReplayBuffer  # noqa: E402
 from dapo_verl.sampler import ShortfallError  # noqa: E402
+from dapo_verl.sampler.engine import Request  # noqa: E402
 from dapo_verl.sampler.simulation import drifting_pass_rates  # noqa: E402
 from dapo_verl.state_io import load_state  # noqa: E402
 
@@ -547,6 +548,33 @@ def test_streaming_in_sync_aborts_what_the_batch_does_not_need_before_the_replic
     assert _total(records, "aborted_tokens") > 0  # what the aborted requests held, counted
     assert not train_keys()  # aborted groups and surplus cleared from TQ
     assert _replenisher(trainer).conservation_gap() == 0
+
+
+@pytest.mark.parametrize("reject", [True, False])
+def test_a_sync_abort_right_after_a_submit_returns_although_requests_reach_the_closed_gate(make_trainer, reject):
+    # verl's agent loop may still be sending a group's requests when the batch fills and the engine aborts; verl's
+    # server parks a request that reaches its closed gate until the resume, and the sync engine resumes only once
+    # every aborted group is published. Found on real vLLM: a sync streaming step waited forever. The engine aborts
+    # with reject_request=True, so late arrivals return aborted with no tokens. The reject=False case shows the
+    # fake parks as verl does: the same abort without rejection runs into the engine's bounded wait.
+    trainer = make_trainer(*STREAM, mode="sync", **SLOW_GROUPS)
+    engine = trainer.replay_buffer._streaming_engine()
+    abort, resume = engine._abort_replicas
+    engine._abort_replicas = (abort if reject else (lambda **_: abort()), resume)
+    engine.abort_wait_s = 10.0
+    engine.submit([Request(request_id=i, prompt_id=i, born_step=1) for i in range(TBS)])
+    if not reject:
+        with pytest.raises(TimeoutError, match=r"the aborted requests of a sync step .*stuck"):
+            engine.abort()
+        resume()  # the parked requests generate, so the fixture's wait for an idle rollout ends
+        return
+    aborted = engine.abort()
+    # 1-2 s groups: none finished at once, and none had generated a token yet. verl's agent loop fails a session
+    # whose response is empty (AgentLoopOutput.as_dict), so such a group ends "failure": discarded all the same.
+    assert not aborted.finished and len(aborted.partial) == TBS
+    assert all(partial.tokens == 0 for _, partial in aborted.partial)
+    assert trainer.rollout.groups and all(group.aborted for group in trainer.rollout.groups.values())
+    trainer.rollout.replicas_sleep()  # nothing is left generating
 
 
 def test_streaming_checkpointed_steps_let_unfinished_groups_finish_and_a_resume_continues(make_trainer, tmp_path):

@@ -173,6 +173,7 @@ def _patch_http_server(module: ModuleType, record_dir: Path) -> None:
     if is_patched(server.generate):
         return
     original_generate, original_launch, original_clear = server.generate, server.launch_server, server.clear_kv_cache
+    original_park = server._park_until_admitted  # verl's gate: a request waits there while generation is paused
 
     async def probe(self: Any, when: str) -> None:
         state = _probe_state(self)
@@ -217,18 +218,30 @@ def _patch_http_server(module: ModuleType, record_dir: Path) -> None:
             params["seed"] = state["seeds"].next(list(prompt_ids), params, self.global_steps) >> 1
         if state["lengths"] is not None:  # engine_kwargs.dapo_cpu.response_lengths=long_tail
             shape_vllm_request(params, state["lengths"], prompt_ids, self.config)
-        started, weights = time.time(), self.global_steps
+        arrived, weights = time.time(), self.global_steps
         output = await original_generate(self, prompt_ids, params, request_id, *args, **kwargs)
+        # From admission, not arrival: a request that waited behind the closed gate (colocate_async continues its
+        # aborted requests at once, and they wait out the training step) generated nothing while it waited, and
+        # generated with the weights it was admitted under.
+        started, weights = state["admitted"].pop(request_id, (arrived, weights))
         _record_request(record_dir, started, weights, len(output.token_ids))
         return output
+
+    @functools.wraps(original_park)
+    async def park_until_admitted(self: Any, request_id: str, *args: Any, **kwargs: Any) -> Any:
+        result = await original_park(self, request_id, *args, **kwargs)
+        _probe_state(self)["admitted"][request_id] = (time.time(), self.global_steps)
+        return result
 
     server.launch_server = mark(launch_server)
     server.clear_kv_cache = mark(clear_kv_cache)
     server.generate = mark(generate)
+    server._park_until_admitted = mark(park_until_admitted)
 
 
 REQUESTS = "requests-{pid}.jsonl"
-"""Per server process: one line per generate request -- start and end time, the weights' global step, tokens."""
+"""Per server process: one line per generate request -- when verl's gate admitted it and when it ended, the weights'
+global step it was admitted under, tokens."""
 
 
 def _record_request(record_dir: Path, started: float, weights: Any, tokens: int) -> None:
@@ -242,6 +255,6 @@ def _probe_state(server: Any) -> dict[str, Any]:
     if state is None:
         seed = int(server.config.seed or 0) + int(server.replica_rank)  # vLLM's own engine seed
         state = {"seq": 0, "pending": False, "lock": asyncio.Lock(), "seeds": RequestSeeds(seed),
-                 "weights": object(), "lengths": length_shape(server.config)}
+                 "weights": object(), "lengths": length_shape(server.config), "admitted": {}}
         server.__dict__["_dapo_rehearsal"] = state
     return state
