@@ -207,6 +207,66 @@ def table(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+CANDIDATES = ("dapo_rounds", "dapo_stream_discard", "dapo_stream_carry")
+"""The DapoReplayBuffer strategies the declared test judges against verl's two buffers (benchmarks/README.md)."""
+
+BAR_RATIO = 0.67
+"""Issue 28's bar: engine busy time per step at most this times verl's sync buffer's (1.5x faster)."""
+
+
+def declared_test(result: dict[str, Any]) -> str:
+    """The declared test over the seeds every strategy ran: a Markdown table and each candidate's verdict.
+
+    Per seed: a strategy's engine busy time over verl_sync's (the ratio), its busy time minus verl_async's, and its
+    requests per trained response and tokens per trained token minus verl_sync's; means with 95% t-intervals
+    (:func:`~dapo_verl.report.stats.paired_t_test`). A candidate meets the bar when the upper end of the ratio's
+    interval is at most :data:`BAR_RATIO` and the upper ends of the differences to verl_async's busy time and to
+    verl_sync's requests per trained response are at most 0.
+
+    Raises:
+        ValueError: without verl_sync and verl_async runs, or with fewer than 2 seeds every strategy ran.
+    """
+    from dapo_verl.report.stats import paired_t_test
+
+    runs = {name: {r["seed"]: r for r in entry["runs"]} for name, entry in result["strategies"].items()}
+    seeds = sorted(set.intersection(*(set(by_seed) for by_seed in runs.values()))) if runs else []
+    if len(seeds) < 2 or not {"verl_sync", "verl_async"} <= set(runs):
+        raise ValueError(f"the test needs verl_sync and verl_async and at least 2 seeds every strategy ran; got "
+                         f"strategies {sorted(runs)} on seeds {seeds}. Run the missing ones with --seeds.")
+    sync, async_ = runs["verl_sync"], runs["verl_async"]
+
+    def versus(name: str, key: str, base: dict[int, dict[str, Any]], *, ratio: bool = False) -> Any:
+        values = [runs[name][k][key] / base[k][key] - 1 if ratio else runs[name][k][key] - base[k][key]
+                  for k in seeds]
+        return paired_t_test(values)
+
+    rows = ["| strategy | busy s/step | x verl_sync (95% CI) | minus verl_async, s (95% CI) | requests per trained | "
+            "minus verl_sync (95% CI) | tokens per trained | minus verl_sync (95% CI) |", "|---" * 8 + "|"]
+    verdicts = []
+    for name in (n for n in STRATEGIES if n in runs):
+        mean = {key: statistics.fmean(runs[name][k][key] for k in seeds)
+                for key in ("engine_busy_s", "requests_per_trained", "tokens_per_trained")}
+        if name == "verl_sync":
+            rows.append(f"| {name} | {mean['engine_busy_s']:.2f} | 1 | - | {mean['requests_per_trained']:.2f} | 0 | "
+                        f"{mean['tokens_per_trained']:.2f} | 0 |")
+            continue
+        ratio = versus(name, "engine_busy_s", sync, ratio=True)
+        busy = versus(name, "engine_busy_s", async_)
+        requests = versus(name, "requests_per_trained", sync)
+        tokens = versus(name, "tokens_per_trained", sync)
+        against_async = "-" if name == "verl_async" else (
+            f"{busy.mean:+.2f} [{busy.ci_low:+.2f}, {busy.ci_high:+.2f}]")
+        rows.append(f"| {name} | {mean['engine_busy_s']:.2f} | {1 + ratio.mean:.2f} [{1 + ratio.ci_low:.2f}, "
+                    f"{1 + ratio.ci_high:.2f}] | {against_async} | {mean['requests_per_trained']:.2f} | "
+                    f"{requests.mean:+.2f} [{requests.ci_low:+.2f}, {requests.ci_high:+.2f}] | "
+                    f"{mean['tokens_per_trained']:.2f} | "
+                    f"{tokens.mean:+.2f} [{tokens.ci_low:+.2f}, {tokens.ci_high:+.2f}] |")
+        if name in CANDIDATES:
+            met = 1 + ratio.ci_high <= BAR_RATIO and busy.ci_high <= 0 and requests.ci_high <= 0
+            verdicts.append(f"{name}: {'meets' if met else 'does not meet'} the bar")
+    return "\n".join([f"seeds {', '.join(map(str, seeds))}", *rows, "", *verdicts])
+
+
 def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_stream_engine",
                                      description=__doc__.split("\n")[0])
@@ -222,11 +282,17 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                         help="sequences vLLM runs at once (default: 128, a step's first round at once, as a GPU "
                              "replica's 256 hold the paper's)")
     add_run_arguments(parser, list(STRATEGIES), "stream_engine")
+    parser.add_argument("--report", action="store_true",
+                        help="print the table and the declared test from --out, without running anything")
     return parser.parse_args(argv)
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     args = _parse_args(argv)
+    if args.report:
+        result = json.loads(Path(args.out).read_text())
+        print(table(result) + "\n\n" + declared_test(result))
+        return result
     result: dict[str, Any] = {"benchmark": "bench_stream_engine", "commit": commit_id(),
                               "settings": {k: str(v) for k, v in vars(args).items()}, "strategies": {}}
     total, done = len(args.strategies) * len(args.seeds), 0
@@ -244,6 +310,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                                 and all(key in r for r in entry["runs"])}
             write_result(result, args.out)
     print(table(result))
+    if len(args.seeds) >= 2 and {"verl_sync", "verl_async"} <= set(args.strategies):
+        print("\n" + declared_test(result))
     return result
 
 

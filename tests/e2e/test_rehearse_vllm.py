@@ -164,6 +164,33 @@ def test_v1_colocate_async_streams_on_real_vllm_and_continues_what_verl_aborted(
         assert resumed[4][key] == trained[4][key], key
 
 
+def test_v1_sync_streaming_aborts_on_real_vllm_and_discards_what_verl_cannot_continue(tmp_path):
+    # Streaming in sync: the buffer aborts the replicas itself once the batch is full (rejecting requests that reach
+    # the closed gate late), waits for the agent loop to publish what each aborted request held, and discards those
+    # groups. One sequence at a time and twice a round in flight leave requests queued in vLLM when the batch fills.
+    # Before the abort rejected late requests, such a step could wait forever on one parked behind the gate.
+    report, logged, out = run_rehearsal(tmp_path, "dapo_trainer", "actor_rollout_ref.rollout.n=4",
+                                        "actor_rollout_ref.rollout.max_num_seqs=1",
+                                        "actor_rollout_ref.rollout.ignore_eos=true", "data.max_response_length=16",
+                                        "reward.reward_kwargs.overlong_tokens=3", *SIZES,
+                                        "algorithm.filter_groups.streaming=true",
+                                        "algorithm.filter_groups.stream_oversample=2.0", steps=3)
+    assert report["ok"], report
+    trained = assert_dapo_metrics_every_step(logged, 3)
+    assert_real_vllm_ran(report, logged, out, 3)
+    sampler = {step: {k.removeprefix("dapo/sampler/"): v for k, v in data.items() if k.startswith("dapo/sampler/")}
+               for step, data in trained.items()}
+    aborted = sum(s["aborted_groups"] for s in sampler.values())
+    assert aborted > 0, sampler  # a batch filled with requests still queued or generating
+    assert sum(s["resumed_groups"] + s["carried_aborted_groups"] for s in sampler.values()) == 0  # sync: none kept
+    assert sum(s["dropped_aborted/discarded"] for s in sampler.values()) == aborted  # each one discarded
+    assert all(s["trained_token_age_max"] == 0 for s in sampler.values())  # strictly on-policy
+    requests = [json.loads(line) for path in (out / "run1" / "engine").glob("requests-*.jsonl")
+                for line in path.read_text().splitlines()]
+    assert any(r["tokens"] < 16 for r in requests)  # ignore_eos: only an aborted request ends short of 16 tokens
+    assert not report["resume"]["required"] and "streaming" in report["resume"]["why_not_required"]
+
+
 def test_verl_main_ppo_with_the_loss_mode_dapo_overrides_runs_on_real_vllm(tmp_path):
     # The user's usual command sets the paper's response budget, which the README's 4096-token buffer must fit.
     report, logged, out = run_rehearsal(tmp_path, "ppo_trainer", *README_OVERRIDES, "data.max_response_length=20480",

@@ -6,7 +6,14 @@ import json
 
 import pytest
 
-from benchmarks.bench_stream_engine import STRATEGIES, step_rows, summarise, table, write_unsolvable_rows
+from benchmarks.bench_stream_engine import (
+    STRATEGIES,
+    declared_test,
+    step_rows,
+    summarise,
+    table,
+    write_unsolvable_rows,
+)
 
 
 def _write(path, rows):
@@ -95,3 +102,31 @@ def test_the_table_gives_each_strategys_busy_time_against_verl_sync_on_the_same_
     lines = table(result).splitlines()
     assert "| 1.00 | not logged |" in lines[2]
     assert "| 0.38 | 30 / 12 |" in lines[3]  # mean of 1/2 and 1/4; seed 2 has no verl_sync run to compare with
+
+
+def _declared(busy: dict[str, list[float]], requests: dict[str, list[float]]) -> dict:
+    return {"strategies": {name: {"runs": [{"seed": seed, "engine_busy_s": b, "requests_per_trained": r,
+                                            "tokens_per_trained": r} for seed, (b, r) in
+                                           enumerate(zip(busy[name], requests[name]))]} for name in busy}}
+
+
+def test_the_declared_test_pairs_by_seed_and_meets_the_bar_only_below_every_bound():
+    busy = {"verl_sync": [3.0, 4.0, 5.0], "verl_async": [2.0, 2.5, 3.0], "dapo_stream_carry": [1.5, 2.0, 2.5],
+            "dapo_rounds": [1.8, 2.4, 3.3]}
+    requests = {"verl_sync": [2.6, 2.7, 2.8], "verl_async": [2.0, 2.1, 2.0], "dapo_stream_carry": [2.4, 2.5, 2.6],
+                "dapo_rounds": [2.5, 2.6, 2.7]}
+    report = declared_test(_declared(busy, requests))
+    rows = {line.split(" | ")[0].lstrip("| "): line for line in report.splitlines() if line.startswith("| ")}
+    assert "| 0.50 [0.50, 0.50] |" in rows["dapo_stream_carry"]  # half of verl_sync's time on every seed
+    assert "-0.50 [-0.50, -0.50]" in rows["dapo_stream_carry"]  # 0.5 s less than verl_async on every seed
+    assert "dapo_stream_carry: meets the bar" in report
+    assert "dapo_rounds: does not meet the bar" in report  # 0.60-0.66x verl_sync, but its interval crosses 0.67
+
+
+def test_the_declared_test_needs_both_of_verls_buffers_on_two_seeds():
+    one_seed = {"verl_sync": [3.0], "verl_async": [2.0], "dapo_rounds": [2.5]}
+    with pytest.raises(ValueError, match="at least 2 seeds every strategy ran"):
+        declared_test(_declared(one_seed, one_seed))
+    without_async = {"verl_sync": [3.0, 3.1], "dapo_rounds": [2.5, 2.4]}
+    with pytest.raises(ValueError, match="needs verl_sync and verl_async"):
+        declared_test(_declared(without_async, without_async))
