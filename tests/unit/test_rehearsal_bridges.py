@@ -1,8 +1,9 @@
 """The rehearsal's bridges that need no verl run: recorded /dev/shm leftovers, request seeds, the weight-sync check,
-the stand-in's response lengths."""
+the stand-in's response lengths, the engine's request records."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -15,7 +16,7 @@ from types import SimpleNamespace
 import pytest
 
 from dapo_verl.preflight import ConfigRefused
-from dapo_verl.rehearsal.bridges import cpu_leftovers, weight_probe
+from dapo_verl.rehearsal.bridges import cpu_leftovers, cpu_vllm, weight_probe
 from dapo_verl.rehearsal.bridges.request_seeds import RequestSeeds
 from dapo_verl.rehearsal.bridges.response_lengths import length_shape, shape_vllm_request, target_length
 from dapo_verl.rehearsal.options import RehearsalOptions
@@ -185,3 +186,50 @@ def test_bad_length_options_are_refused_before_a_rehearsal_starts(tmp_path, opti
                                   engine="vllm"), echo=lambda line: None)
     assert refused.value.problems[0].key == "actor_rollout_ref.rollout.engine_kwargs.dapo_cpu"
     assert not out.exists()  # refused before anything was written
+
+
+def _server_module():
+    """A stand-in for verl's ``vLLMHttpServer`` with the four methods the bridge wraps: the bridge is tested here
+    without vLLM (the e2e rehearsals run it on verl's real server); generation fails for a request named 'fail'."""
+
+    class Server:
+        def __init__(self):
+            self.config = SimpleNamespace(seed=0, engine_kwargs={})
+            self.replica_rank, self.node_rank, self.global_steps = 0, 1, 3
+
+        async def generate(self, prompt_ids, sampling_params, request_id):
+            if request_id == "fail":
+                raise RuntimeError("engine failed")
+            return SimpleNamespace(token_ids=[1, 2, 3])
+
+        async def launch_server(self):
+            return None
+
+        async def clear_kv_cache(self):
+            return None
+
+        async def _park_until_admitted(self, request_id):
+            self.global_steps += 1  # the gate opens after a weight update
+
+    return SimpleNamespace(vLLMHttpServer=Server)
+
+
+def test_a_request_is_recorded_from_its_admission_under_the_weights_it_was_admitted_with(tmp_path):
+    module = _server_module()
+    cpu_vllm._patch_http_server(module, tmp_path)
+    server = module.vLLMHttpServer()
+
+    async def requests():
+        await server._park_until_admitted("late")  # waits at the closed gate, let in under step 4's weights
+        await server.generate([5, 6], {}, "late")
+        await server.generate([5, 6], {}, "direct")  # never parked: recorded from its arrival
+        await server._park_until_admitted("fail")
+        with pytest.raises(RuntimeError, match="engine failed"):
+            await server.generate([5, 6], {}, "fail")
+
+    asyncio.run(requests())
+    records = [json.loads(line) for line in (tmp_path / cpu_vllm.REQUESTS.format(pid=os.getpid())).read_text()
+               .splitlines()]
+    assert [(r["weights"], r["tokens"]) for r in records] == [(4, 3), (4, 3)]
+    assert all(r["start"] <= r["end"] for r in records)
+    assert server.__dict__["_dapo_rehearsal"]["admitted"] == {}  # a failed request leaves no admission behind

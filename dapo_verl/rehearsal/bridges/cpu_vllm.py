@@ -219,11 +219,13 @@ def _patch_http_server(module: ModuleType, record_dir: Path) -> None:
         if state["lengths"] is not None:  # engine_kwargs.dapo_cpu.response_lengths=long_tail
             shape_vllm_request(params, state["lengths"], prompt_ids, self.config)
         arrived, weights = time.time(), self.global_steps
-        output = await original_generate(self, prompt_ids, params, request_id, *args, **kwargs)
-        # From admission, not arrival: a request that waited behind the closed gate (colocate_async continues its
-        # aborted requests at once, and they wait out the training step) generated nothing while it waited, and
-        # generated with the weights it was admitted under.
-        started, weights = state["admitted"].pop(request_id, (arrived, weights))
+        try:
+            output = await original_generate(self, prompt_ids, params, request_id, *args, **kwargs)
+        finally:
+            # From admission, not arrival: a request that waited behind the closed gate (colocate_async continues
+            # its aborted requests at once, and they wait out the training step) generated nothing while it waited,
+            # and generated with the weights it was admitted under. Popped even when generation raised.
+            started, weights = state["admitted"].pop(request_id, (arrived, weights))
         _record_request(record_dir, started, weights, len(output.token_ids))
         return output
 
