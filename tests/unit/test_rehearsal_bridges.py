@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 from multiprocessing import shared_memory
 from types import SimpleNamespace
 
@@ -189,15 +190,18 @@ def test_bad_length_options_are_refused_before_a_rehearsal_starts(tmp_path, opti
 
 
 def _server_module():
-    """A stand-in for verl's ``vLLMHttpServer`` with the four methods the bridge wraps: the bridge is tested here
-    without vLLM (the e2e rehearsals run it on verl's real server); generation fails for a request named 'fail'."""
+    """A stand-in for verl's ``vLLMHttpServer`` with the four methods the bridge wraps, shaped as verl's: ``generate``
+    parks a request at the closed gate (``_park_until_admitted``) until a weight update opens it. The bridge is tested
+    here without vLLM (the e2e rehearsals run it on verl's real server); generation fails for a request named 'fail'."""
 
     class Server:
         def __init__(self):
             self.config = SimpleNamespace(seed=0, engine_kwargs={})
-            self.replica_rank, self.node_rank, self.global_steps = 0, 1, 3
+            self.replica_rank, self.node_rank, self.global_steps, self.gate_closed = 0, 1, 3, False
 
         async def generate(self, prompt_ids, sampling_params, request_id):
+            if self.gate_closed:
+                await self._park_until_admitted(request_id)
             if request_id == "fail":
                 raise RuntimeError("engine failed")
             return SimpleNamespace(token_ids=[1, 2, 3])
@@ -209,7 +213,8 @@ def _server_module():
             return None
 
         async def _park_until_admitted(self, request_id):
-            self.global_steps += 1  # the gate opens after a weight update
+            await asyncio.sleep(0.2)  # the training step the request waits out
+            self.global_steps, self.gate_closed = self.global_steps + 1, False
 
     return SimpleNamespace(vLLMHttpServer=Server)
 
@@ -220,16 +225,18 @@ def test_a_request_is_recorded_from_its_admission_under_the_weights_it_was_admit
     server = module.vLLMHttpServer()
 
     async def requests():
-        await server._park_until_admitted("late")  # waits at the closed gate, let in under step 4's weights
-        await server.generate([5, 6], {}, "late")
-        await server.generate([5, 6], {}, "direct")  # never parked: recorded from its arrival
-        await server._park_until_admitted("fail")
+        await server.generate([5, 6], {}, "open")  # the gate is open: recorded from its arrival, step 3's weights
+        server.gate_closed = True
+        arrived = time.time()
+        await server.generate([5, 6], {}, "parked")  # waits at the gate, let in under step 4's weights
+        server.gate_closed = True
         with pytest.raises(RuntimeError, match="engine failed"):
             await server.generate([5, 6], {}, "fail")
+        return arrived
 
-    asyncio.run(requests())
+    arrived = asyncio.run(requests())
     records = [json.loads(line) for line in (tmp_path / cpu_vllm.REQUESTS.format(pid=os.getpid())).read_text()
                .splitlines()]
-    assert [(r["weights"], r["tokens"]) for r in records] == [(4, 3), (4, 3)]
-    assert all(r["start"] <= r["end"] for r in records)
+    assert [(r["weights"], r["tokens"]) for r in records] == [(3, 3), (4, 3)]
+    assert records[1]["start"] >= arrived + 0.2  # the wait at the gate is not generation time
     assert server.__dict__["_dapo_rehearsal"]["admitted"] == {}  # a failed request leaves no admission behind
