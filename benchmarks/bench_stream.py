@@ -46,6 +46,8 @@ Strategies, each on its own engine with the same draws:
 * ``dapo_stream_carry_2x`` -- the same with ``stream_oversample=2``: twice a round's groups kept in flight, so the
   batch fills from those that finish first (APRIL's suggested setting, arXiv 2509.18521; verl's colocate_async keeps
   about as much in flight with its warm-up batch).
+* ``dapo_rounds_carry`` -- rounds as ``dapo_rounds``, with ``surplus=carry``: a round's informative groups beyond the
+  batch are kept and served first at the next step (at most ``max_staleness_steps=1`` old) instead of discarded.
 
 Reaction is immediate for every strategy (each looks at every finished group the moment it finishes): verl's
 2-second poll and dapo_verl's 0.05-second poll cost nothing here, so no figure is decided by a sleep.
@@ -64,6 +66,7 @@ Metrics per strategy (steps ``--warmup`` on; the first steps fill verl_async's p
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import platform
@@ -86,7 +89,8 @@ from dapo_verl.sampler.engine import Aborted, Completion, Request
 from dapo_verl.sampler.simulated_engine import LongTailLengths, SimulatedEngine
 from dapo_verl.sampler.simulation import drifting_pass_rates
 
-STRATEGIES = ("verl_sync", "verl_async", "dapo_rounds", "dapo_stream", "dapo_stream_carry", "dapo_stream_carry_2x")
+STRATEGIES = ("verl_sync", "verl_async", "dapo_rounds", "dapo_stream", "dapo_stream_carry", "dapo_stream_carry_2x",
+              "dapo_rounds_carry")
 
 
 @dataclass(frozen=True)
@@ -317,6 +321,7 @@ DRIVERS: dict[str, Callable[[StreamScenario, SimulatedEngine, int], Any]] = {
     "dapo_stream": lambda s, e, seed: Dapo(s, e, seed, rounds=False),
     "dapo_stream_carry": lambda s, e, seed: Dapo(s, e, seed, rounds=False, surplus="carry"),
     "dapo_stream_carry_2x": lambda s, e, seed: Dapo(s, e, seed, rounds=False, surplus="carry", stream_oversample=2.0),
+    "dapo_rounds_carry": lambda s, e, seed: Dapo(s, e, seed, rounds=True, surplus="carry"),
 }
 
 
@@ -348,8 +353,18 @@ def run(strategy: str, scenario: StreamScenario, seed: int, cost: RooflineCost, 
     }
 
 
-CANDIDATES = ("dapo_stream", "dapo_stream_carry", "dapo_stream_carry_2x")
-"""The streaming configurations the declared test judges (benchmarks/README.md, "Streaming at the paper's scale")."""
+CANDIDATES = ("dapo_stream", "dapo_stream_carry", "dapo_stream_carry_2x", "dapo_rounds_carry")
+"""The configurations the declared tests judge (benchmarks/README.md, "Streaming at the paper's scale" and "Carrying
+a round's surplus")."""
+
+SCENARIOS: dict[str, tuple[StreamScenario, RooflineCost]] = {
+    "paper": (StreamScenario(), RooflineCost()),
+    "small": (StreamScenario(num_prompts=2000, train_batch_size=4, group_size=4, steps=60, start_logit_mean=0.0,
+                             start_logit_std=1.0, logit_gain=0.5, max_response_length=2048, median_length=300,
+                             prompt_tokens=64, max_num_seqs=64), RooflineCost(replicas=1)),
+}
+"""``--scenario``: ``paper`` (the paper's run, above) and ``small`` (issue 28's 4-prompt criterion: 4 prompts x 4
+responses a step on one replica, about 80% of fresh groups informative, responses up to 2,048 tokens)."""
 
 
 def report(lines: list[dict[str, Any]]) -> str:
@@ -360,6 +375,10 @@ def report(lines: list[dict[str, Any]]) -> str:
     paired_t_test`). A candidate meets the bar when the ratio's interval lies at or below 0.67, the difference to
     verl_async's time and the difference to verl_sync's tokens lie at or below 0.
     """
+    scenarios = {json.dumps(line.get("scenario"), sort_keys=True) for line in lines}
+    if len(scenarios) > 1:
+        raise ValueError(f"the lines hold {len(scenarios)} different scenarios; a test compares runs of one scenario. "
+                         f"Keep each --scenario's lines in its own --out file.")
     by = {(line["strategy"], line["seed"]): line for line in lines}
     strategies = [s for s in STRATEGIES if any(key[0] == s for key in by)]
     seeds = sorted({seed for _, seed in by if all((s, seed) in by for s in strategies)})
@@ -393,20 +412,28 @@ def report(lines: list[dict[str, Any]]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
-    parser.add_argument("--steps", type=int, default=StreamScenario.steps)
+    parser.add_argument("--scenario", choices=list(SCENARIOS), default="paper",
+                        help="paper (512 prompts x 16, the default) or small (4 prompts x 4, one replica)")
+    parser.add_argument("--steps", type=int, default=None, help="steps per run (default: the scenario's)")
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--strategies", nargs="+", default=list(STRATEGIES), choices=STRATEGIES)
-    parser.add_argument("--out", type=Path, default=Path("runs/bench/bench_stream.jsonl"))
+    parser.add_argument("--out", type=Path, default=None,
+                        help="JSON lines (default: runs/bench/bench_stream.jsonl, bench_stream_small.jsonl for small)")
     parser.add_argument("--report", action="store_true", help="print the declared test over --out's lines and exit")
     args = parser.parse_args(argv)
+    if args.out is None:
+        args.out = Path("runs/bench/bench_stream.jsonl" if args.scenario == "paper" else
+                        f"runs/bench/bench_stream_{args.scenario}.jsonl")
     if args.report:
         if not args.out.is_file():
             parser.error(f"--out {args.out} is not a file of this benchmark's lines; run the benchmark first.")
         print(report([json.loads(line) for line in args.out.read_text().splitlines() if line.strip()]))
         return 0
-    if args.warmup >= args.steps:
-        parser.error(f"--warmup {args.warmup} leaves no step of --steps {args.steps} to measure; use fewer.")
-    scenario, cost = StreamScenario(steps=args.steps), RooflineCost()
+    scenario, cost = SCENARIOS[args.scenario]
+    if args.steps is not None:
+        scenario = dataclasses.replace(scenario, steps=args.steps)
+    if args.warmup >= scenario.steps:
+        parser.error(f"--warmup {args.warmup} leaves no step of --steps {scenario.steps} to measure; use fewer.")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     with args.out.open("a") as out:
         for seed in args.seeds:

@@ -19,7 +19,9 @@ differ only in the entry point, the trainer mode and the sampler keys (:data:`ST
   aborted groups are discarded);
 * ``dapo_stream_carry`` -- ``DapoReplayBuffer`` streaming in ``colocate_async`` with ``surplus=carry`` and
   ``stream_oversample=2`` (the candidate default of the simulated study: verl aborts at full and continues the
-  unfinished groups after the weight update; the sampler follows them first).
+  unfinished groups after the weight update; the sampler follows them first);
+* ``dapo_rounds_carry`` -- ``DapoReplayBuffer`` with rounds in sync and ``surplus=carry``: a round's informative groups
+  beyond the batch are served first at the next step (one step old at most) instead of discarded.
 
 What is counted, the same way for every strategy, from what verl and vLLM recorded:
 
@@ -82,6 +84,9 @@ STRATEGIES: dict[str, tuple[str, str, tuple[str, ...]]] = {
                           "dapo_trainer", ("trainer.v1.trainer_mode=colocate_async", *_OURS, *_STREAM,
                                            "algorithm.filter_groups.surplus=carry",
                                            "algorithm.filter_groups.stream_oversample=2.0")),
+    "dapo_rounds_carry": ("DapoReplayBuffer rounds with surplus=carry (sync; informative surplus served next step)",
+                          "dapo_trainer", ("trainer.v1.trainer_mode=sync", *_OURS,
+                                           "algorithm.filter_groups.surplus=carry")),
 }
 """name -> (label, config, the overrides that select it). Both configs run verl's v1 trainer with the dapo loss,
 advantage and reward manager; the loss and reward settings are the same."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -49,7 +50,8 @@ def test_every_strategy_trains_full_batches_and_reports_its_metrics(strategy, ca
     result = bench_stream.run(strategy, scenario, seed=1, cost=RooflineCost(replicas=2), warmup=1, echo=print)
     assert result["steps"] == 5 and len(result["gen_s"]) == 5 and all(t > 0 for t in result["gen_s"])
     assert result["trained_tokens_per_step"] > 0 and result["tokens_per_trained"] >= 1.0
-    oldest = {"verl_async": 7, "dapo_stream_carry": 1, "dapo_stream_carry_2x": 1}.get(strategy, 0)  # 8-step spans
+    oldest = {"verl_async": 7, "dapo_stream_carry": 1, "dapo_stream_carry_2x": 1,
+              "dapo_rounds_carry": 1}.get(strategy, 0)  # 8-step spans
     assert 0 <= result["token_age_max"] <= oldest
     assert "step 6/6" in capsys.readouterr().out
 
@@ -63,6 +65,18 @@ def test_the_command_line_appends_one_line_per_strategy_and_seed(tmp_path, capsy
     assert "s/step" in capsys.readouterr().out
     with pytest.raises(SystemExit):
         bench_stream.main(["--steps", "2", "--warmup", "2"])
+
+
+def test_the_small_scenario_runs_four_prompts_a_step_and_the_report_refuses_mixed_scenarios(tmp_path):
+    out = tmp_path / "small.jsonl"
+    assert bench_stream.main(["--scenario", "small", "--steps", "3", "--warmup", "1", "--seeds", "0",
+                              "--strategies", "verl_sync", "dapo_rounds_carry", "--out", str(out)]) == 0
+    lines = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [line["scenario"]["train_batch_size"] for line in lines] == [4, 4]
+    assert all(line["cost"]["replicas"] == 1 for line in lines)
+    paper = dict(lines[0], scenario=dataclasses.asdict(StreamScenario()), seed=1)
+    with pytest.raises(ValueError, match="2 different scenarios"):
+        bench_stream.report([*lines, paper])
 
 
 def test_the_report_applies_the_declared_bar_to_each_candidate():
