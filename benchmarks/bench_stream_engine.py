@@ -59,6 +59,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.bench_rehearsal_sampler import SIZES, add_run_arguments, busy_seconds, rehearsed
+from benchmarks.cpu_profile import CpuSampler, cpu_by_role
 from benchmarks.sampler_report import commit_id, spread, write_result
 
 _VERL = ("actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.actor.policy_loss.loss_mode=dapo",
@@ -171,6 +172,20 @@ def summarise(rows: list[dict[str, Any]]) -> dict[str, float]:
     return summary
 
 
+def measured_cpu(profile: Path, records: Path, steps: int) -> dict[str, float]:
+    """CPU seconds by role (:func:`~benchmarks.cpu_profile.cpu_by_role`) from the first admission to the last end of
+    the requests of the measured steps (2 to N-2, as :func:`summarise`)."""
+    if not profile.is_file():
+        raise FileNotFoundError(f"{profile} is missing: --cpu-profile with --reuse reads the samples of an earlier "
+                                f"--cpu-profile run; run without --reuse to sample this one")
+    measured = [json.loads(line) for file in sorted(records.glob("requests-*.jsonl"))
+                for line in file.read_text().splitlines() if line.strip()]
+    measured = [r for r in measured if 1 <= r["weights"] <= steps - 3]
+    if not measured:
+        raise RuntimeError(f"no request of steps 2 to {steps - 2} in {records}; see the run's log.txt")
+    return cpu_by_role(profile, min(r["start"] for r in measured), max(r["end"] for r in measured))
+
+
 def run_one(strategy: str, seed: int, args: argparse.Namespace) -> dict[str, Any]:
     """One rehearsal (no resume) of ``strategy``: its rows and summary."""
     from dapo_verl.rehearsal.run import RehearsalOptions
@@ -184,10 +199,16 @@ def run_one(strategy: str, seed: int, args: argparse.Namespace) -> dict[str, Any
     options = RehearsalOptions(config_name=STRATEGIES[strategy][1], overrides=overrides, out_dir=out,
                                steps=args.steps, resume=False, overwrite=True, seed=seed,
                                train_batch_size=args.train_batch_size, train_rows=args.train_rows, engine="vllm")
-    report = rehearsed(options, reuse=args.reuse, what=f"{strategy} seed {seed}")
+    profile = out / "cpu.jsonl"
+    if args.cpu_profile and not args.reuse:
+        with CpuSampler(profile):
+            report = rehearsed(options, reuse=False, what=f"{strategy} seed {seed}")
+    else:
+        report = rehearsed(options, reuse=args.reuse, what=f"{strategy} seed {seed}")
     rows = step_rows(out / "run1" / "engine", out / "run1" / "metrics.jsonl", args.steps,
                      args.train_batch_size * args.group_size)
-    return {"strategy": strategy, "seed": seed, "wall_s": report["runs"][0]["wall_s"], "steps": rows,
+    extra = {"cpu_s": measured_cpu(profile, out / "run1" / "engine", args.steps)} if args.cpu_profile else {}
+    return {"strategy": strategy, "seed": seed, "wall_s": report["runs"][0]["wall_s"], "steps": rows, **extra,
             **summarise(rows)}
 
 
@@ -289,6 +310,9 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     add_run_arguments(parser, list(STRATEGIES), "stream_engine")
     parser.add_argument("--report", action="store_true",
                         help="print the table and the declared test from --out, without running anything")
+    parser.add_argument("--cpu-profile", action="store_true",
+                        help="sample every process's CPU time during each run (<run>/cpu.jsonl) and report each "
+                             "role's CPU seconds over the measured steps (benchmarks/cpu_profile.py)")
     return parser.parse_args(argv)
 
 

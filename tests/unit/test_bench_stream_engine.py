@@ -9,6 +9,7 @@ import pytest
 from benchmarks.bench_stream_engine import (
     STRATEGIES,
     declared_test,
+    measured_cpu,
     step_rows,
     summarise,
     table,
@@ -130,3 +131,19 @@ def test_the_declared_test_needs_both_of_verls_buffers_on_two_seeds():
     without_async = {"verl_sync": [3.0, 3.1], "dapo_rounds": [2.5, 2.4]}
     with pytest.raises(ValueError, match="needs verl_sync and verl_async"):
         declared_test(_declared(without_async, without_async))
+
+
+def test_the_cpu_profile_is_read_over_the_measured_steps_requests_only(tmp_path):
+    records = tmp_path / "engine"
+    records.mkdir()
+    # 5 steps: steps 2 and 3 (weights 1 and 2) are measured; step 1's and step 4's requests fall outside the window
+    _write(records / "requests-1.jsonl", [{"start": 1, "end": 2, "weights": 0, "tokens": 1},
+                                          {"start": 10, "end": 12, "weights": 1, "tokens": 1},
+                                          {"start": 20, "end": 23, "weights": 2, "tokens": 1},
+                                          {"start": 30, "end": 31, "weights": 3, "tokens": 1}])
+    profile = tmp_path / "cpu.jsonl"
+    _write(profile, [{"t": t, "p": {"7": [cpu, "ray::AgentLoopWorkerTQ.x"]}}
+                     for t, cpu in ((1, 0.0), (10, 1.0), (23, 4.0), (31, 9.0))])
+    assert measured_cpu(profile, records, steps=5) == {"agent_loop": 3.0}
+    with pytest.raises(FileNotFoundError, match="without --reuse"):
+        measured_cpu(tmp_path / "none.jsonl", records, steps=5)
