@@ -199,8 +199,8 @@ def run_one(strategy: str, seed: int, args: argparse.Namespace) -> dict[str, Any
     options = RehearsalOptions(config_name=STRATEGIES[strategy][1], overrides=overrides, out_dir=out,
                                steps=args.steps, resume=False, overwrite=True, seed=seed,
                                train_batch_size=args.train_batch_size, train_rows=args.train_rows, engine="vllm")
-    profile = out / "cpu.jsonl"
-    if args.cpu_profile and not args.reuse:
+    profile = args.work / f"{strategy}-seed{seed}.cpu.jsonl"  # beside the folder, which the rehearsal must create
+    if args.cpu_profile and not (args.reuse and (out / "report.json").is_file()):
         with CpuSampler(profile):
             report = rehearsed(options, reuse=False, what=f"{strategy} seed {seed}")
     else:
@@ -311,8 +311,8 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--report", action="store_true",
                         help="print the table and the declared test from --out, without running anything")
     parser.add_argument("--cpu-profile", action="store_true",
-                        help="sample every process's CPU time during each run (<run>/cpu.jsonl) and report each "
-                             "role's CPU seconds over the measured steps (benchmarks/cpu_profile.py)")
+                        help="sample every process's CPU time during each run (<work>/<strategy>-seed<k>.cpu.jsonl) "
+                             "and report each role's CPU seconds over the measured steps (benchmarks/cpu_profile.py)")
     return parser.parse_args(argv)
 
 
@@ -335,7 +335,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             entry = result["strategies"].setdefault(strategy, {"label": STRATEGIES[strategy][0], "runs": []})
             entry["runs"].append(run)
             entry["summary"] = {key: spread([r[key] for r in entry["runs"]]) for key in entry["runs"][0]
-                                if key not in ("strategy", "seed", "steps")
+                                if key not in ("strategy", "seed", "steps", "cpu_s")
                                 and all(key in r for r in entry["runs"])}
             write_result(result, args.out)
     print(table(result))

@@ -4,11 +4,11 @@ On these 2-core machines vLLM's engine shares the CPUs with verl's agent loop, r
 TransferQueue and trainer, so how fast requests reach the engine depends on what else runs. :class:`CpuSampler`
 records every process's user + system CPU time twice a second in a child process (its own CPU is a role of its
 own, ``sampler``), and :func:`cpu_by_role` sums each process's growth between two instants by the role its command
-line names (:data:`ROLES`: a Ray actor's name as Ray sets its process title, vLLM's engine core as the spawned
-process it is).
+line names (:data:`ROLES`: a Ray actor's name as Ray sets its process title, vLLM's engine core and model worker
+by the titles vLLM gives them).
 
-``python -m benchmarks.bench_stream_engine --cpu-profile`` samples each run into ``<run>/cpu.jsonl`` and reports the
-roles' CPU seconds over the measured steps.
+``python -m benchmarks.bench_stream_engine --cpu-profile`` samples each run into
+``<work>/<strategy>-seed<k>.cpu.jsonl`` and reports the roles' CPU seconds over the measured steps.
 """
 
 from __future__ import annotations
@@ -25,7 +25,9 @@ from types import TracebackType
 __all__ = ["ROLES", "CpuSampler", "cpu_by_role", "role_of", "sample_forever"]
 
 ROLES: tuple[tuple[str, str], ...] = (
-    ("from multiprocessing.spawn", "vllm_engine_core"),
+    ("VLLM::Worker", "vllm_worker"),
+    ("VLLM::EngineCore", "vllm_engine_core"),
+    ("from multiprocessing.spawn", "vllm_engine_core"),  # before vLLM names the spawned process
     ("AgentLoopWorker", "agent_loop"),
     ("vLLMHttpServer", "vllm_server"),
     ("RewardLoopWorker", "reward"),
@@ -35,6 +37,10 @@ ROLES: tuple[tuple[str, str], ...] = (
     ("TaskRunner", "trainer_driver"),
     ("WorkerDict", "fsdp_workers"),
     ("benchmarks.cpu_profile", "sampler"),
+    ("verl.trainer.main_ppo", "verl_driver"),
+    ("dapo_verl.main", "verl_driver"),
+    ("bench_stream_engine", "rehearsal_driver"),
+    ("dapo-verl rehearse", "rehearsal_driver"),
     ("raylet", "ray"),
     ("gcs_server", "ray"),
     ("ray::", "ray"),

@@ -41,8 +41,8 @@ from dataclasses import dataclass
 __all__ = [
     "CLIP_ACTS_PRIMARY", "CLIP_ACTS_SETTING", "CLIP_ACTS_STUDY", "CLIP_HIGH", "CLIP_LOW", "CLIP_STUDY",
     "DYNAMIC_SAMPLING", "LADDER_STUDY", "LOSS_AGG", "OVERLONG_FILTERING", "OVERLONG_PENALTY", "SETTINGS", "STEPS_KEY",
-    "STREAM_GUARD_PRIMARY", "STREAM_GUARD_STUDY", "STREAM_PREFIX_STUDY", "STUDIES", "SURPLUS_CARRY_STUDY", "Arm", "PowerPlan",
-    "PrimaryMetric", "Study",
+    "STREAM_GUARD_PRIMARY", "STREAM_GUARD_STUDY", "STREAM_PREFIX_STUDY", "STUDIES", "SURPLUS_CARRY_STUDY", "Arm",
+    "PowerPlan", "PrimaryMetric", "Study",
 ]
 
 CLIP_LOW = "actor_rollout_ref.actor.clip_ratio_low"

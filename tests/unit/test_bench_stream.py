@@ -96,3 +96,19 @@ def test_the_report_applies_the_declared_bar_to_each_candidate():
     assert "dapo_stream_carry: does not meet the bar" in text and "dapo_stream_carry_2x: does not meet" in text
     with pytest.raises(ValueError, match="at least 2 seeds"):
         bench_stream.report(lines[:5])
+
+
+def test_the_small_scenario_judges_every_dapo_configuration_on_tokens_alone():
+    def line(strategy, seed, time, tokens):
+        return {"strategy": strategy, "seed": seed, "gen_s_per_step": time, "tokens_per_trained": tokens,
+                "waves_per_step": 1.0, "token_age_max": 0}
+
+    lines = []
+    for seed, jitter in enumerate((0.0, 0.1, -0.1)):
+        lines += [line("verl_sync", seed, 15 + jitter, 2.0), line("verl_async", seed, 5 + jitter, 1.4),
+                  line("dapo_rounds", seed, 13 + jitter, 3.0 + jitter),  # more tokens than verl's sync buffer
+                  line("dapo_rounds_carry", seed, 14 + jitter, 1.5 + jitter)]  # fewer, though slower than async
+    text = bench_stream.report(lines, "small")
+    assert "dapo_rounds: does not meet the 4-prompt criterion" in text
+    assert "dapo_rounds_carry: meets the 4-prompt criterion" in text
+    assert "the bar" not in text.split("\n\n", 1)[1]

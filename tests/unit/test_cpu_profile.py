@@ -16,6 +16,8 @@ def test_roles_come_from_the_command_lines_ray_and_vllm_give_their_processes():
     assert role_of("ray::vLLMHttpServer.generate") == "vllm_server"
     assert role_of("/venv/bin/python -B -c from multiprocessing.spawn import spawn_main; spawn_main(...)") == (
         "vllm_engine_core")
+    assert role_of("VLLM::Worker") == "vllm_worker" and role_of("VLLM::EngineCore") == "vllm_engine_core"
+    assert role_of("python -m verl.trainer.main_ppo a=b") == "verl_driver"
     assert role_of("ray::TaskRunnerV1.run") == "trainer_driver"
     assert role_of("ray::SomethingElse") == "ray"
     assert role_of("bash") == role_of("") == "other"
