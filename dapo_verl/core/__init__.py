@@ -4,6 +4,7 @@ Nothing here imports verl, ray, hydra, omegaconf, transformers or any other part
 """
 
 from dapo_verl.core.advantages import group_advantages, group_advantages_by_index, group_ids_from_index
+from dapo_verl.core.correction import truncated_importance_weights
 from dapo_verl.core.filters import DropReason, dynamic_group_mask, group_drop_reasons
 from dapo_verl.core.losses import (
     LOG_RATIO_CLAMP,
@@ -55,5 +56,6 @@ __all__ = [
     "policy_ratio",
     "register_overlong_schedule",
     "reward_overlong_penalty",
+    "truncated_importance_weights",
     "truncated_response_mask",
 ]

@@ -36,8 +36,9 @@ from dapo_verl.core import (
     group_advantages_by_index,
     group_token_mean_weights,
     mask_truncated_responses,
+    truncated_importance_weights,
 )
-from dapo_verl.local.config import ActorConfig
+from dapo_verl.local.config import ActorConfig, RolloutCorrectionConfig
 from dapo_verl.report.derived import derive_ratios
 from dapo_verl.sampler import GroupResult
 
@@ -64,6 +65,8 @@ class TrainBatch:
         scores: (B,) float32 shaped rewards; acc: (B,) bool raw correctness.
         lengths: (B,) int64 response lengths; truncated: (B,) bool.
         group_index: (B,) int64 group of each row; group_size: G.
+        rollout_logp: (B, L) float32 log-probs of the response tokens under the weights that sampled them, when the
+            rollout kept them (``algorithm.rollout_correction``); None otherwise.
     """
 
     input_ids: Tensor
@@ -75,6 +78,7 @@ class TrainBatch:
     truncated: Tensor
     group_index: Tensor
     group_size: int
+    rollout_logp: Tensor | None = None
 
     @property
     def prompt_length(self) -> int:
@@ -110,6 +114,8 @@ def assemble_batch(groups: Sequence[GroupResult], prompts: Tensor, dapo: DapoCon
         mask=mask, advantages=advantages, scores=scores, acc=torch.cat([g.metric for g in groups]).bool(),
         lengths=torch.cat([g.response_lengths for g in groups]), truncated=truncated, group_index=index,
         group_size=size,
+        rollout_logp=(torch.cat([g.payload["rollout_logp"] for g in groups])
+                      if all("rollout_logp" in g.payload for g in groups) else None),
     )
 
 
@@ -192,7 +198,8 @@ class _StepMetrics:
 
 
 def update_policy(model: PreTrainedModel, optimizer: torch.optim.Optimizer, batch: TrainBatch, dapo: DapoConfig,
-                  actor: ActorConfig, *, temperature: float) -> dict[str, float]:
+                  actor: ActorConfig, *, temperature: float,
+                  correction: RolloutCorrectionConfig | None = None) -> dict[str, float]:
     """Recompute old log-probs, then take one optimiser step per mini-batch and epoch.
 
     Args:
@@ -202,6 +209,9 @@ def update_policy(model: PreTrainedModel, optimizer: torch.optim.Optimizer, batc
         dapo: Loss settings (clip ratios, dual clip, aggregation).
         actor: Batching, gradient clipping and entropy bonus.
         temperature: Rollout temperature (logits are scaled by it).
+        correction: With ``rollout_is=token``, each token's loss term is multiplied by its truncated importance
+            weight against the sampling policy (:func:`~dapo_verl.core.truncated_importance_weights`, as verl's
+            ``dapo`` loss multiplies by ``rollout_is_weights``); the batch must carry ``rollout_logp``.
 
     Returns:
         ``actor/pg_loss`` (mean over gradient steps), ``actor/pg_clipfrac``, ``actor/entropy``,
@@ -215,22 +225,45 @@ def update_policy(model: PreTrainedModel, optimizer: torch.optim.Optimizer, batc
         verl logs them; ``actor/dapo/{clip_upper_old_prob_max, clip_higher_kept_old_prob_max}`` over the step
         (0 when no token was clipped); and their ratios (:data:`~dapo_verl.report.derived.RATIO_METRICS`):
         ``actor/dapo/{clip_upper_old_prob_mean, clip_higher_kept_old_prob_mean, clip_upper_positive_share}``,
-        NaN (logged as null) in a step where their count is 0.
+        NaN (logged as null) in a step where their count is 0. With the correction, verl's
+        ``rollout_corr/rollout_is_{mean,max,min}`` (over response tokens, after truncation) and
+        ``rollout_corr/rollout_is_truncated_fraction`` (tokens whose weight hit the threshold).
     """
     rows = batch.mask.shape[0]
     micro = actor.ppo_micro_batch_size_per_gpu
     with torch.no_grad():
         old_logp = torch.cat([sequence_log_probs(model, batch.input_ids[part], batch.prompt_length, temperature)[0]
                               for part in _chunks(0, rows, micro)])  # (B, L)
+    weights, correction_metrics = _importance_weights(batch, old_logp, correction)
     stats = _StepMetrics()
     for _ in range(actor.ppo_epochs):
         for mini in _chunks(0, rows, actor.ppo_mini_batch_size * batch.group_size):
-            _mini_batch_step(model, optimizer, batch, old_logp, mini, dapo, actor, temperature, stats)
-    return stats.result()
+            _mini_batch_step(model, optimizer, batch, old_logp, weights, mini, dapo, actor, temperature, stats)
+    return stats.result() | correction_metrics
+
+
+def _importance_weights(batch: TrainBatch, old_logp: Tensor, correction: RolloutCorrectionConfig | None,
+                        ) -> tuple[Tensor | None, dict[str, float]]:
+    """(B, L) truncated importance weights and their metrics, or (None, {}) without ``rollout_is``."""
+    if correction is None or correction.rollout_is is None:
+        return None, {}
+    if batch.rollout_logp is None:
+        raise ValueError("algorithm.rollout_correction.rollout_is=token needs the log-probs of the sampling policy, "
+                         "but the batch has none: the rollout must keep them (Rollout(keep_log_probs=True)).")
+    threshold = correction.rollout_is_threshold
+    weights = truncated_importance_weights(old_logp, batch.rollout_logp.to(old_logp.device), batch.mask,
+                                           threshold=threshold)  # (B, L)
+    valid = weights[batch.mask]
+    if valid.numel() == 0:
+        return weights, {}
+    return weights, {"rollout_corr/rollout_is_mean": valid.mean().item(),
+                     "rollout_corr/rollout_is_max": valid.max().item(),
+                     "rollout_corr/rollout_is_min": valid.min().item(),
+                     "rollout_corr/rollout_is_truncated_fraction": (valid >= threshold).float().mean().item()}
 
 
 def _mini_batch_step(model: PreTrainedModel, optimizer: torch.optim.Optimizer, batch: TrainBatch, old_logp: Tensor,
-                     mini: slice, dapo: DapoConfig, actor: ActorConfig, temperature: float,
+                     weights: Tensor | None, mini: slice, dapo: DapoConfig, actor: ActorConfig, temperature: float,
                      stats: _StepMetrics) -> None:
     """One optimiser step on rows ``mini``, accumulating gradients over micro-batches."""
     clip = {"clip_low": dapo.loss.clip_ratio_low, "clip_high": dapo.loss.clip_ratio_high,
@@ -243,6 +276,8 @@ def _mini_batch_step(model: PreTrainedModel, optimizer: torch.optim.Optimizer, b
         logp, entropy = sequence_log_probs(model, batch.input_ids[part], batch.prompt_length, temperature)
         mask, advantages = batch.mask[part], batch.advantages[part]
         loss_mat, diag = clipped_surrogate_with_diagnostics(logp, old_logp[part], advantages, mask, **clip)  # (b, L)
+        if weights is not None:  # rollout correction: as verl's dapo loss multiplies by rollout_is_weights
+            loss_mat = loss_mat * weights[part]
         pg = aggregate_loss(loss_mat, mask, mode, **counts)
         loss = pg
         if actor.entropy_coeff:

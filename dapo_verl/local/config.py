@@ -115,6 +115,30 @@ class RolloutConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
+class RolloutCorrectionConfig:
+    """Truncated importance sampling against the policy that sampled a response (verl's rollout correction)."""
+
+    rollout_is: str | None = field(default=None, metadata=verl_key("algorithm.rollout_correction.rollout_is",
+                                                                   verl_native=True))
+    """null (off, verl's default) or token: each response token's loss term is multiplied by min(pi_old /
+    pi_rollout, rollout_is_threshold), pi_old the policy before this update (the recomputed old log-probs) and
+    pi_rollout the one that sampled the token (its log-probs kept at generation, one more forward pass a round). It
+    acts on groups trained a step after they were sampled (surplus=carry); a fresh group's weights are 1. Rounds
+    only: streaming refuses it on the local backend. verl's sequence level is not implemented here.
+    """
+
+    rollout_is_threshold: float = field(default=2.0, metadata=verl_key(
+        "algorithm.rollout_correction.rollout_is_threshold", verl_native=True))
+    """Upper bound of a token's weight (truncated importance sampling). Range > 0; verl's default 2.0."""
+
+    def __post_init__(self) -> None:
+        if self.rollout_is is not None and self.rollout_is != "token":
+            config_error(key_of(self, "rollout_is"), self.rollout_is, "is not available on the local backend",
+                         "Use token (per-token weights) or null (off).")
+        require_number(self, "rollout_is_threshold", low=0.0, low_open=True, fix="verl's default is 2.0.")
+
+
+@dataclass(frozen=True, kw_only=True)
 class ActorConfig:
     """The policy update: batching, optimiser and regularisation."""
 
@@ -319,6 +343,9 @@ class LocalRunConfig:
 
     actor: ActorConfig = field(default_factory=ActorConfig)
     """Policy update."""
+
+    rollout_correction: RolloutCorrectionConfig = field(default_factory=RolloutCorrectionConfig)
+    """Importance weights against the sampling policy (``algorithm.rollout_correction``)."""
 
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     """Run length and outputs."""

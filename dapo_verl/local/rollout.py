@@ -26,6 +26,7 @@ from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerF
 
 from dapo_verl.config import OverlongConfig
 from dapo_verl.core import pass_at_k, pass_at_k_sizes, reward_overlong_penalty, truncated_response_mask
+from dapo_verl.local.actor import sequence_log_probs
 from dapo_verl.local.tasks import TaskData, verify
 from dapo_verl.sampler import GroupResult
 
@@ -86,8 +87,9 @@ class Rollout:
 
     def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast, task: TaskData, *, n: int,
                  temperature: float, max_response_length: int, overlong: OverlongConfig,
-                 device: torch.device, val_n: int = 1, seed: int = 0) -> None:
+                 device: torch.device, val_n: int = 1, seed: int = 0, keep_log_probs: bool = False) -> None:
         self.model, self.task, self.n, self.device = model, task, n, device
+        self.temperature, self.keep_log_probs = temperature, keep_log_probs
         self.val_n, self.seed = val_n, seed
         self.budget, self.overlong = max_response_length, overlong
         self.eos_id, self.pad_id = int(tokenizer.eos_token_id), int(tokenizer.pad_token_id)
@@ -108,15 +110,30 @@ class Rollout:
         answers = self.train_answers[index].repeat_interleave(self.n, dim=0)  # (N, K)
         out = self._respond(prompts, answers, self.sampling)
         self.generated_tokens += int(out.lengths.sum())
+        sampled_logp = self._sampling_log_probs(prompts, out.tokens) if self.keep_log_probs else None  # (N, L)
         groups = []
         for p, prompt_id in enumerate(index.tolist()):
             rows = slice(p * self.n, (p + 1) * self.n)
+            payload = {"tokens": out.tokens[rows], "mask": out.mask[rows], "exact": out.exact[rows]}
+            if sampled_logp is not None:
+                payload["rollout_logp"] = sampled_logp[rows]
             groups.append(GroupResult(
                 prompt_id=prompt_id, metric=out.acc[rows], response_lengths=out.lengths[rows],
-                truncated=out.truncated[rows], scores=out.scores[rows],
-                payload={"tokens": out.tokens[rows], "mask": out.mask[rows], "exact": out.exact[rows]},
+                truncated=out.truncated[rows], scores=out.scores[rows], payload=payload,
             ))
         return groups
+
+    @torch.no_grad()
+    def _sampling_log_probs(self, prompts: Tensor, tokens: Tensor) -> Tensor:
+        """(N, L) log-probs of the sampled tokens under the weights that sampled them, at the sampling temperature
+        (the rollout policy of ``algorithm.rollout_correction``; sampling uses neither top-k nor top-p)."""
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            ids = torch.cat([prompts, tokens], dim=1).to(self.device)
+            return sequence_log_probs(self.model, ids, prompts.shape[1], self.temperature)[0].cpu()
+        finally:
+            self.model.train(was_training)
 
     def evaluate(self, step: int = 0) -> dict[str, float]:
         """Greedy decoding on the evaluation prompts (and sampling, with ``val_n`` > 1), under verl's names.

@@ -201,10 +201,17 @@ class _Trainer:
         self.model, self.tokenizer = model.to(self.device), tokenizer  # type: ignore[arg-type]
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=run.actor.lr,
                                            weight_decay=run.actor.weight_decay)
+        correcting = run.rollout_correction.rollout_is is not None
+        if correcting and dapo.sampler.streaming:
+            raise ValueError(
+                f"algorithm.rollout_correction.rollout_is={run.rollout_correction.rollout_is} with "
+                f"algorithm.filter_groups.streaming=true: the local backend's streaming engine decodes in chunks and "
+                f"does not keep the sampling log-probs a continued response's tokens were drawn with. Use rounds "
+                f"(streaming=false) or rollout_is=null (local.rollout.stale_prefix says how older tokens are trained).")
         self.rollout = Rollout(self.model, tokenizer, self.task, n=run.rollout.n,
                                temperature=run.rollout.temperature, max_response_length=dapo.max_response_length,
                                overlong=dapo.overlong, device=self.device, val_n=run.rollout.val_n,
-                               seed=spec.seed)
+                               seed=spec.seed, keep_log_probs=correcting)
         self.engine = ChunkedEngine(self.rollout, chunk_tokens=run.rollout.chunk_tokens,
                                     stale_prefix=run.rollout.stale_prefix) if dapo.sampler.streaming else None
         self.sampler = BatchReplenisher(dapo.sampler, len(self.task.train_prompts), self.engine or self.rollout)
@@ -347,7 +354,7 @@ class _Trainer:
             batch.mask, batch.advantages = batch.mask.to(self.device), batch.advantages.to(self.device)
             metrics |= batch_metrics(batch)
             metrics |= update_policy(self.model, self.optimizer, batch, dapo, run.actor,
-                                     temperature=run.rollout.temperature)
+                                     temperature=run.rollout.temperature, correction=run.rollout_correction)
         else:
             self.idle_steps += 1
             logger.debug("Step %d: dynamic sampling found no informative group; no update this step.", step)

@@ -113,3 +113,29 @@ def test_a_step_without_loss_tokens_logs_undefined_per_token_metrics(runs):
     assert result.series("actor/entropy") == []  # logged as null: undefined, not 0
     lines = (runs["root"] / "no_loss_tokens" / "metrics.jsonl").read_text().splitlines()
     assert all(json.loads(line)["data"]["actor/entropy"] is None for line in lines)
+
+
+def test_rollout_correction_weighs_carried_groups_only_and_resumes_exactly(tmp_path):
+    # surplus=carry trains groups a step after they were sampled; rollout_is=token weighs their tokens against the
+    # policy that sampled them. A step that trains no carried group has every weight exactly 1, and the sampling
+    # log-probs of carried groups survive the checkpoint (the resumed run repeats the uninterrupted one).
+    overrides = [*TINY, f"local.cache_dir={tmp_path / 'cache'}", "trainer.total_training_steps=8",
+                 "trainer.save_freq=4", "trainer.test_freq=4", "algorithm.filter_groups.surplus=carry",
+                 "algorithm.rollout_correction.rollout_is=token", "data.gen_batch_size=16"]
+    whole = run(overrides, tmp_path / "whole")
+    run([*overrides, "trainer.total_training_steps=4"], tmp_path / "resumed")
+    resumed = run(overrides, tmp_path / "resumed")
+    assert _comparable(resumed.history) == _comparable(whole.history)
+    trained = [r["data"] for r in whole.history if r["step"] > 0 and r["data"].get("dapo/sampler/groups_trained")]
+    assert trained and all("rollout_corr/rollout_is_mean" in d for d in trained)
+    fresh = [d for d in trained if d["dapo/sampler/groups_from_carry"] == 0]
+    carried = [d for d in trained if d["dapo/sampler/groups_from_carry"] > 0]
+    assert fresh and carried, "the scenario must train steps with and without carried groups"
+    assert all(d["rollout_corr/rollout_is_min"] == d["rollout_corr/rollout_is_max"] == 1.0 for d in fresh)
+    assert any(d["rollout_corr/rollout_is_min"] != d["rollout_corr/rollout_is_max"] for d in carried)
+
+
+def test_rollout_correction_with_streaming_is_refused_naming_both_keys(tmp_path):
+    with pytest.raises(ValueError, match=r"rollout_is=token with algorithm\.filter_groups\.streaming=true"):
+        run([*TINY, f"local.cache_dir={tmp_path / 'cache'}", "algorithm.filter_groups.streaming=true",
+             "algorithm.filter_groups.surplus=carry", "algorithm.rollout_correction.rollout_is=token"], tmp_path / "r")

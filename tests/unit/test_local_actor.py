@@ -10,8 +10,8 @@ import torch
 
 from dapo_verl.config import AdvantageConfig, DapoConfig, LossConfig, OverlongConfig
 from dapo_verl.core import group_token_mean_weights
-from dapo_verl.local.actor import assemble_batch, batch_metrics, update_policy
-from dapo_verl.local.config import ActorConfig, ModelConfig
+from dapo_verl.local.actor import assemble_batch, batch_metrics, sequence_log_probs, update_policy
+from dapo_verl.local.config import ActorConfig, ModelConfig, RolloutCorrectionConfig
 from dapo_verl.local.model import load_or_build
 from dapo_verl.sampler import GroupResult
 
@@ -145,3 +145,44 @@ def test_clipped_token_probabilities_without_tokens_are_zero_counts_and_undefine
     assert metrics["actor/dapo/clip_upper_old_prob_max"] == 0.0
     assert all(math.isnan(metrics[f"actor/dapo/{key}"]) for key in (
         "clip_upper_old_prob_mean", "clip_higher_kept_old_prob_mean", "clip_upper_positive_share"))
+
+
+def _with_rollout_logp(groups, logp):
+    for g, rows in zip(groups, logp.split(G)):
+        g.payload["rollout_logp"] = rows
+    return groups
+
+
+def test_rollout_correction_leaves_responses_of_the_current_policy_alone_and_reweighs_older_ones(model, gen):
+    dapo, actor = DapoConfig(), ActorConfig(ppo_mini_batch_size=2)
+    correction = RolloutCorrectionConfig(rollout_is="token", rollout_is_threshold=2.0)
+    groups, prompts = _groups(gen), torch.randint(3, 17, (4, S), generator=gen)
+    plain = assemble_batch(groups, prompts, dapo)
+    with torch.no_grad():
+        current = sequence_log_probs(model, plain.input_ids, plain.prompt_length, 1.0)[0]  # (B, L)
+
+    def update(batch, correction):
+        updated = copy.deepcopy(model)
+        optimizer = torch.optim.AdamW(updated.parameters(), lr=1e-2, weight_decay=0.0)
+        return updated, update_policy(updated, optimizer, batch, dapo, actor, temperature=1.0, correction=correction)
+
+    baseline, _ = update(plain, None)
+    same, metrics = update(assemble_batch(_with_rollout_logp(groups, current), prompts, dapo), correction)
+    for (name, a), (_, b) in zip(baseline.named_parameters(), same.named_parameters()):
+        assert torch.equal(a, b), name  # sampled by these very weights: every weight is exactly 1
+    assert metrics["rollout_corr/rollout_is_mean"] == metrics["rollout_corr/rollout_is_max"] == 1.0
+    older = current + 0.8 * torch.randn(current.shape, generator=gen)  # as if an earlier policy had sampled them
+    moved, metrics = update(assemble_batch(_with_rollout_logp(groups, older), prompts, dapo), correction)
+    assert any(not torch.equal(a, b) for a, b in zip(baseline.parameters(), moved.parameters()))
+    assert metrics["rollout_corr/rollout_is_max"] <= 2.0 and metrics["rollout_corr/rollout_is_min"] < 1.0
+    assert 0 < metrics["rollout_corr/rollout_is_truncated_fraction"] < 1
+
+
+def test_rollout_correction_without_the_sampling_log_probs_is_an_error(model, gen):
+    dapo = DapoConfig()
+    batch = assemble_batch(_groups(gen), torch.randint(3, 17, (4, S), generator=gen), dapo)
+    assert batch.rollout_logp is None
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    with pytest.raises(ValueError, match="rollout_is=token needs the log-probs of the sampling policy"):
+        update_policy(model, optimizer, batch, dapo, ActorConfig(), temperature=1.0,
+                      correction=RolloutCorrectionConfig(rollout_is="token"))

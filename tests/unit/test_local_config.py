@@ -48,6 +48,8 @@ def test_unknown_key_fails_with_the_key_and_the_fix():
     ("algorithm.filter_groups.metric=score", "algorithm.filter_groups.metric"),
     ("actor_rollout_ref.actor.loss_agg_mode=token-sum", "actor_rollout_ref.actor.loss_agg_mode"),
     ("reward.reward_kwargs.overlong_tokens=8", "reward.reward_kwargs.overlong_tokens"),
+    ("algorithm.rollout_correction.rollout_is=sequence", "algorithm.rollout_correction.rollout_is"),
+    ("algorithm.rollout_correction.rollout_is_threshold=0", "algorithm.rollout_correction.rollout_is_threshold"),
 ])
 def test_invalid_values_fail_at_start_naming_the_full_key(override, key):
     with pytest.raises(ValueError, match=key.replace(".", r"\.")):
