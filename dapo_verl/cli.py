@@ -315,7 +315,8 @@ def _parser() -> argparse.ArgumentParser:
                         "e.g. local.task.name=summod2")
     ablate.add_argument("--ladder", action="store_true", help="run the ladder: naive GRPO, + overlong filtering, "
                         "+ clip-higher, + soft overlong punishment, + token-level loss, + dynamic sampling")
-    ablate.add_argument("--setting", choices=("default", "clip-acts", "stream-guard", "stream-prefix", "surplus-carry"),
+    ablate.add_argument("--setting", choices=("default", "clip-acts", "stream-guard", "stream-prefix", "surplus-carry",
+                                                   "surplus-carry-tis"),
                         default="default",
                         help="the study (default: default): 'default' = the clip ablation on the default local run, "
                         "200 steps, 10 seeds; 'clip-acts' = where the upper clip acts, 40 steps, the seeds of its "
@@ -323,7 +324,9 @@ def _parser() -> argparse.ArgumentParser:
                         "'stream-guard' = rounds vs streaming with carried partials, 100 steps, seeds 100-125 from "
                         "its power calculation, with the paired test (docs/local.md); 'stream-prefix' = the same "
                         "with the carried prefix trained (local.rollout.stale_prefix=train); 'surplus-carry' = rounds "
-                        "discarding vs carrying the surplus, the default run, seeds 200-225")
+                        "discarding vs carrying the surplus, the default run, seeds 200-225; 'surplus-carry-tis' = "
+                        "the same with the carried tokens importance-weighted "
+                        "(algorithm.rollout_correction.rollout_is=token)")
     seeds = ablate.add_mutually_exclusive_group()
     seeds.add_argument("--seeds", type=int, metavar="N", help="seeds 0..N-1 in every arm (default: 10; "
                        f"clip-acts: {_clip_acts_seeds()}, from its power calculation)")
