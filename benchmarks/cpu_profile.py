@@ -70,9 +70,11 @@ def _snapshot() -> dict[str, list]:
 
 
 def sample_forever(path: Path, interval: float) -> None:
-    """Append ``{"t": unix time, "p": {pid: [cpu seconds, command]}}`` to ``path`` every ``interval`` s until killed."""
+    """Append ``{"t": unix time, "p": {pid: [cpu seconds, command]}}`` to ``path`` every ``interval`` s until killed
+    or orphaned (its parent gone without stopping it: a SIGKILLed benchmark leaves no sampler behind)."""
+    parent = os.getppid()
     with path.open("a") as out:
-        while True:
+        while os.getppid() == parent:
             out.write(json.dumps({"t": time.time(), "p": _snapshot()}) + "\n")
             out.flush()
             time.sleep(interval)

@@ -83,6 +83,8 @@ class Rollout:
         val_n: Sampled responses per held-out prompt for pass@k (``actor_rollout_ref.rollout.val_kwargs.n``);
             1 evaluates greedily only.
         seed: ``data.seed``; with the step, it seeds the sampled evaluation.
+        keep_log_probs: Keep each sampled token's log-prob under the weights that sampled it in the group's payload
+            (``rollout_logp``, (G, L)), for ``algorithm.rollout_correction``; one more forward pass per round.
     """
 
     def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast, task: TaskData, *, n: int,

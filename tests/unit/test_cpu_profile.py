@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 import time
 
 import pytest
@@ -60,3 +62,28 @@ def test_the_sampler_records_this_process_burning_cpu_and_stops_with_its_block(t
     assert path.stat().st_size == written  # the child is gone: nothing is appended after the block
     with pytest.raises(ValueError, match="interval=0"):
         CpuSampler(path, interval=0)
+
+
+def test_an_orphaned_sampler_stops_by_itself(tmp_path):
+    # A parent killed outright (SIGKILL) cannot stop its sampler; the sampler notices it was orphaned and exits.
+    path = tmp_path / "cpu.jsonl"
+    parent = subprocess.Popen([sys.executable, "-c", (
+        "import subprocess, sys, time; "
+        f"c = subprocess.Popen([sys.executable, '-m', 'benchmarks.cpu_profile', {str(path)!r}, '0.05']); "
+        "print(c.pid, flush=True); time.sleep(60)")], stdout=subprocess.PIPE, text=True)
+    child = int(parent.stdout.readline())
+    time.sleep(0.5)
+    parent.kill()
+    parent.wait()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and os.path.exists(f"/proc/{child}") and "Z" not in _state(child):
+        time.sleep(0.1)
+    assert not os.path.exists(f"/proc/{child}") or "Z" in _state(child)
+
+
+def _state(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "gone"
