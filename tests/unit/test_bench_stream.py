@@ -79,17 +79,19 @@ def test_the_small_scenario_runs_four_prompts_a_step_and_the_report_refuses_mixe
         bench_stream.report([*lines, paper])
 
 
-def test_the_report_applies_the_declared_bar_to_each_candidate():
-    def line(strategy, seed, time, tokens):
-        return {"strategy": strategy, "seed": seed, "gen_s_per_step": time, "tokens_per_trained": tokens,
-                "waves_per_step": 1.0, "token_age_max": 0}
+def _line(strategy, seed, time, tokens):
+    """One run's line as bench_stream writes it, with the fields the report reads."""
+    return {"strategy": strategy, "seed": seed, "gen_s_per_step": time, "tokens_per_trained": tokens,
+            "waves_per_step": 1.0, "token_age_max": 0}
 
+
+def test_the_report_applies_the_declared_bar_to_each_candidate():
     lines = []
     for seed, jitter in enumerate((0.0, 1.0, -1.0)):
-        lines += [line("verl_sync", seed, 600 + jitter, 3.0), line("verl_async", seed, 300 + jitter, 2.0),
-                  line("dapo_stream", seed, 280 + jitter, 2.0),  # 0.47x sync, below async, fewer tokens
-                  line("dapo_stream_carry", seed, 310 + 2 * jitter, 1.5),  # slower than async
-                  line("dapo_stream_carry_2x", seed, 250 + jitter, 3.5)]  # more tokens than sync
+        lines += [_line("verl_sync", seed, 600 + jitter, 3.0), _line("verl_async", seed, 300 + jitter, 2.0),
+                  _line("dapo_stream", seed, 280 + jitter, 2.0),  # 0.47x sync, below async, fewer tokens
+                  _line("dapo_stream_carry", seed, 310 + 2 * jitter, 1.5),  # slower than async
+                  _line("dapo_stream_carry_2x", seed, 250 + jitter, 3.5)]  # more tokens than sync
     text = bench_stream.report(lines)
     assert "seeds 0-2 (3)" in text and "| dapo_stream | 280.0 | 0.467 [" in text
     assert "dapo_stream: meets the bar" in text
@@ -99,15 +101,11 @@ def test_the_report_applies_the_declared_bar_to_each_candidate():
 
 
 def test_the_small_scenario_judges_every_dapo_configuration_on_tokens_alone():
-    def line(strategy, seed, time, tokens):
-        return {"strategy": strategy, "seed": seed, "gen_s_per_step": time, "tokens_per_trained": tokens,
-                "waves_per_step": 1.0, "token_age_max": 0}
-
     lines = []
     for seed, jitter in enumerate((0.0, 0.1, -0.1)):
-        lines += [line("verl_sync", seed, 15 + jitter, 2.0), line("verl_async", seed, 5 + jitter, 1.4),
-                  line("dapo_rounds", seed, 13 + jitter, 3.0 + jitter),  # more tokens than verl's sync buffer
-                  line("dapo_rounds_carry", seed, 14 + jitter, 1.5 + jitter)]  # fewer, though slower than async
+        lines += [_line("verl_sync", seed, 15 + jitter, 2.0), _line("verl_async", seed, 5 + jitter, 1.4),
+                  _line("dapo_rounds", seed, 13 + jitter, 3.0 + jitter),  # more tokens than verl's sync buffer
+                  _line("dapo_rounds_carry", seed, 14 + jitter, 1.5 + jitter)]  # fewer, though slower than async
     text = bench_stream.report(lines, "small")
     assert "dapo_rounds: does not meet the 4-prompt criterion" in text
     assert "dapo_rounds_carry: meets the 4-prompt criterion" in text
