@@ -23,7 +23,13 @@ import math
 import torch
 from torch import Tensor
 
-from dapo_verl.core._checks import check_finite, run_device_checks
+from dapo_verl.core._checks import (
+    check_finite,
+    check_same_device,
+    check_same_shape,
+    check_tensor,
+    run_device_checks,
+)
 from dapo_verl.core._ratio import LOG_RATIO_CLAMP, token_inputs
 
 __all__ = ["truncated_importance_weights"]
@@ -50,7 +56,12 @@ def truncated_importance_weights(old_logp: Tensor, rollout_logp: Tensor, mask: T
             math.isfinite(threshold) and threshold > 0):
         raise ValueError(f"threshold={threshold!r}: the upper bound of the importance weights must be a positive "
                          f"finite number; verl's default rollout_is_threshold is 2.0.")
-    tok = token_inputs(old_logp, rollout_logp, mask)  # old_logp plays logp's part: same checks, both detached
+    old_logp = check_tensor("old_logp", old_logp, ndim=2, shape_doc="(B, L)")
+    rollout_logp = check_tensor("rollout_logp", rollout_logp, ndim=2, shape_doc="(B, L)")
+    check_same_shape("old_logp", old_logp, "rollout_logp", rollout_logp,
+                     hint="both must be (B, L) log-probs of the same response tokens.")
+    check_same_device("old_logp", old_logp, "rollout_logp", rollout_logp)
+    tok = token_inputs(old_logp, rollout_logp, mask)  # dtypes and the mask; old_logp plays logp's part
     run_device_checks(tok.checks)  # the mask holds only 0 and 1
     for name, tensor in (("old_logp", tok.logp), ("rollout_logp", tok.old_logp)):
         check_finite(name, tensor, where=tok.mask,
