@@ -76,17 +76,28 @@ def busy_seconds(intervals: Sequence[tuple[float, float]]) -> float:
     return busy
 
 
-def step_counts(records: Path, metrics: Path, steps: int, trained_per_step: int) -> list[dict[str, Any]]:
-    """Per training step: responses generated (engine requests with the previous step's weights), the engine's busy
-    time for them, the sampler's rounds where it logs them, groups verl's filter evicted, and verl's
-    ``timing_s/gen``."""
-    requests = [json.loads(line) for file in sorted(records.glob("requests-*.jsonl"))
-                for line in file.read_text().splitlines() if line.strip()]
+def engine_requests(records: Path) -> list[dict[str, Any]]:
+    """Every request the rehearsal's engine recorded (``requests-*.jsonl`` in ``records``), one dict each."""
+    return [json.loads(line) for file in sorted(records.glob("requests-*.jsonl"))
+            for line in file.read_text().splitlines() if line.strip()]
+
+
+def logged_metrics(metrics: Path) -> dict[int, dict[str, Any]]:
+    """verl's JSONL metrics log as ``{step: {key: value}}``, later records of a step updating earlier ones."""
     logged: dict[int, dict[str, Any]] = {}
     for line in metrics.read_text().splitlines():
         if line.strip():
             record = json.loads(line)
             logged.setdefault(int(record["step"]), {}).update(record["data"])
+    return logged
+
+
+def step_counts(records: Path, metrics: Path, steps: int, trained_per_step: int) -> list[dict[str, Any]]:
+    """Per training step: responses generated (engine requests with the previous step's weights), the engine's busy
+    time for them, the sampler's rounds where it logs them, groups verl's filter evicted, and verl's
+    ``timing_s/gen``."""
+    requests = engine_requests(records)
+    logged = logged_metrics(metrics)
     rows = []
     for step in range(1, steps + 1):
         mine = [r for r in requests if r["weights"] == step - 1]

@@ -58,7 +58,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from benchmarks.bench_rehearsal_sampler import SIZES, add_run_arguments, busy_seconds, rehearsed
+from benchmarks.bench_rehearsal_sampler import (
+    SIZES,
+    add_run_arguments,
+    busy_seconds,
+    engine_requests,
+    logged_metrics,
+    rehearsed,
+)
 from benchmarks.cpu_profile import CpuSampler, cpu_by_role
 from benchmarks.sampler_report import commit_id, spread, write_result
 
@@ -130,13 +137,8 @@ def write_unsolvable_rows(path: Path, num_rows: int, *, seed: int) -> Path:
 def step_rows(records: Path, metrics: Path, steps: int, responses_per_step: int) -> list[dict[str, Any]]:
     """Per training step: what the engine answered with the previous step's weights (requests, tokens, busy time),
     what was trained (verl's ``response_length/mean``), verl's ``timing_s/gen`` and the sampler's own counts."""
-    requests = [json.loads(line) for file in sorted(records.glob("requests-*.jsonl"))
-                for line in file.read_text().splitlines() if line.strip()]
-    logged: dict[int, dict[str, Any]] = {}
-    for line in metrics.read_text().splitlines():
-        if line.strip():
-            record = json.loads(line)
-            logged.setdefault(int(record["step"]), {}).update(record["data"])
+    requests = engine_requests(records)
+    logged = logged_metrics(metrics)
     rows = []
     for step in range(1, steps + 1):
         data = logged.get(step, {})
@@ -178,9 +180,7 @@ def measured_cpu(profile: Path, records: Path, steps: int) -> dict[str, float]:
     if not profile.is_file():
         raise FileNotFoundError(f"{profile} is missing: --cpu-profile with --reuse reads the samples of an earlier "
                                 f"--cpu-profile run; run without --reuse to sample this one")
-    measured = [json.loads(line) for file in sorted(records.glob("requests-*.jsonl"))
-                for line in file.read_text().splitlines() if line.strip()]
-    measured = [r for r in measured if 1 <= r["weights"] <= steps - 3]
+    measured = [r for r in engine_requests(records) if 1 <= r["weights"] <= steps - 3]
     if not measured:
         raise RuntimeError(f"no request of steps 2 to {steps - 2} in {records}; see the run's log.txt")
     return cpu_by_role(profile, min(r["start"] for r in measured), max(r["end"] for r in measured))
