@@ -18,7 +18,8 @@ K answer length.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 
 import torch
 from torch import Tensor
@@ -125,17 +126,23 @@ class Rollout:
             ))
         return groups
 
+    @contextmanager
+    def eval_mode(self) -> Iterator[None]:
+        """The model in eval mode for the block, its train/eval mode restored afterwards (also on an error)."""
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            yield
+        finally:
+            self.model.train(was_training)
+
     @torch.no_grad()
     def _sampling_log_probs(self, prompts: Tensor, tokens: Tensor) -> Tensor:
         """(N, L) log-probs of the sampled tokens under the weights that sampled them, at the sampling temperature
         (the rollout policy of ``algorithm.rollout_correction``; sampling uses neither top-k nor top-p)."""
-        was_training = self.model.training
-        self.model.eval()
-        try:
+        with self.eval_mode():
             ids = torch.cat([prompts, tokens], dim=1).to(self.device)
             return sequence_log_probs(self.model, ids, prompts.shape[1], self.temperature)[0].cpu()
-        finally:
-            self.model.train(was_training)
 
     def evaluate(self, step: int = 0) -> dict[str, float]:
         """Greedy decoding on the evaluation prompts (and sampling, with ``val_n`` > 1), under verl's names.
@@ -180,14 +187,10 @@ class Rollout:
 
     @torch.no_grad()
     def _respond(self, prompts: Tensor, answers: Tensor, generation: GenerationConfig) -> Responses:
-        was_training = self.model.training
-        self.model.eval()
-        try:
+        with self.eval_mode():
             ids = prompts.to(self.device)
             full = self.model.generate(  # type: ignore[operator]
                 input_ids=ids, attention_mask=torch.ones_like(ids), generation_config=generation)
-        finally:
-            self.model.train(was_training)
         tokens = full[:, prompts.shape[1]:].cpu()  # (N, <= L)
         if tokens.shape[1] < self.budget:  # every response ended early
             filler = torch.full((tokens.shape[0], self.budget - tokens.shape[1]), self.pad_id, dtype=tokens.dtype)

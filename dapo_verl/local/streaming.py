@@ -130,13 +130,9 @@ class ChunkedEngine:
         steps = min(self.chunk_tokens, budget - min(len(group.tokens[r]) for group, r in rows))
         config = copy.deepcopy(rollout.sampling)
         config.max_new_tokens = steps
-        was_training = rollout.model.training
-        rollout.model.eval()
-        try:
+        with rollout.eval_mode():
             out = rollout.model.generate(input_ids=ids.to(rollout.device),  # type: ignore[operator]
                                          attention_mask=attention.to(rollout.device), generation_config=config)
-        finally:
-            rollout.model.train(was_training)
         new = out[:, ids.shape[1]:].cpu()  # (R, <= steps)
         self.passes += 1
         for i, (group, r) in enumerate(rows):
