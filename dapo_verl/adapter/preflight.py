@@ -69,7 +69,6 @@ __all__ = ["DAPO_ENTRY", "VERL_ENTRY", "Findings", "check_verl_config", "compose
 
 DAPO_ENTRY = "dapo_verl.main"
 VERL_ENTRY = "verl.trainer.main_ppo"
-_VERL_SECTIONS = ("actor_rollout_ref.", "algorithm.", "critic.")
 
 @dataclass
 class Findings:
@@ -165,8 +164,6 @@ def verl_config_problems(config: DictConfig, *, entry_module: str, unset_env_is_
 def _run_groups(groups: Sequence[tuple[str, Callable[[DictConfig], list[Problem]]]], plain: DictConfig,
                 findings: Findings) -> None:
     for name, check in groups:
-        if name == "verl's validate_config" and any(p.key.startswith(_VERL_SECTIONS) for p in findings.problems):
-            continue  # verl's cross-checks assume sections its config classes accept
         seen = {p.key for p in findings.problems}
         try:
             found = check(plain)

@@ -10,13 +10,14 @@ class becomes one line naming the closest known key.
 from __future__ import annotations
 
 import contextlib
+import copy
 import difflib
 import importlib
 import io
 import re
 import warnings
-from collections.abc import Iterator, Sequence
-from dataclasses import is_dataclass
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, is_dataclass
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
@@ -70,43 +71,101 @@ def registered_names(config: DictConfig) -> list[Problem]:
 
 
 
-_VERL_FIXES = (
-    (re.compile(r"Please set at least one of '(actor_rollout_ref\.\w+|actor)\.(\w+)' or '[\w.]+_per_gpu'"),
-     "Set {section}.{param}_per_gpu (e.g. 4), or actor_rollout_ref.actor.use_dynamic_bsz=true with "
-     "ppo_max_token_len_per_gpu."),
-    (re.compile(r"You have set both '([\w.]+)\.(\w+)' AND"),
-     "Remove {section}.{param} (deprecated), or set {section}.{param}_per_gpu=null to keep it."),
+@dataclass(frozen=True)
+class _KnownError:
+    """One of verl's micro-batch and batch-size messages, which dapo_verl can say more about.
+
+    Attributes:
+        pattern: Matches verl's message.
+        key: The full key at fault, from the match.
+        fix: What to change, from the match.
+        settle: A value for :attr:`key` that makes verl's check pass in a scratch copy of the config, so that its
+            later checks still run. Settling only removes problems about that key, never adds one: every settled
+            value satisfies each check of verl's that reads it.
+    """
+
+    pattern: re.Pattern[str]
+    key: Callable[[re.Match[str]], str]
+    fix: Callable[[re.Match[str]], str]
+    settle: Callable[[re.Match[str], DictConfig], Any]
+
+
+def _section(name: str) -> str:
+    """verl names the actor's section ``actor`` in its messages and every other by its full key."""
+    return name if name.startswith("actor_rollout_ref") else "actor_rollout_ref.actor"
+
+
+_KNOWN_ERRORS = (
+    _KnownError(re.compile(r"Please set at least one of '([\w.]+)\.(\w+)' or '[\w.]+_per_gpu'"),
+                key=lambda m: f"{_section(m[1])}.{m[2]}_per_gpu",
+                fix=lambda m: f"Set {_section(m[1])}.{m[2]}_per_gpu (e.g. 4), or actor_rollout_ref.actor."
+                              "use_dynamic_bsz=true with ppo_max_token_len_per_gpu.",
+                settle=lambda m, _: 1),
+    _KnownError(re.compile(r"You have set both '([\w.]+)\.(\w+)' AND"),
+                key=lambda m: f"{_section(m[1])}.{m[2]}",
+                fix=lambda m: f"Remove {_section(m[1])}.{m[2]} (deprecated), or set {_section(m[1])}.{m[2]}_per_gpu"
+                              f"=null to keep it.",
+                settle=lambda m, _: None),
+    _KnownError(re.compile(r"real_train_batch_size \(\d+\) must be divisible by minimal possible batch size \((\d+)\)"),
+                key=lambda m: "data.train_batch_size",
+                fix=lambda m: f"verl splits each step's responses evenly across data-parallel ranks: set "
+                              f"data.train_batch_size and actor_rollout_ref.rollout.n so that their product is a "
+                              f"multiple of {m[1]}.",
+                settle=lambda m, config: int(_get(config, "data.train_batch_size")) * int(m[1])),
 )
 
 
+def _known_error(text: str) -> tuple[_KnownError, re.Match[str]] | None:
+    for known in _KNOWN_ERRORS:
+        match = known.pattern.search(text)
+        if match:
+            return known, match
+    return None
+
+
 def _verl_message(err: BaseException) -> str:
-    """The innermost message of verl's error (Hydra wraps a failing config class in InstantiationException)."""
+    """The innermost message of verl's error (Hydra wraps a failing config class in InstantiationException), with
+    the fix added where verl's message lacks one."""
     while err.__cause__ is not None or err.__context__ is not None:
         inner = err.__cause__ or err.__context__
         if inner is None or isinstance(inner, KeyboardInterrupt):
             break
         err = inner
     text = one_line(err) or type(err).__name__
-    for pattern, fix in _VERL_FIXES:
-        match = pattern.search(text)
-        if match:
-            section = match.group(1) if match.group(1).startswith("actor_rollout_ref") else "actor_rollout_ref.actor"
-            text += " " + fix.format(section=section, param=match.group(2))
-    return text
+    found = _known_error(text)
+    fix = found[0].fix(found[1]) if found else ""
+    return f"{text} {fix}" if fix else text
+
+
+_MAX_PASSES = len(_KNOWN_ERRORS) * 3  # each known error at most once per section verl checks
 
 
 def validate_config_problems(config: DictConfig) -> list[Problem]:
-    """verl's own ``validate_config`` (batch sizes across GPUs, micro-batch settings), as one problem."""
+    """verl's own ``validate_config`` (batch sizes across GPUs, micro-batch settings): every problem it finds.
+
+    verl stops at its first error. When that error is one of :data:`_KNOWN_ERRORS` it is reported, settled in a
+    scratch copy of the config, and verl's check runs again, so independent problems are all reported at once. Any
+    other error ends the passes, and its line says that verl's later checks did not run.
+    """
     from verl.trainer.ppo.utils import need_reference_policy
     from verl.utils.config import validate_config
 
-    try:
-        # use_critic=False: a critic's config class loads the critic's model; no DAPO recipe has a critic
-        validate_config(config=config, use_reference_policy=need_reference_policy(config), use_critic=False)
-    except Exception as err:  # verl raises AssertionError, ValueError or Hydra's InstantiationException
-        return [_class_problem("actor_rollout_ref.actor", err, KnownKeys.of(config),
-                               prefix="verl's validate_config refuses the config")]
-    return []
+    known, scratch, problems = KnownKeys.of(config), copy.deepcopy(config), []
+    for _ in range(_MAX_PASSES):
+        try:
+            # use_critic=False: a critic's config class loads the critic's model; no DAPO recipe has a critic
+            validate_config(config=scratch, use_reference_policy=need_reference_policy(scratch), use_critic=False)
+            return problems
+        except Exception as err:  # verl raises AssertionError, ValueError or Hydra's InstantiationException
+            problem = _class_problem("actor_rollout_ref.actor", err, known,
+                                     prefix="verl's validate_config refuses the config")
+            found = _known_error(_verl_message(err))
+            if found is None or any(p.key == problem.key for p in problems):
+                note = " verl's validate_config stops at this error: run the check again once it is fixed."
+                return [*problems, Problem(problem.key, problem.message + note)]
+            problems.append(problem)
+            OmegaConf.update(scratch, problem.key, found[0].settle(found[1], scratch), merge=False)
+    return problems
 
 
 def config_classes(config: DictConfig) -> list[Problem]:
@@ -159,8 +218,8 @@ def _class_problem(section: str, err: BaseException, known: KnownKeys, *,
                    prefix: str = "") -> Problem:
     """One line for an error of verl's config classes: an unknown key with the closest known one, else verl's text."""
     text = _verl_message(err)
-    full = _FULL_KEY.search(one_line(err))
-    key = full.group(1) if full else section
+    full, found = _FULL_KEY.search(one_line(err)), _known_error(text)
+    key = found[0].key(found[1]) if found else (full.group(1) if full else section)
     key = key if key.startswith(section) or "." in key else f"{section}.{key}"
     unknown = _UNKNOWN_FIELD.search(one_line(err))
     if unknown:

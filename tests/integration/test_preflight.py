@@ -11,8 +11,11 @@ import copy
 import functools
 import importlib.util
 import json
+import re
+import shlex
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from omegaconf import OmegaConf
@@ -28,16 +31,16 @@ pytestmark = pytest.mark.verl
 
 RECIPES = ["dapo_qwen2.5_32b", "dapo_wo_ds_qwen2.5_32b", "dapo_qwen2.5_7b", "dapo_qwen2.5_math_1.5b",
            "dapo_clip_ablation_eps_high_0.2", "dapo_clip_ablation_eps_high_0.28", "dapo_trainer"]
-README_OVERRIDES = [  # README.md, "Quickstart: loss_mode=dapo in your verl setup", on verl's own trainer
-    "actor_rollout_ref.actor.policy_loss.loss_mode=dapo", "actor_rollout_ref.actor.clip_ratio_low=0.2",
-    "actor_rollout_ref.actor.clip_ratio_high=0.28", "actor_rollout_ref.actor.loss_agg_mode=token-mean",
-    "algorithm.adv_estimator=dapo", "reward.reward_manager.name=dapo_verl", "+reward.reward_kwargs.overlong_tokens=256",
-    "+reward.reward_kwargs.overlong_penalty_factor=1.0",
-    # the user's own setup: an engine, a group size and micro-batch sizes
-    "actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.n=4",
-    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
-    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=2",
-]
+README = (Path(__file__).parents[2] / "README.md").read_text()
+
+
+def readme_doctor_overrides() -> list[str]:
+    """The overrides of README.md's ``dapo-verl doctor ppo_trainer`` example, as written."""
+    block = re.search(r"```bash\n(dapo-verl doctor ppo_trainer .*?)\n```", README, flags=re.S)
+    assert block, "README.md lost its `dapo-verl doctor ppo_trainer` example"
+    return shlex.split(block.group(1).replace("\\\n", " "))[3:]
+
+
 MICRO_BATCHES = ["actor_rollout_ref.rollout.n=4", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
                  "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=2",
                  "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=2"]  # docs/rehearse.md's dapo_trainer
@@ -103,8 +106,46 @@ def test_every_config_as_shipped_passes(name):
 
 
 def test_verl_setups_with_the_readme_overrides_and_own_micro_batches_pass():
-    assert _problems("ppo_trainer", *README_OVERRIDES) == []
     assert _problems("dapo_trainer", *MICRO_BATCHES) == []
+
+
+def test_the_readme_doctor_example_passes_as_written(monkeypatch, capsys):
+    overrides = readme_doctor_overrides()
+    assert "actor_rollout_ref.actor.policy_loss.loss_mode=dapo" in overrides and len(overrides) >= 10
+    monkeypatch.setattr(doctor, "run_checks", lambda: [])  # the plugin checks start a fresh process; not the point
+    assert main(["doctor", "ppo_trainer", *overrides]) == 0, capsys.readouterr().out
+    assert "passes every check a run makes before it starts" in capsys.readouterr().out
+
+
+def _without(overrides, *prefixes):
+    return [o for o in overrides if not o.startswith(prefixes)]
+
+
+def test_independent_problems_verl_would_raise_one_at_a_time_are_all_reported():
+    # verl's validate_config stops at its first error; each of these three hides the next one there.
+    overrides = [*_without(readme_doctor_overrides(), "actor_rollout_ref.actor.ppo_micro",
+                           "actor_rollout_ref.rollout.log_prob_micro"), "trainer.n_gpus_per_node=3"]
+    problems = _problems("ppo_trainer", *overrides)
+    keys = [p.key for p in problems]
+    assert keys.count("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu") == 1
+    assert {"data.train_batch_size", "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu"} <= set(keys)
+    assert len(problems) == 3, [p.message for p in problems]
+    batch = next(p.message for p in problems if p.key == "data.train_batch_size")
+    assert "multiple of 3" in batch and "actor_rollout_ref.rollout.n" in batch
+    # two problems from different checks: the overlong buffer against verl's default budget, and no engine
+    problems = _problems("ppo_trainer", *_without(readme_doctor_overrides(), "data.max_response_length",
+                                                  "actor_rollout_ref.rollout.name"))
+    assert {p.key for p in problems} == {"reward.reward_kwargs.overlong_tokens", "actor_rollout_ref.rollout.name"}
+
+
+def test_an_error_the_check_cannot_settle_says_that_verls_later_checks_did_not_run():
+    from dapo_verl.adapter.preflight_verl import validate_config_problems
+
+    config, _ = compose_recipe("ppo_trainer", [*readme_doctor_overrides(), "actor_rollout_ref.rollout.val_kwargs."
+                                               "do_sample=true", "actor_rollout_ref.rollout.temperature=0"])
+    problems = validate_config_problems(OmegaConf.create(OmegaConf.to_container(config, resolve=True)))
+    assert len(problems) == 1 and "temperature should be greater than 0" in problems[0].message
+    assert "stops at this error: run the check again once it is fixed" in problems[0].message
 
 
 @pytest.mark.parametrize("override", sorted(REFUSED))
