@@ -178,8 +178,9 @@ def _cmd_compare(args: argparse.Namespace) -> int:
         return _fail("compare", err)
     print(report.to_markdown(), end="")
     print(f"\nWrote {', '.join(str(path) for path in report.files.values())}")
-    for warning in report.warnings:
-        print(f"dapo-verl compare: warning: {warning}", file=sys.stderr)
+    if report.warnings:  # listed once, in the report; stderr says so for a reader of the files only
+        print(f"dapo-verl compare: {len(report.warnings)} warning(s), listed under \"Warnings\" in the report.",
+              file=sys.stderr)
     return 0
 
 

@@ -57,7 +57,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -95,7 +95,8 @@ from dapo_verl.local.tracking import MetricsLog
 from dapo_verl.local.warm_start import warm_start
 from dapo_verl.sampler import BatchReplenisher
 
-__all__ = ["RunFinished", "RunInterrupted", "RunResult", "progress_postfix", "run", "run_spec", "summary_lines"]
+__all__ = ["RunFinished", "RunInterrupted", "RunResult", "partial_batch_summary", "progress_postfix", "run", "run_spec",
+           "summary_lines"]
 
 logger = logging.getLogger(__name__)
 
@@ -113,6 +114,26 @@ class RunInterrupted(RuntimeError):
 
     def __reduce__(self) -> tuple[Any, ...]:  # picklable across the ablation's worker processes
         return type(self), (self.args[0], self.step)
+
+
+def partial_batch_summary(partial_acc: Mapping[int, float], *, steps: int, idle_steps: int, batch_groups: int) -> str:
+    """The end-of-run line on partial batches, in words that say why they happened.
+
+    Args:
+        partial_acc: Step -> rollout accuracy (``dapo/sampler/prefilter_acc``) of each step that trained on fewer
+            groups than the batch asks for; not empty.
+        steps: Steps this run trained.
+        idle_steps: Steps that trained on no group at all.
+        batch_groups: Groups a batch asks for (``data.train_batch_size``).
+    """
+    accuracy = sum(partial_acc.values()) / len(partial_acc)
+    why = ("grew scarce as the model came to answer most training prompts right: the task saturating, expected once "
+           "it is learned" if accuracy >= 0.5 else "were scarce while the model answered most training prompts wrong; "
+           "algorithm.filter_groups.max_num_gen_batches lets a step sample more rounds")
+    return (f"Dynamic sampling: {len(partial_acc)} of {steps} steps (the first at step {min(partial_acc)}) trained on "
+            f"fewer than the {batch_groups} groups a batch asks for, {idle_steps} of them on none. Only groups with "
+            f"both right and wrong answers train, and they {why} (rollout accuracy {accuracy:.2f} over those steps; "
+            f"dapo/sampler/partial marks each).")
 
 
 def run(overrides: Sequence[str] = (), out_dir: str | Path | None = None, *, progress: bool = False,
@@ -215,7 +236,8 @@ class _Trainer:
         self.engine = ChunkedEngine(self.rollout, chunk_tokens=run.rollout.chunk_tokens,
                                     stale_prefix=run.rollout.stale_prefix) if dapo.sampler.streaming else None
         self.sampler = BatchReplenisher(dapo.sampler, len(self.task.train_prompts), self.engine or self.rollout)
-        self.idle_steps = self.partial_steps = 0
+        self.idle_steps = 0
+        self.partial_acc: dict[int, float] = {}  # step -> rollout accuracy, for each step on a partial batch
         logger.info("Task %s: %d training prompts, %d evaluation prompts (%s); model %s from %s.", self.task.name,
                     len(self.task.train_prompts), len(self.task.eval_prompts),
                     "held out" if self.task.heldout else "the training prompts", describe(self.model),
@@ -320,13 +342,10 @@ class _Trainer:
         return True
 
     def _log_sampling_summary(self, start: int, last: int) -> None:
-        """One line on the steps that trained on a partial batch (each is in ``dapo/sampler/partial``)."""
-        if self.partial_steps:
-            logger.info("Dynamic sampling: %d of %d steps trained on a partial batch (%d on none) as informative "
-                        "groups ran out; %.0f%% of the prompt pool is solved or failed %d times in a row "
-                        "(dapo/sampler/partial, dapo/sampler/pool_exhausted_fraction).", self.partial_steps,
-                        last - start, self.idle_steps, 100 * self.sampler.stream.history.exhausted_fraction,
-                        self.spec.dapo.sampler.exhausted_streak)
+        """One line on the steps that trained on a partial batch (each is in ``dapo/sampler/partial``), and why."""
+        if self.partial_acc:
+            logger.info(partial_batch_summary(self.partial_acc, steps=last - start, idle_steps=self.idle_steps,
+                                              batch_groups=self.spec.dapo.sampler.train_batch_size))
 
     def _interrupted(self, step: int) -> None:
         append_history(self.run_dir, "interrupted", step=step)
@@ -342,7 +361,8 @@ class _Trainer:
         if self.engine is not None:
             self.engine.policy_version = step
         sampled = self.sampler.next_batch()
-        self.partial_steps += sampled.is_partial
+        if sampled.is_partial:
+            self.partial_acc[step] = sampled.metrics["dapo/sampler/prefilter_acc"]
         generated = time.perf_counter()
         metrics: dict[str, float] = {"training/global_step": float(step), "actor/lr": run.actor.lr}
         metrics |= sampled.metrics

@@ -81,7 +81,7 @@ class Report:
 
     def to_markdown(self) -> str:
         """The report as Markdown: the rule, the metric table, the runs read, and notes."""
-        lines = ["# Ablation report", "", _rule_text(self.last_frac), "",
+        lines = [self.title, "", _rule_text(self.last_frac), "",
                  "| metric | arm | n | final | final min–max | run mean | run mean min–max |",
                  "|---|---|---|---|---|---|---|"]
         lines += [_markdown_row(row) for row in self.rows]
@@ -113,6 +113,17 @@ class Report:
         data = {"last_frac": self.last_frac, "rule": _rule_text(self.last_frac), "metrics": list(self.metrics),
                 "not_logged": list(self.not_logged), "warnings": self.warnings, "arms": arms}
         return data | ({"analysis": dict(self.analysis)} if self.analysis else {})
+
+    @property
+    def title(self) -> str:
+        """The Markdown heading: what was compared (one run, one arm's runs, or arms against each other)."""
+        runs = [len(arm) for arm in self.arms.values()]
+        if len(runs) == 1 and runs[0] == 1:
+            return f"# Run report: `{next(iter(self.arms.values()))[0].path}`"
+        if len(runs) == 1:
+            return f"# Report: arm `{next(iter(self.arms))}`, {runs[0]} runs"
+        arms = " vs ".join(f"`{arm}`" for arm in self.arms)
+        return f"# Comparison: {arms} ({' / '.join(map(str, runs))} runs)"
 
     @property
     def warnings(self) -> list[str]:
