@@ -184,10 +184,17 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     return 0
 
 
-def _clip_acts_seeds() -> int:
-    from dapo_verl.local.arms import CLIP_ACTS_STUDY  # data only: imports the standard library
+def _ablate_settings() -> str:
+    """``--setting`` help: each study the CLI runs, with what it is (arms.py holds them as data)."""
+    from dapo_verl.local.arms import SETTINGS  # data only: imports the standard library
 
-    return CLIP_ACTS_STUDY.power.seeds if CLIP_ACTS_STUDY.power is not None else 0
+    return "; ".join(f"'{name}' = {study.summary}" for name, study in SETTINGS.items())
+
+
+def _setting_names() -> list[str]:
+    from dapo_verl.local.arms import SETTINGS
+
+    return list(SETTINGS)
 
 
 def _cmd_ablate(args: argparse.Namespace) -> int:
@@ -206,6 +213,9 @@ def _cmd_ablate(args: argparse.Namespace) -> int:
         return _fail("ablate", f"--setting {args.setting} is a setting of the clip ablation; the ladder runs the "
                      "default setting only. Drop --ladder or --setting.")
     study = LADDER_STUDY if args.ladder else SETTINGS[args.setting]
+    if args.pool_with is not None and study.replicates is None:
+        return _fail("ablate", f"--pool-with {args.pool_with}: the study {study.name!r} replicates no other, so there "
+                     "is nothing to pool. Drop --pool-with, or run a replication (--setting clip-acts-replication).")
     out = args.out or f"runs/ablate/{study.name}"
     jobs = ablate.DEFAULT_JOBS if args.jobs is None else args.jobs
     try:
@@ -213,7 +223,8 @@ def _cmd_ablate(args: argparse.Namespace) -> int:
                  else ablate.seed_list(args.seeds, args.seed_list, ablate.DEFAULT_SEEDS))
         print(f"{study.title}: {len(study.arms)} arms x seeds {seeds} -> {out}", flush=True)
         result = ablate.run_ablation(study, seeds, out, steps=args.steps, extra_overrides=args.overrides, jobs=jobs,
-                                     on_run=ablate.Progress(lambda line: print(line, flush=True), jobs=jobs))
+                                     on_run=ablate.Progress(lambda line: print(line, flush=True), jobs=jobs),
+                                     pool_with=None if args.pool_with is None else Path(args.pool_with))
     except OSError as err:
         return _fail("ablate", _os_error(err))
     except (ValueError, ShortfallError, RunDirectoryBusy, RunInterrupted, ablate.AblationInterrupted) as err:
@@ -316,26 +327,21 @@ def _parser() -> argparse.ArgumentParser:
                         "e.g. local.task.name=summod2")
     ablate.add_argument("--ladder", action="store_true", help="run the ladder: naive GRPO, + overlong filtering, "
                         "+ clip-higher, + soft overlong punishment, + token-level loss, + dynamic sampling")
-    ablate.add_argument("--setting", choices=("default", "clip-acts", "stream-guard", "stream-prefix", "surplus-carry",
-                                                   "surplus-carry-tis"),
-                        default="default",
-                        help="the study (default: default): 'default' = the clip ablation on the default local run, "
-                        "200 steps, 10 seeds; 'clip-acts' = where the upper clip acts, 40 steps, the seeds of its "
-                        "power calculation, with the paired test (default out: runs/ablate/clip-acts); "
-                        "'stream-guard' = rounds vs streaming with carried partials, 100 steps, seeds 100-125 from "
-                        "its power calculation, with the paired test (docs/local.md); 'stream-prefix' = the same "
-                        "with the carried prefix trained (local.rollout.stale_prefix=train); 'surplus-carry' = rounds "
-                        "discarding vs carrying the surplus, the default run, seeds 200-225; 'surplus-carry-tis' = "
-                        "the same with the carried tokens importance-weighted "
-                        "(algorithm.rollout_correction.rollout_is=token)")
+    ablate.add_argument("--setting", choices=_setting_names(), default="default", metavar="SETTING",
+                        help=f"the study (default: default): {_ablate_settings()}. A setting with a power "
+                        "calculation runs the seeds it gives, with the paired test of its declared primary metric "
+                        "(docs/ablation.md)")
+    ablate.add_argument("--pool-with", metavar="DIR", help="for a replication (clip-acts-replication): the folder of "
+                        "the ablation it replicates (e.g. runs/ablate/clip-acts); the report shows its estimate, "
+                        "this one's, and both pooled")
     seeds = ablate.add_mutually_exclusive_group()
-    seeds.add_argument("--seeds", type=int, metavar="N", help="seeds 0..N-1 in every arm (default: 10; "
-                       f"clip-acts: {_clip_acts_seeds()}, from its power calculation)")
+    seeds.add_argument("--seeds", type=int, metavar="N", help="seeds 0..N-1 in every arm (default: 10, or the "
+                       "setting's seeds from its power calculation)")
     seeds.add_argument("--seed-list", type=int, nargs="+", metavar="K", help="these seeds in every arm")
     ablate.add_argument("--steps", type=int, metavar="N", help="training steps per run (default: the setting's, "
                         "200; clip-acts 40)")
-    ablate.add_argument("--out", metavar="DIR", help="ablation directory (default: runs/ablate/clip, "
-                        "runs/ablate/clip-acts or runs/ablate/ladder)")
+    ablate.add_argument("--out", metavar="DIR", help="ablation directory (default: runs/ablate/<the study's name>: "
+                        "clip for the default setting, ladder for --ladder)")
     ablate.add_argument("--jobs", type=int, metavar="N", help="runs trained at the same time, one torch "
                         "thread each (default: 2; 1 trains in this process)")
     ablate.set_defaults(func=_cmd_ablate)

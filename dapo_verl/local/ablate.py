@@ -34,6 +34,7 @@ from omegaconf import OmegaConf
 from dapo_verl.local.ablation_report import Progress, RunOutcome, write_ablation_report
 from dapo_verl.local.arms import STEPS_KEY, Arm, Study
 from dapo_verl.local.compose import RunSpec, changed_keys, compose_run
+from dapo_verl.local.powered_test import development_differences
 from dapo_verl.local.run_pool import AblationInterrupted, train_runs
 from dapo_verl.report import Report
 
@@ -192,7 +193,8 @@ def _log_levels() -> dict[str, int]:
 
 def run_ablation(study: Study, seeds: Sequence[int], out_dir: str | Path, *, steps: int | None = None,
                  extra_overrides: Sequence[str] = (), jobs: int = DEFAULT_JOBS,
-                 on_run: Callable[[RunOutcome, int, int], None] | None = None) -> AblationResult:
+                 on_run: Callable[[RunOutcome, int, int], None] | None = None,
+                 pool_with: Path | None = None) -> AblationResult:
     """Train every arm of ``study`` with every seed (reusing finished runs) and write the report.
 
     Args:
@@ -203,14 +205,17 @@ def run_ablation(study: Study, seeds: Sequence[int], out_dir: str | Path, *, ste
         extra_overrides: Hydra overrides applied to every arm.
         jobs: Runs trained at the same time (separate processes); 1 trains in this process.
         on_run: Called after each finished or reused run with ``(outcome, runs done, runs in all)``.
+        pool_with: For a study that replicates another (:attr:`~dapo_verl.local.arms.Study.replicates`), that
+            study's ablation folder: the report adds its estimate and the two pooled
+            (:class:`~dapo_verl.local.powered_test.PooledEstimate`).
 
     Returns:
         The :class:`AblationResult`.
 
     Raises:
         ValueError: for a bad seed list, extra override or ``jobs``, an ``out_dir`` that is a file (or lies in
-            one), a config that does not compose, or a run directory holding another configuration (before anything
-            is trained).
+            one), a config that does not compose, a run directory holding another configuration, or a ``pool_with``
+            that holds no report of the study replicated (before anything is trained).
         OSError: if ``out_dir`` cannot be created (before anything is trained).
         AblationInterrupted: after Ctrl-C, SIGTERM or SIGHUP with ``jobs`` > 1 (:mod:`dapo_verl.local.run_pool`).
         dapo_verl.local.train.RunInterrupted: after Ctrl-C with ``jobs`` = 1.
@@ -219,6 +224,10 @@ def run_ablation(study: Study, seeds: Sequence[int], out_dir: str | Path, *, ste
     if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
         raise ValueError(f"jobs={jobs!r} must be a positive integer; use 2 on a 2-core machine, 1 to stay in-process.")
     _check_out(Path(out_dir))
+    if pool_with is not None:
+        if study.replicates is None or study.primary is None:
+            raise ValueError(f"pool_with={pool_with}: the study {study.name!r} replicates no other study.")
+        development_differences(pool_with, study.primary)  # refused now, not after the runs
     started = time.perf_counter()
     study = study.with_steps(steps)
     plan = plan_runs(study, seeds, out_dir, steps=steps, extra_overrides=extra_overrides)
@@ -239,7 +248,7 @@ def run_ablation(study: Study, seeds: Sequence[int], out_dir: str | Path, *, ste
         done[(planned.arm.name, planned.seed)] = outcome
         _notify(on_run, outcome, len(done), len(plan))
     outcomes = [done[(p.arm.name, p.seed)] for p in plan]
-    report, files = write_ablation_report(study, outcomes, Path(out_dir))
+    report, files = write_ablation_report(study, outcomes, Path(out_dir), pool_with=pool_with)
     return AblationResult(study=study, outcomes=outcomes, report=report, files=files,
                           wall_s=time.perf_counter() - started)
 

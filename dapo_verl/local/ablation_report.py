@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dapo_verl.local.arms import Study
-from dapo_verl.local.powered_test import PrimaryResult, analyse_primary
+from dapo_verl.local.powered_test import PooledEstimate, PrimaryResult, analyse_primary, pool_with_development
 from dapo_verl.report import DEFAULT_METRICS, JSON_FILE, Report, RunLog, build_report, load_runs, write_report
 from dapo_verl.report.plots import plot_arms
 from dapo_verl.report.summary import Spread, accuracy_keys, pass_at_k_keys
@@ -113,8 +113,16 @@ def _report_metrics(arms: Mapping[str, Sequence[RunLog]]) -> list[str]:
     return [key for key in dict.fromkeys(wanted) if key in available]
 
 
-def write_ablation_report(study: Study, outcomes: Sequence[RunOutcome], out: Path) -> tuple[Report, dict[str, Path]]:
+def write_ablation_report(study: Study, outcomes: Sequence[RunOutcome], out: Path, *,
+                          pool_with: Path | None = None) -> tuple[Report, dict[str, Path]]:
     """Write the report files of an ablation into ``out`` (see the module docstring).
+
+    Args:
+        study: The study.
+        outcomes: Its runs.
+        out: The ablation's folder.
+        pool_with: For a replication, the folder of the study it replicates: its estimate and the two pooled go
+            into ``ablation.md`` and under ``"analysis"`` in ``report.json``.
 
     Returns:
         The report and name -> file written (the report's files plus ``curves`` and ``summary``).
@@ -126,8 +134,12 @@ def write_ablation_report(study: Study, outcomes: Sequence[RunOutcome], out: Pat
     report = build_report(arms, metrics=_report_metrics(arms))
     seeds = {arm: [o.seed for o in outcomes if o.arm == arm] for arm in arms}
     primary = analyse_primary(study, {arm: list(zip(seeds[arm], runs, strict=True)) for arm, runs in arms.items()})
+    pooled = None
+    if primary is not None and pool_with is not None and study.replicates is not None:
+        pooled = pool_with_development(primary, pool_with, study.replicates)
     if primary is not None:  # the declared test goes into report.json beside every metric
-        report = dataclasses.replace(report, analysis={"primary": primary.to_dict()})
+        analysis = {"primary": primary.to_dict()} | ({"pooled": pooled.to_dict()} if pooled else {})
+        report = dataclasses.replace(report, analysis=analysis)
     report = write_report(report, out)
     files = dict(report.files)
     panels = [k for k in report.metrics if k.startswith("val-")] + [
@@ -135,7 +147,7 @@ def write_ablation_report(study: Study, outcomes: Sequence[RunOutcome], out: Pat
                     "actor/dapo/clip_upper_positive_share") if k in report.metrics]
     files["curves"] = plot_arms(arms, panels, out / CURVES_FILE, title=study.title)
     files["summary"] = out / SUMMARY_FILE
-    files["summary"].write_text(summary_markdown(study, outcomes, report, primary))
+    files["summary"].write_text(summary_markdown(study, outcomes, report, primary, pooled))
     return report, files
 
 
@@ -196,7 +208,7 @@ def _columns(report: Report) -> list[tuple[str, str, str]]:
 
 
 def summary_markdown(study: Study, outcomes: Sequence[RunOutcome], report: Report,
-                     primary: PrimaryResult | None = None) -> str:
+                     primary: PrimaryResult | None = None, pooled: PooledEstimate | None = None) -> str:
     """The ablation in Markdown: the primary test (if any), one row per arm (mean ± std (min–max) over seeds),
     per-seed accuracy, the arms.
 
@@ -205,9 +217,11 @@ def summary_markdown(study: Study, outcomes: Sequence[RunOutcome], report: Repor
         outcomes: Every run.
         report: The report built from the runs.
         primary: The paired test of the study's declared primary metric, if it has one.
+        pooled: For a replication pooled with the study it replicates, the three estimates.
     """
     lines = [f"# {study.title}", ""]
     lines += primary.markdown() if primary is not None else []
+    lines += pooled.markdown() if pooled is not None else []
     lines += ["Mean ± sample std (min–max) over seeds. Final held-out values are the last evaluation; run means "
               "average every logged step (see report.md).", ""]
     lines += _arm_table(study, outcomes, report)

@@ -39,7 +39,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 __all__ = [
-    "CLIP_ACTS_PRIMARY", "CLIP_ACTS_SETTING", "CLIP_ACTS_STUDY", "CLIP_HIGH", "CLIP_LOW", "CLIP_STUDY",
+    "CLIP_ACTS_PRIMARY", "CLIP_ACTS_REPLICATION_STUDY", "CLIP_ACTS_SETTING", "CLIP_ACTS_STUDY", "CLIP_HIGH",
+    "CLIP_LOW", "CLIP_STUDY",
     "DYNAMIC_SAMPLING", "LADDER_STUDY", "LOSS_AGG", "OVERLONG_FILTERING", "OVERLONG_PENALTY", "SETTINGS", "STEPS_KEY",
     "STREAM_GUARD_PRIMARY", "STREAM_GUARD_STUDY", "STREAM_PREFIX_STUDY", "STUDIES", "SURPLUS_CARRY_STUDY",
     "SURPLUS_CARRY_TIS_STUDY", "Arm", "PowerPlan", "PrimaryMetric", "Study",
@@ -149,11 +150,16 @@ class Study:
     """A set of arms compared against each other.
 
     Attributes:
-        name: ``clip``, ``clip-acts`` or ``ladder``.
+        name: The study's name: its default output folder ``runs/ablate/<name>``, and for every study but the
+            ladder its ``dapo-verl ablate --setting``.
         title: One line for reports.
         arms: The arms, in report order.
         primary: The declared primary metric of a powered study; None for a descriptive one.
         power: How its seeds were chosen; None for a study without a power calculation.
+        summary: What ``dapo-verl ablate --setting <name>`` runs, in a few words (its ``--help``).
+        replicates: The name of the study this one replicates on fresh seeds (the same arms and primary metric),
+            whose paired differences its report pools with its own (``dapo-verl ablate --pool-with``); None if
+            it replicates none.
     """
 
     name: str
@@ -161,6 +167,8 @@ class Study:
     arms: tuple[Arm, ...]
     primary: PrimaryMetric | None = None
     power: PowerPlan | None = None
+    summary: str = ""
+    replicates: str | None = None
 
     def with_steps(self, steps: int | None) -> Study:
         """The study as it runs for ``steps`` training steps: each arm that sets the run length sets ``steps``.
@@ -192,6 +200,7 @@ def _clip_arm(eps_high: str, base: Mapping[str, str] | None = None, what: str = 
 
 CLIP_STUDY = Study(
     name="clip",
+    summary="the clip ablation on the default local run, 200 steps, 10 seeds",
     title="Clip-Higher ablation: eps_high 0.2 vs 0.28 on the default local run, otherwise identical",
     arms=(_clip_arm("0.2"), _clip_arm("0.28")),
 )
@@ -226,6 +235,7 @@ evaluations are at steps 0, 5, ..., 40; a report names the steps its runs evalua
 
 CLIP_ACTS_STUDY = Study(
     name="clip-acts",
+    summary="where the upper clip acts: 40 steps, the seeds of its power calculation (0-25), with the paired test",
     title="Clip-Higher where the upper clip acts: eps_high 0.2 vs 0.28 from a decoy warm start, 16 gradient steps "
           "per rollout",
     arms=(_clip_arm("0.2", CLIP_ACTS_SETTING, "clip-acts setting"), _clip_arm("0.28", CLIP_ACTS_SETTING,
@@ -263,6 +273,7 @@ def _ladder_arms() -> tuple[Arm, ...]:
 
 LADDER_STUDY = Study(
     name="ladder",
+    summary="the paper's Table 1 ladder, 6 arms x 10 seeds (--ladder)",
     title="The paper's ablation ladder (Table 1): naive GRPO plus one technique per rung, cumulative",
     arms=_ladder_arms(),
 )
@@ -286,6 +297,8 @@ below 0."""
 
 STREAM_GUARD_STUDY = Study(
     name="stream-guard",
+    summary="rounds vs streaming with carried partials, 100 steps, seeds 100-125 from its power calculation, with "
+            "the paired test (docs/local.md)",
     title="Streaming accuracy guard: rounds vs streaming with carried partials (2x in flight), 24-token responses "
           "decoded 4 tokens a pass, 100 steps",
     arms=(Arm(name="rounds", description="rounds (the shipped default)", settings=dict(_STREAM_BASE)),
@@ -302,6 +315,7 @@ STREAM_GUARD_STUDY = Study(
 
 STREAM_PREFIX_STUDY = Study(
     name="stream-prefix",
+    summary="stream-guard with the carried prefix trained (local.rollout.stale_prefix=train)",
     title="Streaming accuracy guard, older prefix trained: rounds vs streaming with carried partials whose "
           "older-policy tokens stay in the loss (local.rollout.stale_prefix=train)",
     arms=(STREAM_GUARD_STUDY.arms[0],
@@ -316,6 +330,7 @@ seeds, metric and reading, with the carried prefix trained instead of masked (th
 
 SURPLUS_CARRY_STUDY = Study(
     name="surplus-carry",
+    summary="rounds discarding vs carrying the surplus, the default run, seeds 200-225",
     title="Carrying a round's surplus: rounds discarding the informative groups beyond the batch (the default) vs "
           "rounds serving them first at the next step (surplus=carry), the default local run, 200 steps",
     arms=(Arm(name="rounds", description="rounds, surplus discarded (the default)", settings={}),
@@ -337,6 +352,7 @@ the study asks whether that one step of staleness costs held-out accuracy."""
 
 SURPLUS_CARRY_TIS_STUDY = Study(
     name="surplus-carry-tis",
+    summary="surplus-carry with the carried tokens importance-weighted (algorithm.rollout_correction.rollout_is=token)",
     title="Carrying a round's surplus with its tokens weighed against the policy that sampled them: rounds (the "
           "default) vs rounds with surplus=carry and rollout_is=token, the default local run, 200 steps",
     arms=(SURPLUS_CARRY_STUDY.arms[0],
@@ -352,11 +368,32 @@ SURPLUS_CARRY_TIS_STUDY = Study(
 undecided and before its own main run: the same arms, seeds, metric and reading, with the carried groups' tokens
 weighed by verl's token-level truncated importance sampling (threshold 2) against the policy that sampled them."""
 
-STUDIES = {study.name: study for study in (CLIP_STUDY, CLIP_ACTS_STUDY, STREAM_GUARD_STUDY, STREAM_PREFIX_STUDY,
-                                           SURPLUS_CARRY_STUDY, SURPLUS_CARRY_TIS_STUDY, LADDER_STUDY)}
+CLIP_ACTS_REPLICATION_STUDY = dataclasses.replace(
+    CLIP_ACTS_STUDY,
+    name="clip-acts-replication",
+    title="Clip-Higher where the upper clip acts, replicated on fresh seeds: eps_high 0.2 vs 0.28 from a decoy warm "
+          "start, 16 gradient steps per rollout",
+    summary="the clip-acts study again on seeds 1000-1041, never used before, from the power calculation for the "
+            "clip-acts effect; --pool-with runs/ablate/clip-acts pools the two",
+    replicates=CLIP_ACTS_STUDY.name,
+    power=PowerPlan(
+        pilot_seeds=tuple(range(26)), pilot_effect=0.025, pilot_sd=0.049, pilot_effect_seeds=33, effect=0.025,
+        seeds=42, planning_sd=0.056, first_seed=1000,
+        why="the development run (clip-acts, seeds 0-25) is the pilot and its effect the target; the seeds are sized "
+            "with the larger of the two measured SDs of the paired differences, 0.056 from an 8-seed replication "
+            "(mean -0.001) against the development run's 0.049, so that a smaller spread is not assumed"),
+)
+"""Declared (2026-12-07, docs/ablation.md "Replication") before its runs: the clip-acts study's arms, setting,
+primary metric, test and reading on seeds 1000-1041, which no study used. Its reading is the clip-acts study's,
+from its own interval alone; its report also shows the development estimate and the two pooled (every paired
+difference of both, one paired t-test), which is not independent of the development run."""
+
+STUDIES = {study.name: study for study in (CLIP_STUDY, CLIP_ACTS_STUDY, CLIP_ACTS_REPLICATION_STUDY,
+                                           STREAM_GUARD_STUDY, STREAM_PREFIX_STUDY, SURPLUS_CARRY_STUDY,
+                                           SURPLUS_CARRY_TIS_STUDY, LADDER_STUDY)}
 """Study name -> study."""
 
-SETTINGS = {"default": CLIP_STUDY, "clip-acts": CLIP_ACTS_STUDY, "stream-guard": STREAM_GUARD_STUDY,
-            "stream-prefix": STREAM_PREFIX_STUDY, "surplus-carry": SURPLUS_CARRY_STUDY,
-            "surplus-carry-tis": SURPLUS_CARRY_TIS_STUDY}
-"""``dapo-verl ablate --setting`` -> the study it runs (the two clip settings, and the streaming guard)."""
+SETTINGS = {"default": CLIP_STUDY, **{name: study for name, study in STUDIES.items()
+                                      if study not in (CLIP_STUDY, LADDER_STUDY)}}
+"""``dapo-verl ablate --setting`` -> the study it runs: ``default`` is the clip ablation on the default run, every
+other setting is the study of that name (the ladder has ``--ladder``)."""

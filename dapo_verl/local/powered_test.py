@@ -16,13 +16,15 @@ import fnmatch
 import itertools
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 from dapo_verl.local.arms import PowerPlan, PrimaryMetric, Study
 from dapo_verl.report import RunLog
 from dapo_verl.report.stats import PairedTest, normalised_auc, paired_t_test
 
-__all__ = ["PrimaryResult", "analyse_primary", "primary_value"]
+__all__ = ["PooledEstimate", "PrimaryResult", "analyse_primary", "development_differences", "pool_with_development",
+           "primary_value"]
 
 
 def primary_value(run: RunLog, primary: PrimaryMetric) -> float | None:
@@ -147,3 +149,111 @@ def analyse_primary(study: Study, runs: Mapping[str, Sequence[tuple[int, RunLog]
     test = paired_t_test(list(differences.values())) if len(differences) >= 2 else None
     return PrimaryResult(primary=primary, values=values, differences=differences, evaluation_steps=tuple(steps),
                          test=test, power=study.power, reading=_reading(primary, test, study.power))
+
+
+@dataclass(frozen=True)
+class PooledEstimate:
+    """A replication beside the study it replicates: the development estimate, the replication's and both pooled.
+
+    The pooled estimate is one paired t-test over every paired difference of both runs (the same arms, metric and
+    design, on disjoint seeds). It includes the development run, so it is the best estimate of the effect but not
+    independent evidence for it: whether the effect replicated is read from the replication's interval alone.
+
+    Attributes:
+        development_study: The replicated study's name.
+        development: Its paired test, from its runs' differences.
+        development_seeds: Its seeds.
+        replication: This study's paired test.
+        pooled: The paired test of both runs' differences together.
+    """
+
+    development_study: str
+    development: PairedTest
+    development_seeds: tuple[int, ...]
+    replication: PairedTest
+    pooled: PairedTest
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready: the three tests and the development run's name and seeds."""
+        return {"development_study": self.development_study, "development_seeds": list(self.development_seeds),
+                "development": self.development.to_dict(), "replication": self.replication.to_dict(),
+                "pooled": self.pooled.to_dict()}
+
+    def markdown(self) -> list[str]:
+        """The section of ``ablation.md``: the three estimates and what the replication's interval says of the
+        development estimate."""
+        rows = [(f"development ({self.development_study}, seeds {_seed_text(self.development_seeds)})",
+                 self.development), ("replication (this study)", self.replication),
+                ("pooled (both; not independent of the development run)", self.pooled)]
+        lines = ["## Development, replication and pooled", "",
+                 "| estimate | pairs | difference, mean | SD | 95% CI | t | p | better / same / worse |",
+                 "|---|---|---|---|---|---|---|---|"]
+        lines += [f"| {name} | {t.n} | {t.mean:+.4f} | {t.sd:.4f} | [{t.ci_low:+.4f}, {t.ci_high:+.4f}] | {t.t:.2f} "
+                  f"| {t.p_value:.3g} | {t.better} / {t.same} / {t.worse} |" for name, t in rows]
+        held = self.replication.ci_low <= self.development.mean <= self.replication.ci_high
+        lines += ["", f"The replication's interval {'holds' if held else 'excludes'} the development estimate "
+                      f"{self.development.mean:+.4f}" + ("." if held else ": the effect is smaller than the "
+                                                          "development run measured, if there is one."), ""]
+        return lines
+
+
+def _seed_text(seeds: Sequence[int]) -> str:
+    ordered = sorted(seeds)
+    if ordered == list(range(ordered[0], ordered[-1] + 1)) and len(ordered) > 2:
+        return f"{ordered[0]}-{ordered[-1]}"
+    return ", ".join(map(str, ordered))
+
+
+def pool_with_development(result: PrimaryResult, development_dir: Path, development_study: str) -> PooledEstimate:
+    """Pool ``result`` (a replication) with the paired differences of the study it replicates, read from that
+    ablation's ``report.json``.
+
+    Args:
+        result: The replication's paired comparison.
+        development_dir: The replicated ablation's folder (``dapo-verl ablate --out`` of that study).
+        development_study: The replicated study's name, for the report.
+
+    Raises:
+        ValueError: if the folder holds no ablation report with a paired test, if its primary metric or arms
+            differ from the replication's, if the two share a seed, or if either has fewer than two pairs.
+    """
+    differences = development_differences(development_dir, result.primary)
+    shared = sorted(set(differences) & set(result.differences))
+    if shared:
+        raise ValueError(f"--pool-with {development_dir}: the development run and the replication share seeds "
+                         f"{shared}; a replication runs fresh seeds. Point --pool-with at the study it replicates.")
+    if len(result.differences) < 2:
+        raise ValueError(f"the replication has {len(result.differences)} paired seed(s); pooling needs at least 2.")
+    return PooledEstimate(development_study=development_study, development=paired_t_test(list(differences.values())),
+                          development_seeds=tuple(sorted(differences)),
+                          replication=paired_t_test(list(result.differences.values())),
+                          pooled=paired_t_test([*differences.values(), *result.differences.values()]))
+
+
+def development_differences(development_dir: Path, primary: PrimaryMetric) -> dict[int, float]:
+    """Seed -> paired difference of the primary metric, from the ablation report in ``development_dir``.
+
+    Raises:
+        ValueError: if there is no readable report with a paired test, if it tested another metric or other
+            arms, or if it holds fewer than two pairs.
+    """
+    import json
+
+    path = development_dir / "report.json"
+    try:
+        analysis = json.loads(path.read_text())["analysis"]["primary"]
+        declared, raw = analysis["primary_metric"], analysis["differences"]
+        differences = {int(seed): float(value) for seed, value in raw.items()}
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise ValueError(f"--pool-with {development_dir}: no ablation report with a paired test there ({path}: "
+                         f"{type(err).__name__}: {err}). Run the study it replicates first, e.g. `dapo-verl ablate "
+                         f"--setting clip-acts`, and pass its --out.") from None
+    mine = {field: getattr(primary, field) for field in ("key", "baseline", "treatment")}
+    theirs = {field: declared.get(field) for field in mine}
+    if theirs != mine:
+        raise ValueError(f"--pool-with {development_dir}: its paired test is of {theirs}, this study's of {mine}; "
+                         f"only the same metric and arms pool. Point --pool-with at the study this one replicates.")
+    if len(differences) < 2:
+        raise ValueError(f"--pool-with {development_dir}: its report holds {len(differences)} paired seed(s); "
+                         "pooling needs at least 2.")
+    return differences

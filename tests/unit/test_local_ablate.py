@@ -176,19 +176,32 @@ def test_progress_writes_one_line_per_run_with_the_time_left():
 def test_cli_help_states_the_driver_defaults():
     ablate = _parser()._subparsers._group_actions[0].choices["ablate"]  # type: ignore[union-attr]
     helps = {action.dest: action.help for action in ablate._actions}
-    assert f"(default: {DEFAULT_SEEDS};" in helps["seeds"]
+    assert f"(default: {DEFAULT_SEEDS}," in helps["seeds"]
     assert f"(default: {DEFAULT_JOBS};" in helps["jobs"]
 
 
-def test_cli_help_explains_both_settings_and_the_clip_acts_seed_count():
-    from dapo_verl.local.arms import CLIP_ACTS_STUDY
+def test_cli_lists_every_setting_from_the_studies_with_what_each_runs():
+    from dapo_verl.local.arms import SETTINGS
 
     ablate = _parser()._subparsers._group_actions[0].choices["ablate"]  # type: ignore[union-attr]
-    helps = {action.dest: action.help for action in ablate._actions}
-    assert "'default' = the clip ablation on the default local run" in helps["setting"]
-    assert "'clip-acts' = " in helps["setting"] and "'stream-guard' = rounds vs streaming" in helps["setting"]
+    actions = {action.dest: action for action in ablate._actions}
+    assert list(actions["setting"].choices) == list(SETTINGS)
+    assert "'default' = the clip ablation on the default local run" in actions["setting"].help
+    for name, study in SETTINGS.items():
+        assert study.summary and f"'{name}' = {study.summary}" in actions["setting"].help
     assert "clip-acts" in ablate.description and "almost never binds" in ablate.description
-    assert f"clip-acts: {CLIP_ACTS_STUDY.power.seeds}, from its power calculation" in helps["seeds"]
+    assert "the setting's seeds from its power calculation" in actions["seeds"].help
+
+
+def test_pool_with_is_refused_for_a_study_that_replicates_none_before_anything_runs(tmp_path, capsys):
+    assert main(["ablate", "--setting", "clip-acts", "--pool-with", str(tmp_path), "--out", str(tmp_path / "o")]) == 2
+    assert "replicates no other, so there is nothing to pool" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
+    # a replication pointed at a folder without the replicated study's report: refused before any run
+    assert main(["ablate", "--setting", "clip-acts-replication", "--pool-with", str(tmp_path), "--out",
+                 str(tmp_path / "o")]) == 2
+    assert "no ablation report with a paired test there" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
 
 
 def test_cli_refuses_a_setting_with_the_ladder(tmp_path, capsys):

@@ -103,6 +103,25 @@ def test_clip_acts_seed_count_is_its_power_calculation():
         arm.name for arm in CLIP_ACTS_STUDY.arms}
 
 
+def test_the_clip_acts_replication_is_the_clip_acts_study_on_fresh_seeds_from_its_power_calculation():
+    from dapo_verl.local.arms import CLIP_ACTS_REPLICATION_STUDY, CLIP_ACTS_STUDY, STUDIES
+    from dapo_verl.report.stats import seeds_for_power
+
+    replication = CLIP_ACTS_REPLICATION_STUDY
+    assert replication.arms == CLIP_ACTS_STUDY.arms and replication.primary == CLIP_ACTS_STUDY.primary
+    assert replication.replicates == CLIP_ACTS_STUDY.name
+    plan = replication.power
+    # the development run's effect, sized with the larger measured SD of the paired differences
+    assert plan.pilot_effect == plan.effect == 0.025 and plan.sizing_sd == max(plan.pilot_sd, 0.056)
+    assert plan.seeds == seeds_for_power(plan.effect, plan.sizing_sd) == 42
+    assert plan.pilot_effect_seeds == seeds_for_power(plan.pilot_effect, plan.pilot_sd)
+    used = set(CLIP_ACTS_STUDY.power.main_seeds) | set(CLIP_ACTS_STUDY.power.pilot_seeds)
+    for study in STUDIES.values():  # fresh: no other study's seeds, pilots included
+        if study.power is not None and study is not replication:
+            used |= set(study.power.main_seeds) | set(study.power.pilot_seeds)
+    assert not used & set(plan.main_seeds) and plan.main_seeds == list(range(1000, 1042))
+
+
 def test_the_stream_guard_differs_only_in_streaming_and_its_seeds_are_its_power_calculation():
     from dapo_verl.local.arms import CLIP_ACTS_STUDY, STREAM_GUARD_STUDY
     from dapo_verl.report.stats import seeds_for_power

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -97,3 +98,63 @@ def test_a_guard_reads_its_interval_against_its_margin(treat, start):
     assert "clip-higher" not in result.reading and "paper's direction" not in result.reading
     text = "\n".join(result.markdown())
     assert "with a planning SD of 0.0864." in text and "the pilot's SD" not in text
+
+
+def _development_report(folder, differences, primary=CLIP_ACTS_STUDY.primary):
+    import dataclasses
+    import json
+
+    folder.mkdir(parents=True, exist_ok=True)
+    analysis = {"primary": {"primary_metric": dataclasses.asdict(primary),
+                            "differences": {str(k): v for k, v in differences.items()}}}
+    (folder / "report.json").write_text(json.dumps({"analysis": analysis}))
+    return folder
+
+
+def _replication(values_base, values_treat, first_seed=1000):
+    from dapo_verl.local.arms import CLIP_ACTS_REPLICATION_STUDY
+
+    runs = {arm: [(seed + first_seed, run) for seed, run in pairs]
+            for arm, pairs in _runs(values_base, values_treat).items()}
+    return analyse_primary(CLIP_ACTS_REPLICATION_STUDY, runs)
+
+
+def test_a_replication_is_pooled_with_the_differences_its_development_run_recorded(tmp_path):
+    from dapo_verl.local.powered_test import pool_with_development
+    from dapo_verl.report.stats import paired_t_test
+
+    development = {0: 0.05, 1: 0.01, 2: 0.04, 3: 0.03}
+    result = _replication([0.50, 0.60, 0.48, 0.70], [0.49, 0.61, 0.48, 0.69])
+    pooled = pool_with_development(result, _development_report(tmp_path / "dev", development), "clip-acts")
+    assert pooled.development == paired_t_test(list(development.values()))
+    assert pooled.replication == result.test and pooled.development_seeds == (0, 1, 2, 3)
+    assert pooled.pooled == paired_t_test([*development.values(), *result.differences.values()])
+    text = "\n".join(pooled.markdown())
+    assert "development (clip-acts, seeds 0-3)" in text and "| pooled (both; not independent" in text
+    assert "excludes the development estimate +0.0325" in text  # the replication's interval is near 0 and tight
+    assert pooled.to_dict()["pooled"]["n"] == 8
+
+
+@pytest.mark.parametrize(("development", "message"), [
+    (None, "no ablation report with a paired test there"),
+    ({1000: 0.1, 1: 0.2}, "share seeds [1000]"),
+    ({0: 0.1}, "holds 1 paired seed(s)"),
+])
+def test_pooling_refuses_a_development_report_it_cannot_pool(tmp_path, development, message):
+    from dapo_verl.local.powered_test import pool_with_development
+
+    folder = tmp_path / "dev" if development is None else _development_report(tmp_path / "dev", development)
+    result = _replication([0.50, 0.60], [0.52, 0.61])
+    with pytest.raises(ValueError, match=re.escape(message)):
+        pool_with_development(result, folder, "clip-acts")
+
+
+def test_pooling_refuses_the_report_of_another_metric_or_other_arms(tmp_path):
+    import dataclasses
+
+    from dapo_verl.local.powered_test import pool_with_development
+
+    other = dataclasses.replace(CLIP_ACTS_STUDY.primary, baseline="rounds")
+    folder = _development_report(tmp_path / "dev", {0: 0.1, 1: 0.2}, primary=other)
+    with pytest.raises(ValueError, match="only the same metric and arms pool"):
+        pool_with_development(_replication([0.5, 0.6], [0.5, 0.6]), folder, "clip-acts")
