@@ -276,7 +276,7 @@ def _output_files(out: Path, *, dapo_math: str | os.PathLike[str] | None, aime: 
               if path is not None}
     for flag, source in inputs.items():
         for target in files.values():
-            if target.resolve() == source.resolve():
+            if os.path.realpath(target) == os.path.realpath(source):  # never raises, even on a link loop
                 raise ValueError(f"--out {out} would overwrite the input {source} ({flag}) with its {target.name}. "
                                  f"Pass another --out, or move the input elsewhere.")
     return files

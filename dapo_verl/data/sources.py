@@ -68,6 +68,9 @@ def _fail(path: Path, dataset: str, what: str, fix: str) -> ValueError:
 
 def _open_parquet(path: str | os.PathLike[str], dataset: str) -> tuple[Path, pq.ParquetFile]:
     path = Path(path).expanduser()
+    if path.is_symlink() and not path.exists():
+        raise _fail(path, dataset, f"is a symbolic link to {os.readlink(path)!r}, which does not exist or leads back "
+                                   "to itself", "Pass the parquet file itself, or fix the link.")
     if not path.exists():
         raise FileNotFoundError(f"{path}: no such file ({dataset}). Pass the path of a local copy; "
                                 f"nothing is downloaded.")
@@ -116,8 +119,11 @@ class SourceTable:
 
     def _verl_columns(self, batch: pa.RecordBatch, start: int) -> tuple[list[str], list[str], list[str | None] | None]:
         prompt = batch.column("prompt")
+        if prompt.null_count:
+            row = int(pc.index(pc.is_null(prompt), True).as_py())
+            raise self._row_error(start + row, "'prompt' is null", "exactly one {role: 'user', content: ...} message")
         if pa.types.is_list(prompt.type):
-            lengths = pc.fill_null(pc.list_value_length(prompt), 0)
+            lengths = pc.list_value_length(prompt)
             if not pc.all(pc.equal(lengths, 1)).as_py():
                 row = int(pc.index(pc.not_equal(lengths, 1), True).as_py())
                 raise self._row_error(start + row, f"'prompt' holds {lengths[row].as_py()} messages",
@@ -218,6 +224,35 @@ def _verl_columns(path: Path, dataset: str, schema: pa.Schema) -> dict[str, str]
     return columns
 
 
+def _check_values(path: Path, dataset: str, schema: pa.Schema, layout: SourceLayout, columns: dict[str, str]) -> None:
+    """Each value read as text (the problem, the message's content, the answer, an identifier) is a single value,
+    not a list, struct or map, which has no one text to train or score on.
+
+    Raises:
+        TypeError: naming the column, its type and what is expected.
+    """
+    fields: dict[str, pa.DataType] = {}
+    if layout is SourceLayout.VERL:
+        prompt, reward_model = schema.field("prompt").type, schema.field("reward_model").type
+        if pa.types.is_list(prompt):
+            fields["prompt[].content"] = prompt.value_type.field("content").type
+        else:
+            fields["prompt"] = prompt
+        fields["reward_model.ground_truth"] = reward_model.field("ground_truth").type
+        if "id" in columns:
+            fields["extra_info.index"] = schema.field("extra_info").type.field("index").type
+    else:
+        fields |= {columns[role]: schema.field(columns[role]).type for role in ("text", "answer", "id")
+                   if role in columns}
+    if "ability" in columns:
+        fields["ability"] = schema.field("ability").type
+    for name, kind in fields.items():
+        if pa.types.is_nested(kind):
+            raise TypeError(f"{path}: column {name!r} has type {kind}, expected one value per row (a string, or a "
+                            f"number for an answer or identifier) ({dataset}). Pass the original file, or convert "
+                            "the column.")
+
+
 def open_source(path: str | os.PathLike[str], dataset: str) -> SourceTable:
     """Open a local input parquet file and work out its layout.
 
@@ -231,7 +266,8 @@ def open_source(path: str | os.PathLike[str], dataset: str) -> SourceTable:
     Raises:
         FileNotFoundError: if the file does not exist.
         ValueError: for a directory, an extension other than ``.parquet``, an unreadable file, or missing columns.
-        TypeError: for a ``prompt`` or ``reward_model`` column of the wrong type.
+        TypeError: for a ``prompt`` or ``reward_model`` column of the wrong type, or a list, struct or map where
+            one value per row is read (the problem, the answer, an identifier).
     """
     path, file = _open_parquet(path, dataset)
     schema = file.schema_arrow
@@ -247,6 +283,7 @@ def open_source(path: str | os.PathLike[str], dataset: str) -> SourceTable:
         layout, columns = SourceLayout.PROBLEM_ANSWER, {"text": found[0], "answer": found[1]}
         if found[2] in schema.names:
             columns["id"] = found[2]
+    _check_values(path, dataset, schema, layout, columns)
     if file.metadata.num_rows == 0:
         raise _fail(path, dataset, "has 0 rows", "Pass the full dataset file.")
     return SourceTable(path, dataset, layout, file.metadata.num_rows, columns, file)

@@ -554,3 +554,41 @@ def test_non_utf8_text_names_the_file_row_and_column(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "Traceback" not in err and len(err.strip().splitlines()) == 1
     assert f"{bad}: row 7" in err and "UTF-8" in err and "0xff" in err
+
+
+_MESSAGE = [{"content": "What is 1+1?", "role": "user"}]
+_RULE = {"ground_truth": "2", "style": "rule"}
+
+
+@pytest.mark.parametrize(("columns", "named"), [
+    ({"problem": ["x"], "answer": [["1", "2"]], "id": [1]}, "column 'answer' has type list<element: string>"),
+    ({"problem": ["x"], "answer": ["1"], "id": [[1]]}, "column 'id' has type list<element: int64>"),
+    ({"prompt": [_MESSAGE], "reward_model": [{"ground_truth": ["1"], "style": "rule"}]},
+     "column 'reward_model.ground_truth' has type list<element: string>"),
+    ({"prompt": [[{"content": ["a"], "role": "user"}]], "reward_model": [_RULE]},
+     "column 'prompt[].content' has type list<element: string>"),
+    ({"prompt": [_MESSAGE], "reward_model": [_RULE], "extra_info": [{"index": [1, 2]}]},
+     "column 'extra_info.index' has type list<element: int64>"),
+    ({"prompt": [_MESSAGE], "reward_model": [_RULE], "ability": [{"a": 1}]}, "column 'ability' has type struct"),
+])
+def test_a_column_of_lists_or_structs_where_one_value_is_read_is_refused_naming_it(tmp_path, capsys, columns, named):
+    # found by probing: an answer column of lists raised pyarrow's ArrowNotImplementedError with a traceback
+    path = tmp_path / "nested.parquet"
+    pq.write_table(pa.table(columns), path)
+    for flag in ("--dapo-math", "--aime"):
+        assert cli.main(["prepare-data", flag, str(path), "--out", str(tmp_path / "out")]) == 2
+        err = capsys.readouterr().err
+        assert named in err and "expected one value per row" in err and "Traceback" not in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_null_prompt_is_reported_as_null_and_a_link_loop_as_a_link(tmp_path, capsys):
+    path = tmp_path / "nulls.parquet"
+    pq.write_table(pa.table({"prompt": [_MESSAGE, None], "reward_model": [_RULE, _RULE]}), path)
+    with pytest.raises(ValueError, match=r"row 1: 'prompt' is null, expected exactly one"):
+        _train(path)
+    loop = tmp_path / "loop.parquet"
+    loop.symlink_to(loop)  # found by probing: Path.resolve raised RuntimeError("Symlink loop") with a traceback
+    assert cli.main(["prepare-data", "--aime", str(loop), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert "is a symbolic link to" in err and "leads back to itself" in err and "Traceback" not in err
