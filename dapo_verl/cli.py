@@ -61,7 +61,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
         with logging_redirect_tqdm():
             result = run_spec(spec, progress=True, allow_config_change=args.allow_config_change)
     except OSError as err:
-        return _fail("train", _os_error(err))
+        return _fail("train", _os_error(err, resumable=True))
     except (ValueError, ShortfallError, RunDirectoryBusy, RunInterrupted) as err:
         return _fail("train", err)
     print("\n".join(summary_lines(result)))
@@ -226,7 +226,7 @@ def _cmd_ablate(args: argparse.Namespace) -> int:
                                      on_run=ablate.Progress(lambda line: print(line, flush=True), jobs=jobs),
                                      pool_with=None if args.pool_with is None else Path(args.pool_with))
     except OSError as err:
-        return _fail("ablate", _os_error(err))
+        return _fail("ablate", _os_error(err, resumable=True))
     except (ValueError, ShortfallError, RunDirectoryBusy, RunInterrupted, ablate.AblationInterrupted) as err:
         return _fail("ablate", err)
     print()

@@ -17,22 +17,30 @@ def fail(command: str, message: object) -> int:
     return 2
 
 
-_OS_FIXES = {
-    errno.ENOSPC: "Free disk space and run the same command again (a run continues from its last checkpoint).",
-    errno.EDQUOT: "Free space within your quota and run the same command again.",
-    errno.EROFS: "Pass an --out on a writable disk.",
-    errno.EACCES: "Pass an --out you may write to, or fix its permissions.",
-    errno.EPERM: "Pass an --out you may write to, or fix its permissions.",
-    errno.ENOTDIR: "--out must name a directory, not a file.",
-    errno.EEXIST: "--out must name a directory, not a file.",
-    errno.EFBIG: "The file outgrew this process's file-size limit (ulimit -f); raise the limit and run the same "
-                 "command again.",
-}
+def os_error(err: OSError, *, resumable: bool = False) -> str:
+    """An OSError as one line: what failed, the file, and the fix.
 
+    The fix names the option that chose the failed file's place: the error's ``option`` attribute where it has
+    one (the model cache's ``local.cache_dir``), else ``--out``.
 
-def os_error(err: OSError) -> str:
-    """An OSError as one line that names the file and the fix (a message without errno is already one)."""
+    Args:
+        err: The error; one without errno or text is returned as it is.
+        resumable: Whether the same command continues from a checkpoint (``train``, ``ablate``), which the fix
+            for a full disk says.
+    """
     if err.errno is None or not err.strerror:
         return str(err)
     where = f" ({err.filename})" if err.filename else ""
-    return f"{err.strerror}{where}. {_OS_FIXES.get(err.errno, 'Check that path and run the command again.')}"
+    option = getattr(err, "option", "--out")
+    again = "run the same command again" + (" (a run continues from its last checkpoint)" if resumable else "")
+    fixes = {
+        errno.ENOSPC: f"Free disk space and {again}.",
+        errno.EDQUOT: f"Free space within your quota and {again}.",
+        errno.EROFS: f"Point {option} at a writable disk.",
+        errno.EACCES: f"Point {option} at a folder you may write to, or fix its permissions.",
+        errno.EPERM: f"Point {option} at a folder you may write to, or fix its permissions.",
+        errno.ENOTDIR: f"{option} must name a directory, not a file.",
+        errno.EEXIST: f"{option} must name a directory, not a file.",
+        errno.EFBIG: f"The file outgrew this process's file-size limit (ulimit -f); raise the limit and {again}.",
+    }
+    return f"{err.strerror}{where}. {fixes.get(err.errno, 'Check that path and run the command again.')}"

@@ -35,7 +35,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 __all__ = ["CorruptStateError", "apply_umask", "atomic_write", "current_umask", "load_state", "os_errors_named",
-           "save_state"]
+           "save_state", "write_text_atomically"]
 
 _FORMAT = "dapo_verl.state/2"
 _LEGACY_FORMAT = "dapo_verl.state/1"  # checksum over the tensors only
@@ -156,7 +156,7 @@ def os_errors_named(path: str | os.PathLike[str]) -> Iterator[None]:
         raise OSError(code, os.strerror(code), str(path)) from None
 
 
-def atomic_write(path: str | os.PathLike[str], write: Callable[[str], None]) -> Path:
+def atomic_write(path: str | os.PathLike[str], write: Callable[[str], object]) -> Path:
     """Call ``write(tmp)`` on a temporary file beside ``path``, flush it to disk and rename it over ``path``.
 
     The temporary file is named ``.<name>.<random>.tmp``; a crash leaves at most that file, never a
@@ -180,6 +180,15 @@ def atomic_write(path: str | os.PathLike[str], write: Callable[[str], None]) -> 
             if os.path.exists(tmp):
                 os.unlink(tmp)
     return target
+
+
+def write_text_atomically(path: str | os.PathLike[str], text: str) -> Path:
+    """Replace ``path`` with ``text`` (UTF-8) through :func:`atomic_write`. Returns the path.
+
+    Raises:
+        OSError: naming ``path`` when the write fails; ``path`` is then left as it was.
+    """
+    return atomic_write(path, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
 
 
 def load_state(path: str | os.PathLike[str]) -> Any:

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from dapo_verl.core import LossAggregation, clipped_surrogate_loss_matrix, dapo_loss, dynamic_group_mask
+from dapo_verl.state_io import atomic_write, write_text_atomically
 
 __all__ = ["CLIP_SETTINGS", "run_toy"]
 
@@ -109,7 +110,7 @@ def _plot(sweep: dict[str, Any], path: Path) -> None:
             axes[row, col].legend(loc="best", fontsize=8)
     fig.suptitle("Clip-higher: at r = 1.25 with A > 0 the gradient survives under eps_high = 0.28, not 0.2")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=110))
     plt.close(fig)
 
 
@@ -124,7 +125,7 @@ def run_toy(out_dir: str | Path) -> dict[str, Path]:
     sweep = clip_sweep()
     report = {"filter": filter_exercise(), "clip_sweep": sweep, "token_weights": token_weight_exercise()}
     json_path, png_path = out / "toy.json", out / "toy.png"
-    json_path.write_text(json.dumps(report, indent=2))
+    write_text_atomically(json_path, json.dumps(report, indent=2))
     _plot(sweep, png_path)
     return {"json": json_path, "png": png_path}
 

@@ -33,6 +33,8 @@ import os
 import re
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -293,12 +295,14 @@ def _write_outputs(tables: dict[str, pa.Table], files: dict[str, Path], train_st
     try:
         rows = {}
         for name, table in tables.items():
-            staged[files[name]] = _stage(files[name])
-            pq.write_table(table, staged[files[name]])
+            with _named(files[name]):
+                staged[files[name]] = _stage(files[name])
+                pq.write_table(table, staged[files[name]])
             rows[name] = check_verl_schema(staged[files[name]])
         prepared = PreparedData(files, train_stats, aime_stats, options, rows)
-        staged[files["report"]] = _stage(files["report"])
-        staged[files["report"]].write_text(json.dumps(_manifest(prepared, inputs, earlier), indent=2) + "\n")
+        with _named(files["report"]):
+            staged[files["report"]] = _stage(files["report"])
+            staged[files["report"]].write_text(json.dumps(_manifest(prepared, inputs, earlier), indent=2) + "\n")
         for target, tmp in staged.items():
             _apply_umask(tmp)
             os.replace(tmp, target)
@@ -306,6 +310,17 @@ def _write_outputs(tables: dict[str, pa.Table], files: dict[str, Path], train_st
         for tmp in staged.values():
             tmp.unlink(missing_ok=True)
     return prepared
+
+
+@contextmanager
+def _named(target: Path) -> Iterator[None]:
+    """A failed write of ``target``'s temporary file as an OSError naming ``target`` (pyarrow names no file)."""
+    try:
+        yield
+    except OSError as err:
+        if err.errno is None:
+            raise
+        raise OSError(err.errno, os.strerror(err.errno), str(target)) from None
 
 
 def _apply_umask(path: Path) -> None:

@@ -29,6 +29,7 @@ from dapo_verl.local.powered_test import PooledEstimate, PrimaryResult, analyse_
 from dapo_verl.report import DEFAULT_METRICS, JSON_FILE, Report, RunLog, build_report, load_runs, write_report
 from dapo_verl.report.plots import plot_arms
 from dapo_verl.report.summary import Spread, accuracy_keys, pass_at_k_keys
+from dapo_verl.state_io import write_text_atomically
 
 __all__ = ["CURVES_FILE", "SUMMARY_FILE", "Progress", "RunOutcome", "check_compare_out", "summary_markdown",
            "write_ablation_report"]
@@ -147,7 +148,7 @@ def write_ablation_report(study: Study, outcomes: Sequence[RunOutcome], out: Pat
                     "actor/dapo/clip_upper_positive_share") if k in report.metrics]
     files["curves"] = plot_arms(arms, panels, out / CURVES_FILE, title=study.title)
     files["summary"] = out / SUMMARY_FILE
-    files["summary"].write_text(summary_markdown(study, outcomes, report, primary, pooled))
+    write_text_atomically(files["summary"], summary_markdown(study, outcomes, report, primary, pooled))
     return report, files
 
 

@@ -30,9 +30,8 @@ from typing import Any
 
 import torch
 
-from dapo_verl.local.files import write_text_atomically
 from dapo_verl.sampler import BatchReplenisher
-from dapo_verl.state_io import CorruptStateError, load_state, save_state
+from dapo_verl.state_io import CorruptStateError, load_state, save_state, write_text_atomically
 
 __all__ = [
     "LATEST", "STATE_FILE", "ResumePoint", "checkpoint_dir", "find_resume_point", "latest_checkpoint",

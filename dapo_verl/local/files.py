@@ -1,11 +1,11 @@
 """Crash-safe writes of a run directory's small files, and clean-up of what a crash leaves behind.
 
-Every file of a local run is replaced atomically: it is written to a temporary file in the same
-directory, named ``.<name>.<random>.tmp`` (the naming :func:`dapo_verl.state_io.save_state` uses too),
-flushed to disk and renamed over the target, so a reader -- or a resumed run -- sees the old file or the
-new one, never half of one. A process killed mid-write leaves at most that temporary file, which
-:func:`remove_stale_temporaries` deletes the next time a run starts in the directory. The final model
-directory is swapped in the same way (:func:`replace_directory`).
+Every file of a local run is replaced atomically (:func:`dapo_verl.state_io.write_text_atomically`): it is
+written to a temporary file in the same directory, named ``.<name>.<random>.tmp`` (the naming
+:func:`dapo_verl.state_io.save_state` uses too), flushed to disk and renamed over the target, so a reader -- or
+a resumed run -- sees the old file or the new one, never half of one. A process killed mid-write leaves at most
+that temporary file, which :func:`remove_stale_temporaries` deletes the next time a run starts in the directory.
+The final model directory is swapped in the same way (:func:`replace_directory`).
 
 Only one process may write a run directory at a time; the clean-up assumes so.
 """
@@ -19,9 +19,9 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from dapo_verl.state_io import apply_umask, atomic_write, os_errors_named
+from dapo_verl.state_io import apply_umask, os_errors_named
 
-__all__ = ["TMP_SUFFIX", "remove_stale_temporaries", "replace_directory", "write_text_atomically"]
+__all__ = ["TMP_SUFFIX", "remove_stale_temporaries", "replace_directory"]
 
 logger = logging.getLogger(__name__)
 
@@ -31,11 +31,6 @@ TMP_SUFFIX = ".tmp"
 
 def _temporary_name(target: Path) -> str:
     return f".{target.name}."
-
-
-def write_text_atomically(path: str | os.PathLike[str], text: str) -> Path:
-    """Replace ``path`` with ``text`` (UTF-8) through a flushed temporary file and a rename. Returns the path."""
-    return atomic_write(path, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
 
 
 def replace_directory(path: str | os.PathLike[str], fill: Callable[[Path], None]) -> Path:

@@ -33,11 +33,11 @@ from transformers.utils import logging as hf_logging
 
 from dapo_verl.local.config import ModelConfig
 from dapo_verl.local.tasks import ALPHABET
-from dapo_verl.state_io import apply_umask
+from dapo_verl.state_io import apply_umask, os_errors_named
 
 __all__ = [
-    "CHECKSUMS", "EOS", "PAD", "build_tokenizer", "cache_problem", "default_cache_dir", "load_or_build",
-    "model_cache_key", "quiet_hf_progress",
+    "CHECKSUMS", "EOS", "PAD", "ModelCacheError", "build_tokenizer", "cache_problem", "default_cache_dir",
+    "load_or_build", "model_cache_key", "quiet_hf_progress",
 ]
 
 logger = logging.getLogger(__name__)
@@ -88,6 +88,13 @@ def model_cache_key(cfg: ModelConfig, max_positions: int, seed: int) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
+class ModelCacheError(OSError):
+    """Writing the model cache failed (a read-only or full disk, permissions): its place is ``local.cache_dir``
+    (or ``$XDG_CACHE_HOME``), not the run's ``--out``, and the error says so (:attr:`option`)."""
+
+    option = "local.cache_dir"
+
+
 def default_cache_dir() -> Path:
     """``$XDG_CACHE_HOME/dapo_verl`` (``~/.cache/dapo_verl`` when unset)."""
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "dapo_verl"
@@ -121,7 +128,10 @@ def load_or_build(cfg: ModelConfig, *, max_positions: int, seed: int,
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = LlamaForCausalLM(_llama_config(cfg, tokenizer, max_positions))
-    _save_atomically(model, tokenizer, path)
+    try:
+        _save_atomically(model, tokenizer, path)
+    except OSError as err:
+        raise ModelCacheError(err.errno, err.strerror, err.filename or str(path)) from None
     return model.train(), tokenizer, path, True
 
 
@@ -183,10 +193,10 @@ def _save_atomically(model: LlamaForCausalLM, tokenizer: PreTrainedTokenizerFast
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
     try:
         apply_umask(tmp, directory=True)
-        with quiet_hf_progress():
+        with quiet_hf_progress(), os_errors_named(path):
             model.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
-        _write_checksums(tmp)
+            tokenizer.save_pretrained(tmp)
+            _write_checksums(tmp)
         for file in tmp.rglob("*"):
             apply_umask(file, directory=file.is_dir())  # safetensors writes its files 0600
         if path.exists():  # an unreadable earlier copy, or a concurrent build of the same key

@@ -17,6 +17,8 @@ from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from dapo_verl.state_io import atomic_write
+
 __all__ = ["PANELS", "Panel", "plot_history", "training_figure"]
 
 
@@ -95,9 +97,7 @@ def _draw(ax: Axes, history: Sequence[dict[str, Any]], lines: Sequence[tuple[str
 def plot_history(history: Sequence[dict[str, Any]], path: Path, *, task: str, title: str = "") -> Path:
     """Draw :data:`PANELS` from ``metrics.jsonl`` records into ``path`` (PNG) and return it."""
     figure = training_figure(history, task=task, title=title)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path, dpi=80)
-    return path
+    return atomic_write(path, lambda tmp: figure.savefig(tmp, format="png", dpi=80))
 
 
 def training_figure(history: Sequence[dict[str, Any]], *, task: str, title: str = "") -> Figure:

@@ -119,8 +119,9 @@ def run_directory_lock(run_dir: str | os.PathLike[str]) -> Iterator[None]:
         if previous:
             logger.info("%s: the previous run (%s) ended without releasing its lock (it was killed); taking over.",
                         root, _describe_holder(previous))
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, _holder_text().encode(), 0)
+        with os_errors_named(path):  # a full disk fails here, before anything else is written
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, _holder_text().encode(), 0)
         apply_umask(path)
         try:
             yield

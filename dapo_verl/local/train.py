@@ -74,7 +74,7 @@ from dapo_verl.local.checkpoint import (
 )
 from dapo_verl.local.compose import RunSpec, compose_run
 from dapo_verl.local.config import ResumeMode
-from dapo_verl.local.files import remove_stale_temporaries, replace_directory, write_text_atomically
+from dapo_verl.local.files import remove_stale_temporaries, replace_directory
 from dapo_verl.local.model import default_cache_dir, describe, load_or_build, quiet_hf_progress
 from dapo_verl.local.plots import plot_history
 from dapo_verl.local.results import OUTPUTS, RunFinished, RunResult, check_not_finished, refuse_gaps, summary_lines
@@ -94,6 +94,7 @@ from dapo_verl.local.tasks import make_task
 from dapo_verl.local.tracking import MetricsLog
 from dapo_verl.local.warm_start import warm_start
 from dapo_verl.sampler import BatchReplenisher
+from dapo_verl.state_io import write_text_atomically
 
 __all__ = ["RunFinished", "RunInterrupted", "RunResult", "partial_batch_summary", "progress_postfix", "run", "run_spec",
            "summary_lines"]

@@ -33,6 +33,7 @@ from dapo_verl.report.summary import (
     kept_metric,
     select_metrics,
 )
+from dapo_verl.state_io import write_text_atomically
 
 __all__ = ["JSON_FILE", "MARKDOWN_FILE", "Report", "build_report", "load_runs", "summarize", "write_report"]
 
@@ -240,8 +241,8 @@ def write_report(report: Report, out_dir: str | Path, *, plots: bool = True) -> 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     files = {"markdown": out / MARKDOWN_FILE, "json": out / JSON_FILE}
-    files["markdown"].write_text(report.to_markdown())
-    files["json"].write_text(json.dumps(report.to_dict(), indent=2) + "\n")
+    write_text_atomically(files["markdown"], report.to_markdown())
+    write_text_atomically(files["json"], json.dumps(report.to_dict(), indent=2) + "\n")
     if plots:
         accuracy = [k for k in report.metrics if k in accuracy_keys(report.metrics)]
         if not accuracy:

@@ -21,6 +21,7 @@ from matplotlib.figure import Figure
 
 from dapo_verl.report.readers import RunLog
 from dapo_verl.report.summary import CLIP_METRICS, CLIPPED_PROBABILITY_METRICS, is_validation_metric, pass_at_k_keys
+from dapo_verl.state_io import atomic_write
 
 __all__ = ["MAX_PLOT_POINTS", "SMOOTHING_POINTS", "arm_curve", "plot_arms", "thin_curve", "write_plots"]
 
@@ -103,9 +104,7 @@ def plot_arms(arms: Mapping[str, Sequence[RunLog]], keys: Sequence[str], path: P
     for ax in axes[len(keys):]:
         ax.set_visible(False)
     figure.suptitle(f"{title} (line: mean over runs; band: min-max)", fontsize=10)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path, dpi=80)
-    return path
+    return atomic_write(path, lambda tmp: figure.savefig(tmp, format="png", dpi=80))
 
 
 def write_plots(arms: Mapping[str, Sequence[RunLog]], accuracy: Sequence[str], out_dir: Path) -> dict[str, Path]:

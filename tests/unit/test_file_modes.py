@@ -11,9 +11,9 @@ import torch
 from safetensors.torch import save_file
 
 from dapo_verl.local.config import ModelConfig
-from dapo_verl.local.files import replace_directory, write_text_atomically
+from dapo_verl.local.files import replace_directory
 from dapo_verl.local.model import load_or_build
-from dapo_verl.state_io import save_state
+from dapo_verl.state_io import save_state, write_text_atomically
 
 
 @pytest.fixture

@@ -16,11 +16,11 @@ from dapo_verl.local.checkpoint import (
     read_marker,
     save_checkpoint,
 )
-from dapo_verl.local.files import remove_stale_temporaries, replace_directory, write_text_atomically
+from dapo_verl.local.files import remove_stale_temporaries, replace_directory
 from dapo_verl.local.tracking import MetricsLog, read_history
 from dapo_verl.sampler import BatchReplenisher
 from dapo_verl.sampler.simulation import SimulatedPolicy
-from dapo_verl.state_io import CorruptStateError
+from dapo_verl.state_io import CorruptStateError, write_text_atomically
 
 
 def _save(run_dir, steps):
