@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from dapo_verl.cli_errors import fail
+from dapo_verl.cli_errors import fail, os_error
 
 __all__ = ["add_rehearse"]
 
@@ -23,6 +23,8 @@ def _cmd_rehearse(args: argparse.Namespace) -> int:
         result = rehearse(options)
     except (RehearsalError, ConfigRefused) as err:
         return fail("rehearse", err)
+    except OSError as err:  # an --out on a read-only or full disk
+        return fail("rehearse", os_error(err))
     report = result.report
     assert report is not None  # rehearse() writes it before it returns
     print("\n".join(summary_lines(report)))

@@ -214,6 +214,26 @@ def test_a_typo_given_to_rehearse_is_one_line_and_nothing_is_written(tmp_path, c
     assert not out.exists()
 
 
+def test_a_rehearsal_out_on_a_read_only_disk_is_one_line_naming_it(tmp_path, capsys, monkeypatch):
+    # found by probing on a read-only tmpfs: the OSError from creating --out reached the user as a traceback
+    import errno
+    import os
+    from pathlib import Path
+
+    out = tmp_path / "rehearsal"
+    real_mkdir = Path.mkdir
+
+    def mkdir(self, *args, **kwargs):
+        if self == out:
+            raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(out))
+        return real_mkdir(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "mkdir", mkdir)
+    assert main(["rehearse", "dapo_trainer", "--engine", "stand-in", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err == f"dapo-verl rehearse: Read-only file system ({out}). Point --out at a writable disk.\n"
+
+
 @functools.cache
 def _dapo_trainer():
     return compose_recipe("dapo_trainer", [])[0]
