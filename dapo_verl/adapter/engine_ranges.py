@@ -22,6 +22,7 @@ without a word, and fails a prompt that leaves no room.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -154,7 +155,13 @@ def _length_problems(key: str, value: Any, rollout: DictConfig, *, given: bool) 
     if value is None:
         return []
     if given and isinstance(value, str):
-        return []  # vLLM's command line reads text such as 32k; its own check follows at start-up
+        text, value = value, _readable_length(value)
+        if value is None:
+            return [Problem(key, f"{key}={text!r} is not a length vLLM's command line reads (an integer, 32k = "
+                                 f"32,000, 32K = 32,768, or auto); `vllm serve` exits on it when verl starts the "
+                                 f"engine. Set {key} to an integer >= prompt_length + response_length, or drop it.")]
+        if value == -1:
+            return []  # auto: the model's context length
     lengths = _lengths(rollout)
     if isinstance(value, bool) or not isinstance(value, int):
         return [Problem(key, f"{key}={value!r} is not an integer; verl compares it with the model's context length "
@@ -172,6 +179,27 @@ def _length_problems(key: str, value: Any, rollout: DictConfig, *, given: bool) 
                          f"{prompt + response} tokens; {who} at {value} tokens of prompt and response, cutting "
                          f"responses short of response_length={response} without a word, and fails on {fails}. "
                          f"Set {key} >= {prompt + response}, or null for the model's context length.")]
+
+
+def _readable_length(text: str) -> int | None:
+    """``text`` as vLLM's command line reads a length, or None when it refuses it: an integer, a decimal or binary
+    suffix (``25.6k``, ``32K``), or ``auto``/``-1`` (-1: the model's context length).
+
+    Mirrors vllm/utils/argparse_utils.py:29 ``human_readable_int`` and :75 ``human_readable_int_or_auto`` (0.27).
+    """
+    text = text.strip()
+    if text == "-1" or text.lower() == "auto":
+        return -1
+    match = re.fullmatch(r"(\d+(?:\.\d+)?)([kKmMgGtT])", text)
+    if match:
+        number, suffix = match.groups()
+        if suffix.islower():  # decimal multipliers take decimals
+            return int(float(number) * 1000 ** ("kmgt".index(suffix) + 1))
+        return int(number) * 1024 ** ("KMGT".index(suffix) + 1) if number.isdigit() else None
+    try:
+        return int(text)
+    except ValueError:
+        return None
 
 
 def _effective(rollout: DictConfig, given: Mapping[str, tuple[str, Any]], argument: str) -> tuple[str, Any, bool]:

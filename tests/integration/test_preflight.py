@@ -285,7 +285,9 @@ def test_engine_values_vllm_accepts_pass_at_the_edges_of_its_ranges():
     assert len(_engine(name="sglang", max_model_len=1024)) == 1
 
 
-_VLLM_AGREES = """
+LENGTH_TEXTS = ["32k", "32K", "25.6k", "2.5K", "auto", "AUTO", "-1", " 21000", "abc", "0.8", "1M", "256", "float32"]
+
+_VLLM_AGREES = f"LENGTH_TEXTS = {LENGTH_TEXTS!r}\n" + """
 import json, typing
 from vllm.config.cache import CacheConfig
 from vllm.config.model import LogprobsMode, ModelDType
@@ -299,6 +301,14 @@ def refused(make):
         return True
     return False
 
+def readable(text):  # how `vllm serve` reads --max-model-len, or None where it exits
+    import argparse
+    from vllm.utils.argparse_utils import human_readable_int_or_auto
+    try:
+        return human_readable_int_or_auto(text)
+    except (ValueError, TypeError, argparse.ArgumentTypeError):  # argparse turns each into "invalid value"
+        return None
+
 def scheduler(**kw):
     return lambda: SchedulerConfig(max_model_len=4096, is_encoder_decoder=False, enable_chunked_prefill=True, **kw)
 
@@ -311,6 +321,7 @@ print(json.dumps({
     "data_parallel_size": [refused(lambda v=v: ParallelConfig(data_parallel_size=v)) for v in (0, 1)],
     "dtype": typing.get_args(ModelDType), "logprobs_mode": typing.get_args(LogprobsMode),
     "scheduling_policy": typing.get_args(SchedulerPolicy),
+    "max_model_len": [readable(text) for text in LENGTH_TEXTS],
 }))
 """
 
@@ -334,6 +345,15 @@ def test_vllm_itself_refuses_what_the_check_refuses_and_accepts_what_it_passes()
     assert [bool(_engine(max_num_batched_tokens=v)) for v in (100, 256)] == vllm["budget"]
     assert [bool(_engine(tensor_model_parallel_size=v)) for v in (0, 1)] == vllm["tensor_parallel_size"]
     assert [bool(_engine(data_parallel_size=v)) for v in (0, 1)] == vllm["data_parallel_size"]
+    # engine_kwargs.vllm.max_model_len reaches vLLM as command-line text (found by the engine-value sweep: text vLLM
+    # cannot read, or a length below prompt + response, passed the check); -1 / auto is the model's length
+    from dapo_verl.adapter.engine_ranges import _readable_length
+
+    assert [_readable_length(text) for text in LENGTH_TEXTS] == vllm["max_model_len"]
+    for text, length in zip(LENGTH_TEXTS, vllm["max_model_len"], strict=True):
+        problems = _engine(engine_kwargs={"vllm": {"max_model_len": text}})
+        refused = length is None or 0 <= length < 512 + 20480
+        assert bool(problems) == refused, (text, problems)
 
 
 def test_doctor_and_rehearse_refuse_engine_values_before_anything_starts(monkeypatch, capsys, tmp_path):
