@@ -87,7 +87,7 @@ class PrimaryResult:
             lines += [f"Seeds: {w.seeds}, for {w.power:.0%} power at alpha {w.alpha} (paired t-test sample size: the "
                       f"normal approximation n = ((z + z) SD / effect)^2 refined with t quantiles) to detect "
                       f"{target} ±{abs(w.effect):.4f} with {sizing}. Pilot (seeds "
-                      f"{', '.join(map(str, w.pilot_seeds))}, not reused here): paired effect {w.pilot_effect:+.4f}, "
+                      f"{_seed_text(w.pilot_seeds)}, not reused here): paired effect {w.pilot_effect:+.4f}, "
                       f"SD {w.pilot_sd:.4f}, which would need {w.pilot_effect_seeds} seeds"
                       + (f"; {w.why}." if w.why else "."), ""]
         if self.test is not None:
@@ -198,6 +198,7 @@ class PooledEstimate:
 
 
 def _seed_text(seeds: Sequence[int]) -> str:
+    """``0-25`` for a run of more than two consecutive seeds, else the seeds listed."""
     ordered = sorted(seeds)
     if ordered == list(range(ordered[0], ordered[-1] + 1)) and len(ordered) > 2:
         return f"{ordered[0]}-{ordered[-1]}"

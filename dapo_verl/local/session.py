@@ -1,4 +1,5 @@
-"""The process around a local run: Ctrl-C as a stop request, torch's settings, the sampler's quiet lines, the device.
+"""The process around a local run: Ctrl-C as a stop request, torch's settings, the sampler's quiet lines, the device,
+and the numeric environment a run's results depend on.
 
 Each is a context manager that :func:`dapo_verl.local.train.run_spec` holds for the run and that restores what it
 changed, so a run in a notebook or a test leaves the process as it found it.
@@ -6,7 +7,9 @@ changed, so a run in a notebook or a test leaves the process as it found it.
 
 from __future__ import annotations
 
+import importlib.metadata
 import logging
+import platform
 import signal
 import threading
 from collections.abc import Iterator
@@ -17,7 +20,7 @@ import torch
 
 from dapo_verl.lifetime import signal_name
 
-__all__ = ["StopRequest", "device", "quiet_partial_batches", "stop_requests", "torch_settings"]
+__all__ = ["StopRequest", "device", "numeric_environment", "quiet_partial_batches", "stop_requests", "torch_settings"]
 
 logger = logging.getLogger("dapo_verl.local.train")  # the run's own messages, under the name users filter on
 
@@ -94,3 +97,28 @@ def device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     return torch.device(name)
+
+
+def numeric_environment() -> dict[str, str]:
+    """What decides a seeded run's last bits besides its configuration: the CPU, torch's kernel choice and the
+    library versions. Two runs with the same seed repeat exactly where these agree; RL amplifies a difference in
+    the last bit into another trajectory where they do not (docs/ablation.md, the clip-acts replication)."""
+    cpu = next((line.split(":", 1)[1].strip() for line in _cpuinfo() if line.startswith("model name")), "")
+    versions = {name: _version(name) for name in ("torch", "transformers", "numpy", "tokenizers")}
+    return {"python": platform.python_version(), **versions, "machine": platform.machine(), "cpu": cpu,
+            "cpu_capability": str(torch.backends.cpu.get_cpu_capability()), "threads": str(torch.get_num_threads())}
+
+
+def _cpuinfo() -> list[str]:
+    try:
+        with open("/proc/cpuinfo") as handle:
+            return handle.read().splitlines()
+    except OSError:  # not Linux
+        return []
+
+
+def _version(name: str) -> str:
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed"

@@ -88,7 +88,14 @@ from dapo_verl.local.rundir import (
     refuse_changes,
     run_directory_lock,
 )
-from dapo_verl.local.session import StopRequest, device, quiet_partial_batches, stop_requests, torch_settings
+from dapo_verl.local.session import (
+    StopRequest,
+    device,
+    numeric_environment,
+    quiet_partial_batches,
+    stop_requests,
+    torch_settings,
+)
 from dapo_verl.local.streaming import ChunkedEngine
 from dapo_verl.local.tasks import make_task
 from dapo_verl.local.tracking import MetricsLog
@@ -410,7 +417,7 @@ class _Trainer:
         )
         summary = {k: v for k, v in vars(result).items() if k not in ("history", "paths", "run_dir")}
         summary |= {"seed": self.spec.seed, "model": describe(self.model),
-                    "config_changes": accepted_changes(self.run_dir)}
+                    "config_changes": accepted_changes(self.run_dir), "environment": numeric_environment()}
         write_text_atomically(paths["summary"], json.dumps(summary, indent=2) + "\n")
         append_history(self.run_dir, "finish", step=last_step)
         return result

@@ -54,6 +54,8 @@ def test_cli_run_writes_every_output(runs):
     assert (out / "checkpoints/latest_checkpointed_iteration.txt").read_text().strip() == "6"
     assert list((out / "tensorboard").glob("events.out.tfevents.*"))
     assert (out / "plots/training_curves.png").read_bytes()[:4] == b"\x89PNG"
+    environment = json.loads((out / "summary.json").read_text())["environment"]
+    assert environment["torch"].startswith("2.") and environment["cpu_capability"] and environment["transformers"]
 
 
 def test_metrics_jsonl_is_verl_file_logger_format_with_the_expected_keys(runs):
