@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import asdict
@@ -197,6 +198,38 @@ def _check(options: RehearsalOptions) -> None:
         raise RehearsalError("--train-batch-size and --max-response-length must be >= 1.")
 
 
+_HELD_GIB = {Engine.STAND_IN: (4.0, 0.8), Engine.VLLM: (7.0, 2.5)}
+"""Per engine, a lower bound of the memory one run holds (GiB, sum of PSS): with one data-parallel rank, and for
+each further rank. Measured on 2 cores, 2026-12-07 (docs/rehearse.md, Memory): the stand-in held 4.5 GiB with one
+rank, 5.4 with two on one node and 6.3 with one on each of two nodes; vLLM 7.3 with one rank and 11.1 on two
+nodes."""
+_NODE_GIB = 0.8
+"""A lower bound of what each further Ray node's daemons hold (GiB), from the same measurements."""
+
+
+def _check_memory(options: RehearsalOptions, engine: Engine) -> None:
+    """Refuse a rehearsal whose ranks cannot fit in this machine's memory even at the measured lower bound, before
+    anything starts (a hundred Ray nodes would start for minutes and then be killed for lack of memory)."""
+    first, more = _HELD_GIB[engine]
+    runs = 2 if options.overlap else 1  # --overlap-resume holds both runs at once
+
+    def need(ranks: int, nodes: int) -> float:
+        return runs * (first + more * (ranks - 1)) + _NODE_GIB * (nodes - 1)
+
+    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    ranks = options.nodes * options.gpus
+    if need(ranks, options.nodes) <= total:
+        return
+    fits = max((n for n in range(1, ranks) if need(n, 1) <= total), default=0)
+    twice = ", twice over with --overlap-resume" if runs == 2 else ""
+    raise RehearsalError(
+        f"--nodes {options.nodes} --gpus {options.gpus}: {ranks} data-parallel rank(s) on the {engine.value} engine "
+        f"hold at least {need(ranks, options.nodes):.0f} GiB (measured: {first:g} GiB for one rank, {more:g} GiB "
+        f"more for each further rank, {_NODE_GIB:g} GiB for each further Ray node{twice}; docs/rehearse.md, "
+        f"Memory), and this machine has {total:.1f} GiB. Rehearse with at most {fits} rank(s) here: the code path is "
+        f"the same with fewer.")
+
+
 def _check_length_options(config: DictConfig, engine: str) -> None:
     """Refuse the stand-in's length options (``engine_kwargs.dapo_cpu``) here, not inside a started engine.
 
@@ -242,6 +275,7 @@ def rehearse(options: RehearsalOptions, echo: Callable[[str], None] = print) -> 
         engine = choose_engine(options.engine)
     except (ValueError, EngineUnavailable) as err:
         raise RehearsalError(str(err)) from None
+    _check_memory(options, engine.engine)
     config, entry = compose_recipe(options.config_name, options.overrides)
     check_verl_config(config, entry_module=entry[2], unset_env_is_problem=False)  # the recipe's paths are replaced
     _check_length_options(config, engine.engine)

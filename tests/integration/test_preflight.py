@@ -11,6 +11,7 @@ import copy
 import functools
 import importlib.util
 import json
+import os
 import re
 import shlex
 import subprocess
@@ -25,7 +26,7 @@ from dapo_verl.adapter.engine_ranges import VLLM_CHOICES, engine_problems
 from dapo_verl.adapter.preflight import DAPO_ENTRY, VERL_ENTRY, compose_and_check, verl_config_problems
 from dapo_verl.cli import main
 from dapo_verl.preflight import ConfigRefused
-from dapo_verl.rehearsal.run import RehearsalOptions, compose_recipe, rehearse
+from dapo_verl.rehearsal.run import RehearsalError, RehearsalOptions, compose_recipe, rehearse
 
 pytestmark = pytest.mark.verl
 
@@ -232,6 +233,32 @@ def test_a_rehearsal_out_on_a_read_only_disk_is_one_line_naming_it(tmp_path, cap
     assert main(["rehearse", "dapo_trainer", "--engine", "stand-in", "--out", str(out)]) == 2
     err = capsys.readouterr().err
     assert err == f"dapo-verl rehearse: Read-only file system ({out}). Point --out at a writable disk.\n"
+
+
+@pytest.mark.parametrize("options", [["--nodes", "100"], ["--gpus", "64"], ["--gpus", "13", "--overlap-resume"]])
+def test_a_rehearsal_whose_ranks_cannot_fit_in_memory_is_refused_before_anything_starts(tmp_path, capsys, options):
+    # found by probing: --nodes 100 started Ray nodes for minutes on a 2-core, 24 GiB machine before memory ran out
+    out = tmp_path / "rehearsal"
+    assert main(["rehearse", "dapo_trainer", *options, "--engine", "stand-in", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "data-parallel rank(s) on the stand-in engine hold at least" in err
+    assert "Rehearse with at most" in err and not out.exists()
+
+
+def test_the_memory_bound_refuses_only_what_cannot_fit(monkeypatch):
+    from dapo_verl.rehearsal import run as rehearsal_run
+    from dapo_verl.rehearsal.engine import Engine
+
+    pages = 24 * 2**30 // os.sysconf("SC_PAGE_SIZE")  # a 24 GiB machine, as these are
+    monkeypatch.setattr(rehearsal_run.os, "sysconf", lambda name: pages if name == "SC_PHYS_PAGES" else 4096)
+    fits = [RehearsalOptions(config_name="dapo_trainer", out_dir=Path("x"), **kw) for kw in (
+        {"nodes": 2}, {"gpus": 2}, {"nodes": 2, "gpus": 2}, {"overlap": True})]
+    for options in fits:  # what the tests and the docs rehearse, on either engine
+        for engine in Engine:
+            rehearsal_run._check_memory(options, engine)
+    with pytest.raises(RehearsalError, match=r"8 data-parallel rank\(s\) on the vllm engine hold at least 27 GiB"):
+        rehearsal_run._check_memory(RehearsalOptions(config_name="dapo_trainer", out_dir=Path("x"), nodes=4, gpus=2),
+                                    Engine.VLLM)
 
 
 @functools.cache
