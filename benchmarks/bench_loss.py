@@ -19,11 +19,11 @@ Per size B x L and loss:
   from other processes hits both alike; ``time_ratio`` is the median over those pairs of dapo's time over
   vanilla's in the same pair. On CUDA the device is synchronised before and after each call.
 * ``peak_mib`` -- peak bytes of the tensors the call creates, forward and backward (outputs and the
-  gradient included, inputs excluded), from :class:`benchmarks.dispatch_probes.PeakTensorMemory`, measured
+  gradient included, inputs excluded), from :class:`tools.dispatch_probes.PeakTensorMemory`, measured
   in a separate untimed call; on CUDA also ``cuda_peak_mib``, the allocator's peak above the level before
   the call. ``peak_ratio`` is dapo's over vanilla's.
 * ``host_syncs`` -- operations per call that make the host wait for a GPU (``.item()``, ``.tolist()``,
-  boolean indexing, ...), from :func:`benchmarks.dispatch_probes.count_host_syncs`, on any device.
+  boolean indexing, ...), from :func:`tools.dispatch_probes.count_host_syncs`, on any device.
 
 Targets (issue 13): ``time_ratio <= 1.1`` and ``peak_ratio <= 1`` at every size, and no more host syncs
 than vanilla. Timings depend on the machine and its load; the ratios are what to compare.
@@ -44,8 +44,8 @@ from typing import Any
 
 import torch
 
-from benchmarks.dispatch_probes import PeakTensorMemory, count_host_syncs
 from benchmarks.sampler_report import commit_id
+from tools.dispatch_probes import PeakTensorMemory, count_host_syncs
 
 LOSSES = ("vanilla", "dapo")
 DEFAULT_SIZES = ("64x1024", "128x4096", "128x8192")

@@ -83,9 +83,8 @@ from benchmarks.sampler_report import HEADLINE, check_targets, commit_id, format
 from dapo_verl.config import SamplerConfig
 from dapo_verl.core import DropReason, group_drop_reasons
 from dapo_verl.sampler import BatchReplenisher, GroupResult, PromptStream
-from dapo_verl.sampler.simulation import SimulatedPolicy, drifting_pass_rates
+from dapo_verl.sampler.simulation import LATENCY_SEED_OFFSET, SimulatedPolicy, drifting_pass_rates, group_latencies
 
-_LATENCY_SEED_OFFSET = 104_729  # latency draws use their own generator, so they never shift the outcome draws
 _STREAMING_PROMPT_LIMIT = 100  # simulation guard, x train_batch_size per step: verl v1 has no bound (it ignores
 # max_num_gen_batches) and would keep generating on hopeless data; here the step ends partial instead
 _RECIPE = "recipe_barrier_discard"
@@ -229,22 +228,17 @@ class RunRecord:
         }
 
 
-def _latencies(gen: torch.Generator, count: int) -> list[float]:
-    """Completion latency of ``count`` groups, in generation budgets: U(0.5, 1) (module docstring)."""
-    return (0.5 + 0.5 * torch.rand(count, generator=gen, dtype=torch.float64)).tolist()
-
-
 class _TimedPolicy:
     """Wraps a simulated policy; records each round's latency (its slowest group)."""
 
     def __init__(self, policy: SimulatedPolicy, seed: int) -> None:
         self.policy = policy
         self.round_latencies: list[float] = []
-        self._gen = torch.Generator().manual_seed(seed + _LATENCY_SEED_OFFSET)
+        self._gen = torch.Generator().manual_seed(seed + LATENCY_SEED_OFFSET)
 
     def __call__(self, prompt_ids: Sequence[int]) -> list[GroupResult]:
         groups = self.policy(prompt_ids)
-        self.round_latencies.append(max(_latencies(self._gen, len(groups)), default=0.0))
+        self.round_latencies.append(max(group_latencies(self._gen, len(groups)), default=0.0))
         return groups
 
 
@@ -308,7 +302,7 @@ class StreamingRefill:
         self.stream = PromptStream(scenario.num_prompts, seed=seed)  # a shuffled dataloader, no skipping
         self.record = RunRecord(dropped={})
         self._trained_prompts: set[int] = set()
-        self._latency_gen = torch.Generator().manual_seed(seed + _LATENCY_SEED_OFFSET)
+        self._latency_gen = torch.Generator().manual_seed(seed + LATENCY_SEED_OFFSET)
         self._order = itertools.count()
 
     def _dispatch(self, heap: list, now: float, waves: list[int]) -> None:
@@ -317,7 +311,8 @@ class StreamingRefill:
         groups = self.policy(prompt_ids)
         metric = torch.stack([g.metric.to(torch.float32) for g in groups])  # (P, G)
         reasons = [DropReason(int(code)) for code in group_drop_reasons(metric)]
-        for wave, group, reason, latency in zip(waves, groups, reasons, _latencies(self._latency_gen, len(waves))):
+        latencies = group_latencies(self._latency_gen, len(waves))
+        for wave, group, reason, latency in zip(waves, groups, reasons, latencies):
             heapq.heappush(heap, (now + latency, next(self._order), wave, reason, group.prompt_id))
             self.record.groups_generated += 1
             self.record.responses_generated += group.group_size

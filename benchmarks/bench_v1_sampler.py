@@ -4,9 +4,9 @@ Run: ``.venv/bin/python -m benchmarks.bench_v1_sampler`` (48 minutes on 2 CPU co
 the four default strategies, Ray and TQ start-up included; ``--steps 30`` for a 5-minute look; ``--help`` for
 sizes and the other strategies). Each strategy prints a progress line every tenth of its steps.
 It starts Ray (8 logical CPUs) and a CPU TransferQueue (TQ), then runs each strategy through
-:class:`~benchmarks.v1_trainer.SimulatedTrainer`: verl 0.9.1's trainer code for submission, ``step()`` and
+:class:`~tools.verl_fakes.v1_trainer.SimulatedTrainer`: verl 0.9.1's trainer code for submission, ``step()`` and
 sampling, with the replay buffer that verl's ``_build_replay_buffer`` builds from the config -- the real
-classes over the real TQ, not a model of them -- and :class:`~benchmarks.v1_rollout.SimulatedRollout` as the
+classes over the real TQ, not a model of them -- and :class:`~tools.verl_fakes.v1_rollout.SimulatedRollout` as the
 agent loop (verl's TQ protocol, simulated model).
 
 Scenario: :class:`benchmarks.bench_sampler.Scenario` and its pass rates, with the batch scaled down by 8: 512
@@ -136,8 +136,8 @@ def run_strategy(name: str, scenario: Scenario, seed: int, workdir: Path, *, tic
     Raises:
         RuntimeError: if the run's accounting does not add up.
     """
-    from benchmarks.v1_rollout import SimulatedRollout, clear_all, train_keys
-    from benchmarks.v1_trainer import SimulatedTrainer, compose_v1_config
+    from tools.verl_fakes.v1_rollout import SimulatedRollout, clear_all, train_keys
+    from tools.verl_fakes.v1_trainer import SimulatedTrainer, compose_v1_config
 
     _, mode, overrides = STRATEGIES[name]
     config = compose_v1_config(

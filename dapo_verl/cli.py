@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import subprocess
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -15,14 +16,28 @@ from pathlib import Path
 from dapo_verl.cli_errors import fail as _fail
 from dapo_verl.cli_errors import os_error as _os_error
 from dapo_verl.cli_rehearse import add_rehearse
-from dapo_verl.lifetime import Stopped, signal_name, stop_signals
+from dapo_verl.lifetime import Stopped, dying_with_this_process, signal_name, stop_signals
 
 __all__ = ["main"]
 
 DEFAULTS_YAML = Path(__file__).parent / "configs" / "dapo_defaults.yaml"
-DOCS = Path(__file__).parent.parent / "docs"  # present in a source checkout, not in an installed wheel
-CONFIG_REFERENCE = DOCS / "configuration.md"
-RELIABILITY_PAGE = DOCS / "reliability.md"
+REPOSITORY = Path(__file__).resolve().parent.parent  # a source checkout's root; site-packages in an installed wheel
+
+
+def _run_repository_tool(command: str, module: str, arguments: Sequence[str]) -> int:
+    """Run ``python -m <module>`` of the source checkout's ``tools/`` (checks and generators, which the installed
+    package neither ships nor imports), in the checkout, as a child that stops with this command."""
+    if not (REPOSITORY / "tools" / "__init__.py").is_file():
+        return _fail(command, f"`dapo-verl {command}` runs the repository's own tools (tools/ beside dapo_verl/), "
+                              f"which the installed package does not ship. Run it in a source checkout: clone the "
+                              f"repository, `pip install -e .` there, and run the command from it.")
+    child = subprocess.Popen(dying_with_this_process([sys.executable, "-m", module, *arguments]), cwd=REPOSITORY)
+    try:
+        return child.wait()
+    except KeyboardInterrupt:  # Ctrl-C reaches the child too; SIGTERM and SIGHUP reach only this process
+        child.terminate()
+        child.wait()
+        raise
 
 
 def _cmd_prepare_data(args: argparse.Namespace) -> int:
@@ -81,57 +96,15 @@ def _cmd_toy(args: argparse.Namespace) -> int:
 
 
 def _cmd_config(args: argparse.Namespace) -> int:
-    from dapo_verl.config_docs import render_defaults_yaml, render_reference_markdown, update_generated_section
-
-    outputs = {DEFAULTS_YAML: render_defaults_yaml()}
-    if CONFIG_REFERENCE.exists():
-        outputs[CONFIG_REFERENCE] = update_generated_section(CONFIG_REFERENCE.read_text(),
-                                                             render_reference_markdown(), where=str(CONFIG_REFERENCE))
-    if args.write:
-        for path, text in outputs.items():
-            path.write_text(text)
-            print(f"Wrote {path}")
-        return 0
-    if args.check:
-        stale = [path for path, text in outputs.items() if path.read_text() != text]
-        for path in stale:
-            print(f"{path} is out of date with dapo_verl/config.py; run `dapo-verl config --write`.")
-        if not stale:
-            print(f"{', '.join(map(str, outputs))} match dapo_verl/config.py.")
-        return 1 if stale else 0
-    print(outputs[DEFAULTS_YAML], end="")
+    if args.write or args.check:
+        return _run_repository_tool("config", "tools.config_docs", ["--write" if args.write else "--check"])
+    print(DEFAULTS_YAML.read_text(), end="")  # generated from dapo_verl/config.py, and shipped
     return 0
 
 
 def _cmd_reliability(args: argparse.Namespace) -> int:
-    from dapo_verl.config_docs import update_generated_section
-    from dapo_verl.reliability.report import (
-        TABLE_END,
-        TABLE_START,
-        check_lines,
-        environment_note,
-        render_markdown,
-        run_all,
-    )
-
-    report = run_all()
-    table = render_markdown(report)
-    print(table)
-    print(f"\n({environment_note()}; " + ", ".join(f"{k} {v:.0f} s" for k, v in report.seconds.items()) + ")")
-    for line in check_lines(report):
-        print(f"FAILED {line}")
-    if args.write or args.check:
-        current = RELIABILITY_PAGE.read_text()
-        updated = update_generated_section(current, table, start_marker=TABLE_START, end_marker=TABLE_END,
-                                           where=str(RELIABILITY_PAGE))
-        if args.write:
-            RELIABILITY_PAGE.write_text(updated)
-            print(f"Wrote the reliability table into {RELIABILITY_PAGE}")
-        elif updated != current:
-            print(f"{RELIABILITY_PAGE}'s reliability table differs from what the checks produce; run "
-                  f"`dapo-verl reliability --write`.")
-            return 1
-    return 0 if report.passed else 1
+    flags = ["--write"] if args.write else ["--check"] if args.check else []
+    return _run_repository_tool("reliability", "tools.reliability", flags)
 
 
 def _cmd_doctor(args: argparse.Namespace) -> int:

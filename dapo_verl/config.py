@@ -7,7 +7,7 @@ related verl keys (``algorithm.filter_groups.refill``, ``reward.reward_kwargs.ov
 The same mapping drives:
 
 * :meth:`DapoConfig.from_verl`, which reads a (composed) verl-shaped config, local or cluster;
-* :mod:`dapo_verl.config_docs`, which generates ``configs/dapo_defaults.yaml`` (each key's comment is the
+* :mod:`tools.config_docs`, which generates ``configs/dapo_defaults.yaml`` (each key's comment is the
   first sentence of its field docstring) and the reference in docs/configuration.md, and tests that keep
   both in step with the dataclasses;
 * ``dapo_verl.adapter.verl_config``, which extends verl's own config dataclasses with the new keys.

@@ -36,7 +36,7 @@ Crash safety: every output file is replaced atomically (:mod:`.files`), checkpoi
 the run directory's stale temporary files are removed when a run starts. With ``trainer.resume_mode=auto``
 a killed run continues from the newest good checkpoint -- a damaged one is logged by name and skipped
 (:func:`~dapo_verl.local.checkpoint.find_resume_point`) -- and ends exactly where the uninterrupted run
-would have (``dapo_verl.reliability.faults`` checks this by injecting crashes). Every start logs
+would have (``tools.reliability.faults`` checks this by injecting crashes). Every start logs
 "Starting fresh" or "Resumed from step N".
 
 One run directory, one writer, one configuration (:mod:`.rundir`): a run holds the directory's lock, so a

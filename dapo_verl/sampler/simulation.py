@@ -14,7 +14,19 @@ import torch
 
 from dapo_verl.sampler.types import GroupResult
 
-__all__ = ["SimulatedPolicy", "drifting_pass_rates"]
+__all__ = ["LATENCY_SEED_OFFSET", "SimulatedPolicy", "drifting_pass_rates", "group_latencies"]
+
+LATENCY_SEED_OFFSET = 104_729
+"""Added to a run's seed for its latency generator, so latency draws never shift the outcome draws."""
+
+
+def group_latencies(gen: torch.Generator, count: int) -> list[float]:
+    """How long each of ``count`` simulated groups takes to finish, in generation budgets: U(0.5, 1).
+
+    A group ends with its longest response, so it takes at least half the budget and at most all of it; the
+    benchmarks and the verl fakes time their simulated rounds with it.
+    """
+    return (0.5 + 0.5 * torch.rand(count, generator=gen, dtype=torch.float64)).tolist()
 
 
 def drifting_pass_rates(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from dapo_verl.reliability.determinism import run_determinism
+from tools.reliability.determinism import run_determinism
 
 pytestmark = pytest.mark.e2e
 

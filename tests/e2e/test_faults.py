@@ -15,9 +15,9 @@ from safetensors.torch import load_file
 from dapo_verl.local.checkpoint import LATEST, checkpoint_dir, read_checkpoint
 from dapo_verl.local.tracking import read_history
 from dapo_verl.local.train import run
-from dapo_verl.reliability.faults import FAULT_KINDS, run_fault_injection
-from dapo_verl.reliability.runs import history_differences, state_differences, tiny_overrides
 from dapo_verl.sampler import BatchReplenisher
+from tools.reliability.faults import FAULT_KINDS, run_fault_injection
+from tools.reliability.runs import history_differences, state_differences, tiny_overrides
 
 pytestmark = pytest.mark.e2e
 

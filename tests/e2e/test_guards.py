@@ -1,10 +1,10 @@
-"""The guards around a run's outputs hold when tried the way users trip them (dapo_verl.reliability.guards)."""
+"""The guards around a run's outputs hold when tried the way users trip them (tools.reliability.guards)."""
 
 from __future__ import annotations
 
 import pytest
 
-from dapo_verl.reliability.guards import GUARD_CHECKS, damaged_model_cache, failed_prepare_data
+from tools.reliability.guards import GUARD_CHECKS, damaged_model_cache, failed_prepare_data
 
 pytestmark = pytest.mark.e2e
 
@@ -15,8 +15,8 @@ def _held(result):
 
 
 def test_every_guard_check_has_a_row_in_the_reliability_table():
-    from dapo_verl.reliability.refusals import REFUSAL_CHECKS
-    from dapo_verl.reliability.report import _GUARD_ROWS
+    from tools.reliability.refusals import REFUSAL_CHECKS
+    from tools.reliability.report import _GUARD_ROWS
 
     assert set(GUARD_CHECKS) | set(REFUSAL_CHECKS) == set(_GUARD_ROWS)
 

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from dapo_verl.config_docs import update_generated_section
-from dapo_verl.reliability.report import TABLE_END, TABLE_START, check_lines, render_markdown, run_all
+from tools.config_docs import update_generated_section
+from tools.reliability.report import TABLE_END, TABLE_START, check_lines, render_markdown, run_all
 
 PAGE = Path(__file__).resolve().parents[2] / "docs" / "reliability.md"
 
@@ -29,8 +29,8 @@ def test_reliability_table_matches_the_checks_ci_runs(report):
 
 
 def test_the_long_stress_run_holds_every_invariant(report):
-    from dapo_verl.reliability.report import STRESS_STEPS
     from tests.unit.test_stress import _check
+    from tools.reliability.report import STRESS_STEPS
 
     _check(report.stress, STRESS_STEPS)  # run_stress(steps=2000, steps_per_phase=100): the long stress run
 

@@ -19,8 +19,8 @@ from dapo_verl.local import train as train_module
 from dapo_verl.local.checkpoint import STATE_FILE, checkpoint_dir
 from dapo_verl.local.rundir import HISTORY_FILE, RunDirectoryBusy, run_directory_lock
 from dapo_verl.local.train import RunInterrupted, run
-from dapo_verl.reliability.guards import one_line_error
-from dapo_verl.reliability.runs import tiny_overrides
+from tools.reliability.guards import one_line_error
+from tools.reliability.runs import tiny_overrides
 
 pytestmark = pytest.mark.e2e
 

@@ -10,10 +10,10 @@ pytestmark = pytest.mark.verl
 from verl.trainer.ppo.core_algos import compute_policy_loss_vanilla, get_policy_loss_fn  # noqa: E402
 from verl.workers.utils.losses import ppo_loss  # noqa: E402
 
-from benchmarks.dispatch_probes import count_host_syncs  # noqa: E402
 from dapo_verl.adapter.losses import compute_policy_loss_dapo  # noqa: E402
 from dapo_verl.core import aggregate_loss, clipped_surrogate_loss_matrix  # noqa: E402
 from tests.integration.conftest import actor_config, micro_batch, random_rollout  # noqa: E402
+from tools.dispatch_probes import count_host_syncs  # noqa: E402
 
 
 def _direct(gen, dtype=torch.float64, spread=1.0, b=6, length=7):

@@ -2,11 +2,11 @@
 
 As in verl's own ``tests/trainer/ppo/v1/test_replay_buffer_on_cpu.py``, a CPU-only TransferQueue (TQ) runs for
 the module and a producer fills it while the buffer's blocking ``sample()`` polls. Here the producer is verl's
-own agent-loop worker code on an event loop in a background thread (``benchmarks/v1_rollout.py``): each
+own agent-loop worker code on an event loop in a background thread (``tools/verl_fakes/v1_rollout.py``): each
 submitted prompt goes ``pending`` (written by verl's ``_submit_batch_to_rollout``) -> ``running`` -> its n
 trajectories ``{uid}_{session}_0`` with verl's tags -> ``finished``, and only the correctness draw is
 simulated (a seeded per-prompt pass rate). The trainer around the buffer is a verl ``PPOTrainer`` built without
-workers (``benchmarks/v1_trainer.py``): verl's ``_build_replay_buffer``, ``_init_dataloader``, ``step()``,
+workers (``tools/verl_fakes/v1_trainer.py``): verl's ``_build_replay_buffer``, ``_init_dataloader``, ``step()``,
 ``_save_checkpoint`` and ``_load_checkpoint`` run as they are, and ``_step_once`` only samples.
 """
 
@@ -23,13 +23,13 @@ pytestmark = [pytest.mark.verl, pytest.mark.slow]
 ray = pytest.importorskip("ray")
 tq = pytest.importorskip("transfer_queue")
 
-from benchmarks.v1_rollout import SimulatedRollout, clear_all, train_keys  # noqa: E402
-from benchmarks.v1_trainer import SimulatedTrainer, StepRecord, compose_v1_config  # noqa: E402
 from dapo_verl.adapter.v1_sampler import SAMPLER_STATE_FILE, DapoReplayBuffer  # noqa: E402
 from dapo_verl.sampler import ShortfallError  # noqa: E402
 from dapo_verl.sampler.engine import Request  # noqa: E402
 from dapo_verl.sampler.simulation import drifting_pass_rates  # noqa: E402
 from dapo_verl.state_io import load_state  # noqa: E402
+from tools.verl_fakes.v1_rollout import SimulatedRollout, clear_all, train_keys  # noqa: E402
+from tools.verl_fakes.v1_trainer import SimulatedTrainer, StepRecord, compose_v1_config  # noqa: E402
 
 N = 4  # responses per prompt (actor_rollout_ref.rollout.n)
 TBS = 4  # data.train_batch_size
@@ -395,49 +395,6 @@ def test_async_modes_serve_what_sync_serves_without_verls_warmup_batches(make_tr
     _assert_tq_holds_only_carried_groups(trainer)
 
 
-# --------------------------------------------------------------------------- #
-# The benchmark on a tiny scenario.
-# --------------------------------------------------------------------------- #
-
-
-def test_bench_v1_sampler_accounts_for_every_group_on_a_tiny_scenario(transfer_queue):
-    from benchmarks.bench_sampler import Scenario
-    from benchmarks.bench_v1_sampler import check_targets, format_table, run_benchmark
-
-    clear_all()
-    tiny = Scenario(num_prompts=64, group_size=N, train_batch_size=TBS, steps=3)
-    result = run_benchmark(tiny, seeds=[0], strategies=["verl_sync", "verl_async", "dapo_carry"])
-    summaries = {name: entry["summary"] for name, entry in result["strategies"].items()}
-    assert summaries["verl_sync"]["fewer_than_verl_sync"]["mean"] == 1.0
-    for summary in summaries.values():
-        assert summary["responses_trained"]["mean"] == 3 * TBS * N  # every step full (accounting checked inside)
-        assert summary["generated_per_trained"]["mean"] >= 1.0 and summary["waves_mean"]["mean"] >= 0
-    assert summaries["verl_sync"]["off_policy_share"]["mean"] == 0.0  # sync drains and discards
-    assert set(check_targets(result)) == {"dapo_carry"}
-    assert format_table(result).count("\n") == 2 + 3 - 1
-    assert not train_keys()
-
-
-def test_bench_v1_sampler_with_training_time_shows_the_prefetched_round_overlapping_it(transfer_queue):
-    from benchmarks.bench_sampler import Scenario
-    from benchmarks.bench_v1_sampler import run_benchmark
-
-    clear_all()
-    tiny = Scenario(num_prompts=64, group_size=N, train_batch_size=TBS, steps=3)
-    strategies = ["dapo_default", "dapo_separate"]  # verl's separate_async buffer: bench_v1_sampler --strategies
-    result = run_benchmark(tiny, seeds=[0], strategies=strategies, train_budgets=1.0)
-    summaries = {name: result["strategies"][name]["summary"] for name in strategies}
-    for summary in summaries.values():
-        assert summary["responses_trained"]["mean"] == 3 * TBS * N  # accounting is checked inside the run
-    # A training step as long as the slowest generation: the prefetched round is finished when the next step samples,
-    # so separate_async waits for less generation than the same buffer in sync mode, on groups one step old.
-    assert summaries["dapo_separate"]["gen_time_mean"]["mean"] < summaries["dapo_default"]["gen_time_mean"]["mean"]
-    assert summaries["dapo_separate"]["off_policy_share"]["mean"] > 0 == summaries["dapo_default"]["off_policy_share"][
-        "mean"]
-    assert result["train_budgets"] == 1.0
-    clear_all()
-
-
 def test_separate_async_generates_the_next_steps_first_round_while_this_step_trains(make_trainer):
     trainer = make_trainer(*CARRY, *SEPARATE, "trainer.total_training_steps=5", mode="separate_async")
     buffer, prefetched = trainer.replay_buffer, {}
@@ -499,7 +456,7 @@ def test_a_span_above_verls_off_policy_threshold_is_refused_naming_the_knobs(mak
 # --------------------------------------------------------------------------- #
 # Streaming (algorithm.filter_groups.streaming=true). Thread timing with latencies of 1-2 s, so groups finish
 # one by one and some are still generating when the batch fills; the simulated replicas park, abort and refuse to
-# sleep while generating as verl's do (benchmarks/v1_rollout.py: SimulatedRollout.abort / replicas_sleep).
+# sleep while generating as verl's do (tools/verl_fakes/v1_rollout.py: SimulatedRollout.abort / replicas_sleep).
 # --------------------------------------------------------------------------- #
 
 STREAM = ["algorithm.filter_groups.streaming=true", "algorithm.filter_groups.stream_oversample=2.0"]

@@ -4,8 +4,8 @@ verl's ``PPOTrainerSeparateAsync`` (``verl/trainer/ppo/v1/trainer_separate_async
 generation after a step whose next batch is short (``on_step_end``: ``get_sampleable_count(global_steps + 1)``
 against its switch threshold, SEP:344-358), and takes them back at the start of the next step once the buffer has
 enough (``on_step_begin``, SEP:250-253) or after ``wait_for_sampleable`` (``prepare_step``, SEP:278-288). Here those
-methods are verl's own, unchanged, on a verl v1 trainer without workers (``benchmarks/v1_trainer.py``) over a real
-TransferQueue and verl's agent-loop code (``benchmarks/v1_rollout.py``, virtual timing: generation advances only
+methods are verl's own, unchanged, on a verl v1 trainer without workers (``tools/verl_fakes/v1_trainer.py``) over a real
+TransferQueue and verl's agent-loop code (``tools/verl_fakes/v1_rollout.py``, virtual timing: generation advances only
 while a buffer polls or a simulated training step runs, so every answer is deterministic). What a CPU test cannot
 have is replaced, and only that: verl's ``__init__``/``_setup`` (they start workers, rollout servers and the
 global load balancer) by the attributes ``_init_hybrid_rollout_state`` and ``_setup`` set, the checkpoint-engine
@@ -28,10 +28,10 @@ tq = pytest.importorskip("transfer_queue")
 from verl.trainer.ppo.v1.trainer_separate_async import HybridEngineMode, PPOTrainerSeparateAsync  # noqa: E402
 from verl.utils.config import omega_conf_to_dataclass  # noqa: E402
 
-from benchmarks.v1_rollout import SimulatedRollout, clear_all, train_keys  # noqa: E402
-from benchmarks.v1_trainer import SimulatedTrainer, StepRecord, compose_v1_config  # noqa: E402
 from dapo_verl.adapter.v1_sampler import DapoReplayBuffer  # noqa: E402
 from tests.integration.test_v1_sampler_tq import CARRY, MIXED, TBS, N, transfer_queue  # noqa: E402, F401
+from tools.verl_fakes.v1_rollout import SimulatedRollout, clear_all, train_keys  # noqa: E402
+from tools.verl_fakes.v1_trainer import SimulatedTrainer, StepRecord, compose_v1_config  # noqa: E402
 
 STEP_TIMEOUT_S = 120.0
 STEPS = 6

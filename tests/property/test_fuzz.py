@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from dapo_verl.reliability.fuzz import CASE_SHARE, FUZZ_TARGETS, cases_for, run_fuzz
+from tools.reliability.fuzz import CASE_SHARE, FUZZ_TARGETS, cases_for, run_fuzz
 
 
 def _check(results, cases):
@@ -26,7 +26,7 @@ def test_fuzz_full():
 
 
 def test_a_name_counts_only_as_a_whole_word_or_key():
-    from dapo_verl.reliability.fuzz import names_exactly
+    from tools.reliability.fuzz import names_exactly
 
     assert not names_exactly("old_logp has NaN at index (0, 1)", "logp")
     assert names_exactly("logp has shape (2, 3) but mask has shape (2, 4)", "logp")
@@ -38,7 +38,7 @@ def test_a_name_counts_only_as_a_whole_word_or_key():
 def _run_target(name, cases=300, seed=3):
     import random
 
-    from dapo_verl.reliability.fuzz import _fuzz_target
+    from tools.reliability.fuzz import _fuzz_target
 
     return _fuzz_target(name, FUZZ_TARGETS[name], cases, random.Random(seed))
 
@@ -84,8 +84,8 @@ def test_the_local_backend_config_is_fuzzed_too():
 def test_the_group_cases_draw_complex_and_meta_rewards_and_each_is_refused_naming_rewards():
     import random
 
-    from dapo_verl.reliability.fuzz_cases import Case, names_exactly
-    from dapo_verl.reliability.fuzz_core import filter_case
+    from tools.reliability.fuzz_cases import Case, names_exactly
+    from tools.reliability.fuzz_core import filter_case
 
     seen = set()
     for seed in range(600):

@@ -53,3 +53,21 @@ def test_a_deletion_is_refused_naming_the_key_and_its_value(capsys):
     assert err == ("dapo-verl train: ~data.train_batch_size (16 in the config) deletes the key, so the run would read "
                    "an internal default in place of the config's value and its saved config would not say so. Set "
                    "data.train_batch_size=VALUE instead (null where the key takes null).")
+
+
+@pytest.mark.parametrize("command", [["reliability"], ["config", "--check"], ["config", "--write"]])
+def test_a_repository_tool_outside_a_source_checkout_says_where_to_run_it(tmp_path, monkeypatch, capsys, command):
+    from dapo_verl import cli
+
+    monkeypatch.setattr(cli, "REPOSITORY", tmp_path)  # as in an installed wheel: no tools/ beside the package
+    assert main(command) == 2
+    err = capsys.readouterr().err
+    assert "runs the repository's own tools" in err and "Run it in a source checkout" in err
+
+
+def test_config_without_flags_prints_the_shipped_defaults_in_any_install(tmp_path, monkeypatch, capsys):
+    from dapo_verl import cli
+
+    monkeypatch.setattr(cli, "REPOSITORY", tmp_path)
+    assert main(["config"]) == 0
+    assert capsys.readouterr().out == cli.DEFAULTS_YAML.read_text()

@@ -7,7 +7,7 @@ from pathlib import Path
 import yaml
 
 from dapo_verl.config import DapoConfig, iter_verl_fields
-from dapo_verl.config_docs import render_defaults_yaml, render_reference_markdown, update_generated_section
+from tools.config_docs import render_defaults_yaml, render_reference_markdown, update_generated_section
 
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULTS = ROOT / "dapo_verl" / "configs" / "dapo_defaults.yaml"

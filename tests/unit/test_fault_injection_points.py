@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from dapo_verl.reliability.faults import FAULT_KINDS, draw_faults
-from dapo_verl.reliability.injection import DAMAGE_MODES, EventTracker, damage_file
 from dapo_verl.state_io import CorruptStateError, load_state, save_state
+from tools.reliability.faults import FAULT_KINDS, draw_faults
+from tools.reliability.injection import DAMAGE_MODES, EventTracker, damage_file
 
 
 def _state():

@@ -8,7 +8,7 @@ import sys
 import textwrap
 
 BLOCKED = ["verl", "ray", "omegaconf", "hydra", "transformers"]
-PURE_MODULES = ["dapo_verl", "dapo_verl.core", "dapo_verl.config", "dapo_verl.config_docs", "dapo_verl.toy",
+PURE_MODULES = ["dapo_verl", "dapo_verl.core", "dapo_verl.config", "tools.config_docs", "dapo_verl.toy",
                 "dapo_verl.data", "dapo_verl.report", "dapo_verl.lifetime"]
 
 

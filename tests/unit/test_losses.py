@@ -7,7 +7,6 @@ import math
 import pytest
 import torch
 
-from benchmarks.dispatch_probes import count_host_syncs
 from dapo_verl.core import (
     LossAggregation,
     aggregate_loss,
@@ -18,6 +17,7 @@ from dapo_verl.core import (
     group_token_mean_weights,
     policy_ratio,
 )
+from tools.dispatch_probes import count_host_syncs
 
 
 def _batch(gen, b=6, length=9, dtype=torch.float64, spread=0.4):

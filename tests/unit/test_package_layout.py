@@ -1,4 +1,5 @@
-"""The house: every module sits in a layer that imports only downwards, no import circle, and the cluster adapter
+"""The house: every module sits in a layer that imports only downwards, no import circle, no import of the
+repository's development tools (``tools/``) or benchmarks, and the cluster adapter
 holds only what a cluster run loads (what only a CPU rehearsal needs lives in ``dapo_verl/rehearsal/``, its
 bridges in ``dapo_verl/rehearsal/bridges/``).
 
@@ -26,8 +27,8 @@ LAYERS = [  # an import may go to the same layer or one below, never up
     {"", "config_fields", "config_sampler", "config", "state_io", "lifetime"},
     {"sampler", "preflight", "data", "report", "toy"},
     {"local", "adapter"},
-    {"rehearsal", "config_docs"},
-    {"reliability", "doctor", "main"},
+    {"rehearsal"},
+    {"doctor", "main"},
     {"cli", "cli_errors", "cli_rehearse"},
 ]
 
@@ -70,6 +71,24 @@ def test_every_import_goes_down_or_across_never_up():
     upward = [f"{module} (layer {_layer(module)}) imports {target} (layer {_layer(target)})"
               for module, targets in GRAPH.items() for target in sorted(targets) if _layer(target) > _layer(module)]
     assert not upward, "\n".join(upward)
+
+
+def _top_level_imports(path: Path) -> set[str]:
+    """The top-level package of every absolute import in ``path``."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module.split(".")[0])
+    return found
+
+
+def test_the_package_imports_no_development_tool_or_benchmark():
+    # tools/ (checks, generators, fakes) and benchmarks/ live beside the package and are not in the wheel
+    outside = sorted(f"{name} imports {top}" for name, path in MODULES.items() for top in _top_level_imports(path)
+                     if top in ("tools", "benchmarks"))
+    assert not outside, outside
 
 
 def test_no_import_circle():

@@ -6,8 +6,8 @@ import math
 
 import torch
 
-from dapo_verl.reliability.determinism import sampler_trace
-from dapo_verl.reliability.runs import history_differences, metric_values, state_differences
+from tools.reliability.determinism import sampler_trace
+from tools.reliability.runs import history_differences, metric_values, state_differences
 
 HISTORY = [{"step": 0, "data": {"acc": 0.0, "timing_s/step": 1.0}},
            {"step": 1, "data": {"acc": 0.25, "loss": 0.1, "timing_s/step": 2.0}}]
@@ -49,7 +49,7 @@ def test_the_simulated_sampler_repeats_itself_for_a_seed_and_not_across_seeds():
 def test_quiet_run_logs_collects_info_from_a_module_logger_an_earlier_command_quietened():
     import logging
 
-    from dapo_verl.reliability.runs import quiet_run_logs
+    from tools.reliability.runs import quiet_run_logs
 
     module = logging.getLogger("dapo_verl.local.train")
     saved = module.level

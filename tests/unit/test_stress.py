@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dapo_verl.reliability.stress import STRESS_CONFIGS, run_stress
+from tools.reliability.stress import STRESS_CONFIGS, run_stress
 
 
 def _check(results, steps):

@@ -38,7 +38,9 @@ from dapo_verl.config import SamplerConfig
 from dapo_verl.local.checkpoint import checkpoint_dir, read_checkpoint
 from dapo_verl.local.tracking import read_history
 from dapo_verl.local.train import run
-from dapo_verl.reliability.runs import (
+from dapo_verl.sampler import BatchReplenisher
+from dapo_verl.sampler.simulation import SimulatedPolicy, drifting_pass_rates
+from tools.reliability.runs import (
     history_differences,
     metric_values,
     quiet_run_logs,
@@ -46,8 +48,6 @@ from dapo_verl.reliability.runs import (
     tiny_overrides,
     work_directory,
 )
-from dapo_verl.sampler import BatchReplenisher
-from dapo_verl.sampler.simulation import SimulatedPolicy, drifting_pass_rates
 
 __all__ = ["DeterminismResult", "run_determinism", "sampler_trace"]
 

@@ -25,12 +25,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dapo_verl.lifetime import dying_with_this_process
-from dapo_verl.reliability.determinism import DeterminismResult, run_determinism
-from dapo_verl.reliability.faults import FAULT_KINDS, FaultResult, run_fault_injection
-from dapo_verl.reliability.fuzz import FUZZ_TARGETS, FuzzResult, run_fuzz
-from dapo_verl.reliability.guards import GUARD_CHECKS, GuardResult
-from dapo_verl.reliability.refusals import REFUSAL_CHECKS
-from dapo_verl.reliability.stress import STRESS_CONFIGS, StressResult, run_stress
+from tools.reliability.determinism import DeterminismResult, run_determinism
+from tools.reliability.faults import FAULT_KINDS, FaultResult, run_fault_injection
+from tools.reliability.fuzz import FUZZ_TARGETS, FuzzResult, run_fuzz
+from tools.reliability.guards import GUARD_CHECKS, GuardResult
+from tools.reliability.refusals import REFUSAL_CHECKS
+from tools.reliability.stress import STRESS_CONFIGS, StressResult, run_stress
 
 __all__ = ["TABLE_END", "TABLE_START", "ReliabilityReport", "render_markdown", "run_all", "safe_loading"]
 
@@ -167,7 +167,7 @@ def render_markdown(report: ReliabilityReport) -> str:
     kinds = ", ".join(f"{kind} {faults.injected[kind]}" for kind in FAULT_KINDS)
     det = report.determinism
     rows = [
-        ("Fuzzing (`dapo_verl.reliability.fuzz`)",
+        ("Fuzzing (`tools.reliability.fuzz`)",
          f"{_n(fuzz_tried)} seeded cases over {len(FUZZ_TARGETS)} entry points, each with its expected outcome: "
          f"random shapes (empty included), dtypes, masks, NaN/inf/huge values at padded and valid positions, "
          f"{_n(overflow)} values that overflow float32, {_n(token_counts)} bad `num_valid_tokens`, group size 1, "
@@ -178,24 +178,24 @@ def render_markdown(report: ReliabilityReport) -> str:
          f"errors naming the offending argument or key exactly, {fuzz_failures} failures (crash, error naming "
          f"another argument, invalid input accepted, valid input refused, NaN/inf in a loss or gradient, broken "
          f"contract)"),
-        ("Sampler under stress (`dapo_verl.reliability.stress`)",
+        ("Sampler under stress (`tools.reliability.stress`)",
          f"{_n(stress_steps)} steps over {len(STRESS_CONFIGS)} configurations, through all-correct, all-wrong, "
          f"mixed and near-uniform phases",
          f"{_n(stress_checks)} invariant checks (conservation, informative groups, round limit, staleness, "
          f"bounded memory), {stress_violations} violations; {_n(shortfalls)} shortfalls raised under "
          f"on_shortfall=error, {_n(partial)} partial batches under partial"),
-        ("Crash and resume (`dapo_verl.reliability.faults`)",
+        ("Crash and resume (`tools.reliability.faults`)",
          f"{injected} faults injected into the local backend ({kinds}), each resumed and compared with an "
          f"uninterrupted run",
          f"{survived}/{injected} survived; {faults.lost_groups} groups lost, {faults.duplicated_groups} trained "
          f"twice; {faults.recomputed_steps} steps recomputed identically; "
          f"{faults.corruptions_detected} damaged checkpoints detected and skipped; "
          f"{_n(faults.metric_values_compared)} metric values compared"),
-        ("Safe loading (`dapo_verl.reliability.report`)",
+        ("Safe loading (`tools.reliability.report`)",
          f"a pickle that runs a command, planted for {len(report.safe.loaders)} loaders "
          f"({', '.join(report.safe.loaders)})",
          f"{report.safe.refused}/{len(report.safe.loaders)} refused, {report.safe.executed} executed"),
-        ("Determinism (`dapo_verl.reliability.determinism`)",
+        ("Determinism (`tools.reliability.determinism`)",
          f"two runs with the same seed: local backend ({_n(det.local_metric_values)} metric values) and "
          f"sampler ({_n(det.sampler_metric_values)})",
          f"{'bit-identical' if det.identical else 'DIFFERENT'} (CPU, {det.num_threads} thread); another seed "
@@ -213,7 +213,7 @@ def render_markdown(report: ReliabilityReport) -> str:
 
 _GUARD_ROWS = {
     "concurrent writers": (
-        "Concurrent writers (`dapo_verl.reliability.guards`)",
+        "Concurrent writers (`tools.reliability.guards`)",
         "a second `dapo-verl train` on a run directory another one is writing; a start after that one was SIGKILLed",
         "the second refused (exit 2, naming the holder's pid) and wrote nothing; the lock the killed run left taken "
         "over and its run resumed from its checkpoint"),
@@ -236,7 +236,7 @@ _GUARD_ROWS = {
         "a planted pickle",
         "each detected and rebuilt to the same weights; the pickle never ran"),
     "pre-flight refusals": (
-        "Pre-flight refusals (`dapo_verl.reliability.refusals`)",
+        "Pre-flight refusals (`tools.reliability.refusals`)",
         "overrides a run refuses -- misspelt, added (+) and deleted (~) keys, a loss and a rollout engine verl does "
         "not know, a group of one -- given to `dapo-verl doctor`, the recipes' dry run (`python -m dapo_verl.main "
         "--cfg job`), `rehearse` and `train`; `doctor` on `dapo_trainer` as shipped",

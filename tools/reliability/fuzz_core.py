@@ -1,5 +1,5 @@
 """Fuzz targets of :mod:`dapo_verl.core`: the loss and its diagnostics, group advantages, the group filter, overlong
-shaping and truncation masks. Each ``*_case`` draws one case (:class:`~dapo_verl.reliability.fuzz_cases.Case`)
+shaping and truncation masks. Each ``*_case`` draws one case (:class:`~tools.reliability.fuzz_cases.Case`)
 and returns the call that checks the function's contract.
 """
 
@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from dapo_verl import core
-from dapo_verl.reliability.fuzz_cases import FLOATS, Case
+from tools.reliability.fuzz_cases import FLOATS, Case
 
 __all__ = ["advantage_case", "filter_case", "loss_case", "overlong_case"]
 

@@ -19,7 +19,7 @@ import torch
 
 from dapo_verl import core
 from dapo_verl.config import iter_verl_fields
-from dapo_verl.reliability.fuzz_cases import Case, names_exactly
+from tools.reliability.fuzz_cases import Case, names_exactly
 
 __all__ = ["config_case_for", "local_root", "local_run_tree", "read_local", "sampler_case", "sampler_state_case"]
 

@@ -13,12 +13,15 @@ regenerate both outputs and fail on any difference. Imports only the standard li
 
 from __future__ import annotations
 
+import argparse
 import ast
 import inspect
 import itertools
 import re
-from collections.abc import Iterator, Mapping
+import sys
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import fields
+from pathlib import Path
 from typing import Any
 
 from dapo_verl.config import (
@@ -165,3 +168,33 @@ def update_generated_section(text: str, table: str, *, start_marker: str = REFER
         raise ValueError(f"{where} has no generated-section markers; add {start_marker!r} and {end_marker!r} "
                          f"where the section belongs.")
     return text[: start + len(start_marker)] + "\n\n" + table + "\n\n" + text[end:]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m tools.config_docs --write | --check`` from the repository root (``dapo-verl config --write`` and
+    ``--check`` run it): regenerate, or check, ``configs/dapo_defaults.yaml`` and docs/configuration.md's tables."""
+    parser = argparse.ArgumentParser(prog="python -m tools.config_docs", description=main.__doc__)
+    mode = parser.add_mutually_exclusive_group(required=True)
+    mode.add_argument("--write", action="store_true")
+    mode.add_argument("--check", action="store_true")
+    args = parser.parse_args(argv)
+    root = Path(__file__).resolve().parent.parent
+    defaults, reference = root / "dapo_verl" / "configs" / "dapo_defaults.yaml", root / "docs" / "configuration.md"
+    outputs = {defaults: render_defaults_yaml(),
+               reference: update_generated_section(reference.read_text(), render_reference_markdown(),
+                                                   where=str(reference))}
+    if args.write:
+        for path, text in outputs.items():
+            path.write_text(text)
+            print(f"Wrote {path}")
+        return 0
+    stale = [path for path, text in outputs.items() if path.read_text() != text]
+    for path in stale:
+        print(f"{path} is out of date with dapo_verl/config.py; run `dapo-verl config --write`.")
+    if not stale:
+        print(f"{', '.join(map(str, outputs))} match dapo_verl/config.py.")
+    return 1 if stale else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

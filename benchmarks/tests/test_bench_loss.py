@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from benchmarks.dispatch_probes import PeakTensorMemory, count_host_syncs
+from tools.dispatch_probes import PeakTensorMemory, count_host_syncs
 
 pytest.importorskip("verl")
 

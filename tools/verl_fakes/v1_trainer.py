@@ -1,4 +1,4 @@
-"""verl v1's ``PPOTrainer`` without workers, for driving replay buffers on CPU with :mod:`benchmarks.v1_rollout`.
+"""verl v1's ``PPOTrainer`` without workers, for driving replay buffers on CPU with :mod:`tools.verl_fakes.v1_rollout`.
 
 * :func:`compose_v1_config` composes dapo_verl's ``dapo_trainer`` config for a small v1 run.
 * :class:`SimulatedTrainer` is a verl v1 ``PPOTrainer`` built without workers. Its constructor runs verl's
@@ -33,7 +33,7 @@ from verl.trainer.ppo.v1 import trainer_base
 from verl.utils import tensordict_utils as tu
 
 import dapo_verl
-from benchmarks.v1_rollout import SimulatedRollout
+from tools.verl_fakes.v1_rollout import SimulatedRollout
 
 __all__ = ["CONFIG_DIR", "PromptDataset", "SimulatedTrainer", "StepRecord", "compose_v1_config"]
 

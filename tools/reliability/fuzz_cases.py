@@ -1,4 +1,4 @@
-"""The draws of one fuzz case and what it expects, shared by every target of :mod:`dapo_verl.reliability.fuzz`.
+"""The draws of one fuzz case and what it expects, shared by every target of :mod:`tools.reliability.fuzz`.
 
 A :class:`Case` draws settings valid or invalid (:meth:`Case.pick`) and poisons tensors with NaN, +-inf, huge
 values and values that overflow float32 (:meth:`Case.poison`), remembering every argument it drew invalid

@@ -1,6 +1,6 @@
 """What a run would refuse is refused before it starts, and nothing reports ok over bad input -- tried as users trip it.
 
-Each check returns a :class:`~dapo_verl.reliability.guards.GuardResult`, one attempt per way a user (or a caller
+Each check returns a :class:`~tools.reliability.guards.GuardResult`, one attempt per way a user (or a caller
 of the Python API) gets it wrong; the commands run as a user runs them, each in a process of its own.
 
 * :func:`preflight_refusals` -- ``dapo-verl doctor``, ``python -m dapo_verl.main --cfg job`` (the recipes' dry
@@ -31,7 +31,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from dapo_verl.reliability.guards import GuardResult, cli_command, one_line_error
+from tools.reliability.guards import GuardResult, cli_command, one_line_error
 
 __all__ = ["REFUSAL_CHECKS", "edge_errors", "honest_reports", "preflight_refusals", "silent_changes"]
 
@@ -53,7 +53,7 @@ def _failures(checks: Sequence[tuple[bool, str]]) -> list[str]:
 
 
 def _tiny(cache: Path, steps: int = 4) -> list[str]:
-    from dapo_verl.reliability.runs import tiny_overrides
+    from tools.reliability.runs import tiny_overrides
 
     return tiny_overrides(steps=steps, seed=0, cache_dir=cache)
 
@@ -138,7 +138,7 @@ def _compare_nan_final(work: Path) -> list[str]:
 
 
 def _prepare_twice(work: Path) -> list[str]:
-    from dapo_verl.reliability.guards import write_problems
+    from tools.reliability.guards import write_problems
 
     problems = [(f"Problem {i}: what is {i} + {i}?".encode(), str(2 * i).encode()) for i in range(30)]
     train, aime = write_problems(work / "in" / "t.parquet", problems), write_problems(work / "in" / "a.parquet",

@@ -77,7 +77,7 @@ class GuardResult:
 
 
 def _tiny(steps: int, cache: Path, seed: int = 0) -> list[str]:
-    from dapo_verl.reliability.runs import tiny_overrides
+    from tools.reliability.runs import tiny_overrides
 
     return tiny_overrides(steps=steps, seed=seed, cache_dir=cache)
 
@@ -117,7 +117,7 @@ def _metric_lines(out: Path) -> int:
 
 
 def _comparable(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    from dapo_verl.reliability.runs import comparable_history
+    from tools.reliability.runs import comparable_history
 
     return comparable_history(records)
 
@@ -349,7 +349,7 @@ def interrupted_by_sigint(work: Path, *, points: Sequence[int] = (3, 9)) -> Guar
     checkpoint, at step 10); then run it to the end and compare with the uninterrupted run."""
     from dapo_verl.local.checkpoint import STATE_FILE, checkpoint_dir
     from dapo_verl.local.train import run
-    from dapo_verl.reliability.runs import quiet_run_logs, tiny_overrides
+    from tools.reliability.runs import quiet_run_logs, tiny_overrides
 
     result, started = GuardResult("SIGINT"), time.perf_counter()
     cache, steps = work / "cache", 20

@@ -18,7 +18,7 @@ records what it expects:
 
 The targets live by area -- :mod:`.fuzz_core` (the core math), :mod:`.fuzz_inputs` (config values and the
 sampler's contracts), :mod:`.fuzz_preflight` (the overrides of ``doctor`` and ``rehearse``) -- and draw with
-:class:`~dapo_verl.reliability.fuzz_cases.Case`. A target whose cases each compose a Hydra config runs a share of
+:class:`~tools.reliability.fuzz_cases.Case`. A target whose cases each compose a Hydra config runs a share of
 the cases the others run (:data:`CASE_SHARE`).
 
 Anything else -- another exception type, a message that names none of the expected arguments, a NaN or inf
@@ -39,9 +39,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dapo_verl.config import DapoConfig
-from dapo_verl.reliability.fuzz_cases import Case, names_exactly
-from dapo_verl.reliability.fuzz_core import advantage_case, filter_case, loss_case, overlong_case
-from dapo_verl.reliability.fuzz_inputs import (
+from tools.reliability.fuzz_cases import Case, names_exactly
+from tools.reliability.fuzz_core import advantage_case, filter_case, loss_case, overlong_case
+from tools.reliability.fuzz_inputs import (
     config_case_for,
     local_root,
     local_run_tree,
@@ -49,7 +49,7 @@ from dapo_verl.reliability.fuzz_inputs import (
     sampler_case,
     sampler_state_case,
 )
-from dapo_verl.reliability.fuzz_preflight import preflight_case
+from tools.reliability.fuzz_preflight import preflight_case
 
 __all__ = ["CASE_SHARE", "FUZZ_TARGETS", "FuzzResult", "cases_for", "names_exactly", "run_fuzz"]
 

@@ -1,6 +1,6 @@
 """verl v1's agent loop over a real TransferQueue, with only the model simulated.
 
-Used with :mod:`benchmarks.v1_trainer` (verl's v1 trainer without workers) by
+Used with :mod:`tools.verl_fakes.v1_trainer` (verl's v1 trainer without workers) by
 ``tests/integration/test_v1_sampler_tq.py`` and :mod:`benchmarks.bench_v1_sampler` to drive replay buffers --
 verl's own ``ReplayBuffer`` / ``ReplayBufferAsync`` and dapo_verl's ``DapoReplayBuffer`` -- the way verl 0.9.1
 drives them, on CPU. What touches TransferQueue (TQ) is verl's own code, apart from the opt-in batched writer:
@@ -48,9 +48,8 @@ from verl.trainer.ppo.v1 import replay_buffer as verl_replay_buffer
 from verl.trainer.ppo.v1.agent_loop_tq import AgentLoopWorkerTQ
 from verl.utils.tensordict_utils import list_of_dict_to_tensordict
 
-from benchmarks.bench_sampler import _LATENCY_SEED_OFFSET, _latencies
 from dapo_verl.adapter import v1_groups
-from dapo_verl.sampler.simulation import SimulatedPolicy
+from dapo_verl.sampler.simulation import LATENCY_SEED_OFFSET, SimulatedPolicy, group_latencies
 
 __all__ = ["SimulatedRollout", "clear_all", "train_keys"]
 
@@ -224,7 +223,7 @@ class SimulatedRollout:
                                  seed=key % (2**62))
         policy.step = self.step
         (drawn,) = policy([index])
-        latency = _latencies(torch.Generator().manual_seed(key % (2**62) + _LATENCY_SEED_OFFSET), 1)[0]
+        latency = group_latencies(torch.Generator().manual_seed(key % (2**62) + LATENCY_SEED_OFFSET), 1)[0]
         group = _Group(index=index, step=self.step, correct=[bool(c) for c in drawn.metric.tolist()],
                        lengths=[int(x) for x in drawn.response_lengths.tolist()], latency=latency,
                        dispatch_seq=next(self._seq), dispatch_time=self.now)

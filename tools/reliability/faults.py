@@ -45,8 +45,8 @@ from dapo_verl.local.checkpoint import STATE_FILE, checkpoint_dir, read_checkpoi
 from dapo_verl.local.files import TMP_SUFFIX
 from dapo_verl.local.tracking import read_history
 from dapo_verl.local.train import run
-from dapo_verl.reliability.injection import DAMAGE_MODES, EventTracker, Fault, InjectedCrash
-from dapo_verl.reliability.runs import (
+from tools.reliability.injection import DAMAGE_MODES, EventTracker, Fault, InjectedCrash
+from tools.reliability.runs import (
     history_differences,
     metric_values,
     quiet_run_logs,

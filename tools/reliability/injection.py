@@ -51,7 +51,7 @@ class Fault:
     """One drawn fault.
 
     Attributes:
-        kind: One of ``dapo_verl.reliability.faults.FAULT_KINDS``.
+        kind: One of ``tools.reliability.faults.FAULT_KINDS``.
         index: 1-based count of the event it strikes at; for ``corrupt_checkpoint`` the number of committed
             checkpoints after which the newest one is damaged (at the next generate call; >= 2, so an
             intact predecessor exists).

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from dapo_verl.reliability.fuzz_cases import Case
+from tools.reliability.fuzz_cases import Case
 
 __all__ = ["preflight_case"]
 

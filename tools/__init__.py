@@ -1,0 +1,1 @@
+"""Development tools of the source repository: checks, generators and fakes; not part of the installed package."""
