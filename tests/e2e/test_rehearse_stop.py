@@ -129,7 +129,9 @@ def _assert_interrupted(console: str, report: dict, by: str, processes: int) -> 
     assert all(run["peak_rss_bytes"] > 0 and run["peak_processes"] > 1 for run in report["runs"]), report["runs"]
 
 
-@pytest.mark.parametrize(("signum", "status"), [(signal.SIGTERM, 128 + signal.SIGTERM), (signal.SIGINT, 2),
+# SIGINT takes SIGTERM's path through stop_signals; it is tested with stand-in processes
+# (tests/unit/test_lifetime.py, tests/unit/test_rehearsal_schedule.py), not with a third whole rehearsal here
+@pytest.mark.parametrize(("signum", "status"), [(signal.SIGTERM, 128 + signal.SIGTERM),
                                                 (signal.SIGKILL, -signal.SIGKILL)])
 def test_a_rehearsal_stopped_with_its_runs_up_leaves_no_process_folder_or_shared_memory(tmp_path, signum, status):
     out, console = tmp_path / "rehearsal", tmp_path / "console.txt"

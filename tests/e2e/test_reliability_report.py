@@ -28,6 +28,13 @@ def test_reliability_table_matches_the_checks_ci_runs(report):
     assert regenerated == page, "docs/reliability.md's table is stale: run `dapo-verl reliability --write`"
 
 
+def test_the_full_fuzz_run_meets_every_contract(report):
+    from tests.property.test_fuzz import _check
+    from tools.reliability.report import FUZZ_CASES_PER_TARGET
+
+    _check(report.fuzz, FUZZ_CASES_PER_TARGET)  # run_fuzz(cases_per_target=2000, seed=0): the one full fuzz run
+
+
 def test_the_long_stress_run_holds_every_invariant(report):
     from tests.unit.test_stress import _check
     from tools.reliability.report import STRESS_STEPS

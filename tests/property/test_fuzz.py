@@ -20,11 +20,6 @@ def test_fuzz_quick():
     _check(run_fuzz(cases_per_target=120, seed=11), 120)
 
 
-@pytest.mark.slow
-def test_fuzz_full():
-    _check(run_fuzz(cases_per_target=2000, seed=0), 2000)
-
-
 def test_a_name_counts_only_as_a_whole_word_or_key():
     from tools.reliability.fuzz import names_exactly
 
