@@ -46,25 +46,37 @@ def _round(rows: int, prompt: int, response: int, gen: torch.Generator) -> DataP
     lengths = torch.randint(1, response + 1, (rows,), generator=gen)
     response_mask = (torch.arange(response).unsqueeze(0) < lengths.unsqueeze(1)).long()
     attention = torch.cat([torch.ones(rows, prompt, dtype=torch.long), response_mask], dim=1)
-    return DataProto.from_dict(tensors={
-        "prompts": prompts, "responses": responses, "input_ids": torch.cat([prompts, responses], dim=1),
-        "attention_mask": attention, "position_ids": attention.cumsum(1) - 1, "response_mask": response_mask,
-        "rm_scores": torch.zeros(rows, response), "rollout_log_probs": torch.randn(rows, response, generator=gen),
-    }, non_tensors={"acc": np.zeros(rows, dtype=object)})
+    return DataProto.from_dict(
+        tensors={
+            "prompts": prompts,
+            "responses": responses,
+            "input_ids": torch.cat([prompts, responses], dim=1),
+            "attention_mask": attention,
+            "position_ids": attention.cumsum(1) - 1,
+            "response_mask": response_mask,
+            "rm_scores": torch.zeros(rows, response),
+            "rollout_log_probs": torch.randn(rows, response, generator=gen),
+        },
+        non_tensors={"acc": np.zeros(rows, dtype=object)},
+    )
 
 
 def _slice_groups(output: DataProto, n: int, kept: int) -> list[DataProto]:
-    return [output[j * n:(j + 1) * n] for j in range(kept)]
+    return [output[j * n : (j + 1) * n] for j in range(kept)]
 
 
 def _compact_groups(output: DataProto, n: int, kept: int) -> list[DataProto]:
     lengths = output.batch["response_mask"].sum(-1)
-    return [output.select_idxs(canonical_group_rows(output.batch["responses"], lengths, start=j * n, size=n))
-            for j in range(kept)]
+    return [
+        output.select_idxs(canonical_group_rows(output.batch["responses"], lengths, start=j * n, size=n))
+        for j in range(kept)
+    ]
 
 
 METHODS: dict[str, Callable[[DataProto, int, int], list[DataProto]]] = {
-    "slice view (before)": _slice_groups, "compact copy (after)": _compact_groups}
+    "slice view (before)": _slice_groups,
+    "compact copy (after)": _compact_groups,
+}
 
 
 def _storage_bytes(groups: Sequence[DataProto]) -> tuple[int, int]:
@@ -83,16 +95,29 @@ def measure(method: str, *, row_factor: int, length_factor: int, kept: int, seed
     """Held and own bytes of ``kept`` groups cut from one scaled round by ``method``."""
     n = PAPER["n"]
     rows = PAPER["rows"] // row_factor
-    output = _round(rows, PAPER["prompt"] // length_factor, PAPER["response"] // length_factor,
-                    torch.Generator().manual_seed(seed))
+    output = _round(
+        rows, PAPER["prompt"] // length_factor, PAPER["response"] // length_factor, torch.Generator().manual_seed(seed)
+    )
     groups = METHODS[method](output, n, kept)
     del output
     gc.collect()
     held, own = _storage_bytes(groups)
-    return {"benchmark": "driver_memory", "method": method, "rows": rows, "n": n, "kept_groups": kept,
-            "row_factor": row_factor, "length_factor": length_factor, "held_bytes": held, "kept_bytes": own,
-            "ratio": held / own, "commit": commit_id(), "torch": torch.__version__, "device": "cpu",
-            "python": platform.python_version()}
+    return {
+        "benchmark": "driver_memory",
+        "method": method,
+        "rows": rows,
+        "n": n,
+        "kept_groups": kept,
+        "row_factor": row_factor,
+        "length_factor": length_factor,
+        "held_bytes": held,
+        "kept_bytes": own,
+        "ratio": held / own,
+        "commit": commit_id(),
+        "torch": torch.__version__,
+        "device": "cpu",
+        "python": platform.python_version(),
+    }
 
 
 def main(argv: Sequence[str] | None = None) -> list[dict]:
@@ -101,16 +126,19 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
     parser.add_argument("--length-factor", type=int, default=32, help="divide the 22,528 tokens per row by this")
     parser.add_argument("--kept", type=int, default=8, help="groups kept from the round (default 8: a third)")
     args = parser.parse_args(argv)
-    results = [measure(m, row_factor=args.row_factor, length_factor=args.length_factor, kept=args.kept)
-               for m in METHODS]
+    results = [
+        measure(m, row_factor=args.row_factor, length_factor=args.length_factor, kept=args.kept) for m in METHODS
+    ]
     for line in results:
         print(json.dumps(line, sort_keys=True))
     scale = args.row_factor * args.length_factor
     print(f"\n| method | held once the round is dropped | kept rows' bytes | held / kept | full scale (x{scale}) |")
     print("|---|---|---|---|---|")
     for r in results:
-        print(f"| {r['method']} | {r['held_bytes'] / 2**20:.1f} MiB | {r['kept_bytes'] / 2**20:.1f} MiB | "
-              f"{r['ratio']:.2f} | {r['held_bytes'] * scale / 2**30:.1f} GiB held per round |")
+        print(
+            f"| {r['method']} | {r['held_bytes'] / 2**20:.1f} MiB | {r['kept_bytes'] / 2**20:.1f} MiB | "
+            f"{r['ratio']:.2f} | {r['held_bytes'] * scale / 2**30:.1f} GiB held per round |"
+        )
     return results
 
 

@@ -61,13 +61,19 @@ from benchmarks.candidates import FOREIGN, foreign_sampler
 from benchmarks.peers import PEERS
 
 STRATEGIES: dict[str, list[str]] = {
-    "recipe_barrier_discard": ["algorithm.filter_groups.refill=barrier", "algorithm.filter_groups.surplus=discard",
-                               "data.gen_batch_size=48", "algorithm.filter_groups.skip_uninformative=false",
-                               "algorithm.filter_groups.revisit_informative=false"],
+    "recipe_barrier_discard": [
+        "algorithm.filter_groups.refill=barrier",
+        "algorithm.filter_groups.surplus=discard",
+        "data.gen_batch_size=48",
+        "algorithm.filter_groups.skip_uninformative=false",
+        "algorithm.filter_groups.revisit_informative=false",
+    ],
     "predicted": ["algorithm.filter_groups.prompt_selection=predicted"],
-    "predicted_prefer": ["algorithm.filter_groups.prompt_selection=predicted",
-                         "algorithm.filter_groups.prefer_informative=true",
-                         "algorithm.filter_groups.explore_fraction=0.2"],
+    "predicted_prefer": [
+        "algorithm.filter_groups.prompt_selection=predicted",
+        "algorithm.filter_groups.prefer_informative=true",
+        "algorithm.filter_groups.explore_fraction=0.2",
+    ],
     "greso": [],
     "mopps_math": [],
     "mopps_countdown": [],
@@ -96,8 +102,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def _commit() -> str:
     try:
-        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True,
-                             cwd=ROOT)
+        out = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True, cwd=ROOT
+        )
         return out.stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
@@ -136,14 +143,17 @@ def measure(history: list[dict[str, Any]], *, late_from: int) -> dict[str, Any]:
         "prompts_revisited": int(sum(row.get("dapo/sampler/prompts_revisited") or 0.0 for row in rows)),
         "prompts_skipped": int(rows[-1].get("dapo/sampler/prompts_skipped") or 0) if rows else 0,
         "predicted": bool(rows) and "dapo/sampler/predicted_keep_rate" in rows[-1],
-        **{key: rows[-1].get(f"dapo/sampler/{key}") if rows else None
-           for key in ("pool_trained_fraction", "pool_solved_fraction", "pool_failed_fraction")},
+        **{
+            key: rows[-1].get(f"dapo/sampler/{key}") if rows else None
+            for key in ("pool_trained_fraction", "pool_solved_fraction", "pool_failed_fraction")
+        },
         "initial_accuracy": vals[0] if vals else None,
         "final_accuracy": vals[-1] if vals else None,
         "train_s": round(train_s, 2),
         "steps_per_s": round(len(rows) / train_s, 3) if train_s else None,
         "generated_tokens_per_s": round(sum(row.get("perf/generated_tokens") or 0.0 for row in rows) / gen_s, 1)
-        if gen_s else None,
+        if gen_s
+        else None,
         "early": _window(history, 1, EARLY_STEPS),
         "late": _window(history, late_from, float("inf")),
     }
@@ -165,7 +175,8 @@ def _foreign_sampler(strategy: str) -> Iterator[None]:
 
     original = train.BatchReplenisher
     train.BatchReplenisher = lambda config, num_prompts, generate: foreign_sampler(  # type: ignore[misc,assignment]
-        strategy, config, num_prompts, generate)
+        strategy, config, num_prompts, generate
+    )
     try:
         yield
     finally:
@@ -179,12 +190,27 @@ def _train(job: tuple[str, int, int, str, str, str, tuple[str, ...]]) -> dict[st
     strategy, seed, steps, device, cache, out, overrides = job
     began = time.perf_counter()
     with _foreign_sampler(strategy):
-        result = run([f"local.device={device}", f"data.seed={seed}", "trainer.resume_mode=disable",
-                      "trainer.save_freq=-1", f"trainer.total_training_steps={steps}", f"local.cache_dir={cache}",
-                      *overrides, *STRATEGIES[strategy]], out)
-    return {"strategy": strategy, "seed": seed, "wall_s": round(result.wall_s, 2),
-            "process_s": round(time.perf_counter() - began, 2), "model_built": result.model_built,
-            **measure(result.history, late_from=steps // 2 + 1)}
+        result = run(
+            [
+                f"local.device={device}",
+                f"data.seed={seed}",
+                "trainer.resume_mode=disable",
+                "trainer.save_freq=-1",
+                f"trainer.total_training_steps={steps}",
+                f"local.cache_dir={cache}",
+                *overrides,
+                *STRATEGIES[strategy],
+            ],
+            out,
+        )
+    return {
+        "strategy": strategy,
+        "seed": seed,
+        "wall_s": round(result.wall_s, 2),
+        "process_s": round(time.perf_counter() - began, 2),
+        "model_built": result.model_built,
+        **measure(result.history, late_from=steps // 2 + 1),
+    }
 
 
 def summarize(lines: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -198,30 +224,45 @@ def summarize(lines: list[dict[str, Any]]) -> list[dict[str, Any]]:
             known = [v for v in values if v is not None]
             return round(statistics.fmean(known), 4) if known else None
 
-        row = {"strategy": strategy, "seeds": [r["seed"] for r in runs],
-               "generated_per_trained": mean([r["generated_per_trained"] for r in runs]),
-               "late_generated_per_trained": mean([r["late"]["generated_per_trained"] for r in runs]),
-               "early_generated_per_trained": mean([r["early"]["generated_per_trained"] for r in runs]),
-               "rounds_mean": mean([r["rounds_mean"] for r in runs]),
-               "partial_steps": mean([r["partial_steps"] for r in runs]),
-               "final_accuracy": mean([r["final_accuracy"] for r in runs]),
-               **{key: mean([r.get(key) for r in runs])
-                  for key in ("pool_trained_fraction", "pool_solved_fraction", "pool_failed_fraction")},
-               "train_s": mean([r["train_s"] for r in runs])}
+        row = {
+            "strategy": strategy,
+            "seeds": [r["seed"] for r in runs],
+            "generated_per_trained": mean([r["generated_per_trained"] for r in runs]),
+            "late_generated_per_trained": mean([r["late"]["generated_per_trained"] for r in runs]),
+            "early_generated_per_trained": mean([r["early"]["generated_per_trained"] for r in runs]),
+            "rounds_mean": mean([r["rounds_mean"] for r in runs]),
+            "partial_steps": mean([r["partial_steps"] for r in runs]),
+            "final_accuracy": mean([r["final_accuracy"] for r in runs]),
+            **{
+                key: mean([r.get(key) for r in runs])
+                for key in ("pool_trained_fraction", "pool_solved_fraction", "pool_failed_fraction")
+            },
+            "train_s": mean([r["train_s"] for r in runs]),
+        }
         recipe = [by.get((RECIPE, r["seed"])) for r in runs]
         if strategy != RECIPE and all(recipe):
-            row["x_fewer_whole"] = mean([_ratio(b["generated_per_trained"], r["generated_per_trained"])
-                                         for b, r in zip(recipe, runs)])  # type: ignore[index]
-            row["x_fewer_late"] = mean([_ratio(b["late"]["generated_per_trained"], r["late"]["generated_per_trained"])
-                                        for b, r in zip(recipe, runs)])  # type: ignore[index]
-            row["accuracy_minus_recipe"] = mean([r["final_accuracy"] - b["final_accuracy"]  # type: ignore[index]
-                                                 for b, r in zip(recipe, runs)])
+            row["x_fewer_whole"] = mean(
+                [_ratio(b["generated_per_trained"], r["generated_per_trained"]) for b, r in zip(recipe, runs)]
+            )  # type: ignore[index]
+            row["x_fewer_late"] = mean(
+                [
+                    _ratio(b["late"]["generated_per_trained"], r["late"]["generated_per_trained"])
+                    for b, r in zip(recipe, runs)
+                ]
+            )  # type: ignore[index]
+            row["accuracy_minus_recipe"] = mean(
+                [
+                    r["final_accuracy"] - b["final_accuracy"]  # type: ignore[index]
+                    for b, r in zip(recipe, runs)
+                ]
+            )
         out.append(row)
     return out
 
 
-def _paired(lines: list[dict[str, Any]], field: str, treatment: str,
-            baseline: str) -> tuple[list[int], list[float]] | None:
+def _paired(
+    lines: list[dict[str, Any]], field: str, treatment: str, baseline: str
+) -> tuple[list[int], list[float]] | None:
     """The seeds both strategies ran and ``treatment``'s ``field`` minus ``baseline``'s on each; None unless there
     are at least 2 such seeds and every value is known."""
     by = {(line["strategy"], line["seed"]): line[field] for line in lines}
@@ -254,9 +295,17 @@ def accuracy_test(lines: list[dict[str, Any]], treatment: str = PREDICTED) -> di
         reading = "lower: the 95% interval lies below 0"
     else:
         reading = f"undecided: the 95% interval holds a drop of {ACCURACY_MARGIN}"
-    return {"treatment": treatment, "baseline": OURS, "seeds": seeds, "metric": "final held-out accuracy (step 200)",
-            "test": "Student's paired t-test, two-sided", **test.to_dict(), "margin": ACCURACY_MARGIN,
-            "seeds_for_80pct_power": needed, "reading": reading}
+    return {
+        "treatment": treatment,
+        "baseline": OURS,
+        "seeds": seeds,
+        "metric": "final held-out accuracy (step 200)",
+        "test": "Student's paired t-test, two-sided",
+        **test.to_dict(),
+        "margin": ACCURACY_MARGIN,
+        "seeds_for_80pct_power": needed,
+        "reading": reading,
+    }
 
 
 def cost_test(lines: list[dict[str, Any]], treatment: str, baseline: str) -> dict[str, Any] | None:
@@ -269,9 +318,14 @@ def cost_test(lines: list[dict[str, Any]], treatment: str, baseline: str) -> dic
         return None
     seeds, differences = paired
     test = paired_t_test(differences)
-    return {"treatment": treatment, "baseline": baseline, "seeds": seeds,
-            "metric": "responses generated per trained, whole run", "test": "Student's paired t-test, two-sided",
-            **test.to_dict()}
+    return {
+        "treatment": treatment,
+        "baseline": baseline,
+        "seeds": seeds,
+        "metric": "responses generated per trained, whole run",
+        "test": "Student's paired t-test, two-sided",
+        **test.to_dict(),
+    }
 
 
 def analyses(lines: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -305,21 +359,28 @@ def _read_runs(paths: list[Path]) -> list[dict[str, Any]]:
             try:
                 line = json.loads(text)
             except json.JSONDecodeError as error:
-                raise SystemExit(f"{path}:{number}: not a JSON line ({error}); --merge reads this benchmark's "
-                                 "output, one JSON object per line.") from error
+                raise SystemExit(
+                    f"{path}:{number}: not a JSON line ({error}); --merge reads this benchmark's "
+                    "output, one JSON object per line."
+                ) from error
             if line.get("measurement") == "sampler_run":
                 key = (line["strategy"], line["seed"])
                 if key in runs and runs[key] != line:
-                    raise SystemExit(f"{path}:{number}: strategy {key[0]!r} seed {key[1]} appears twice with "
-                                     "different results; merge outputs of one commit, each run once.")
+                    raise SystemExit(
+                        f"{path}:{number}: strategy {key[0]!r} seed {key[1]} appears twice with "
+                        "different results; merge outputs of one commit, each run once."
+                    )
                 runs[key] = line
     settings = {json.dumps(line.get("overrides", []), sort_keys=True) for line in runs.values()}
     if len(settings) > 1:
-        raise SystemExit(f"--merge got runs made with different --override settings ({sorted(settings)}): their "
-                         "strategies are not comparable; merge one setting at a time.")
+        raise SystemExit(
+            f"--merge got runs made with different --override settings ({sorted(settings)}): their "
+            "strategies are not comparable; merge one setting at a time."
+        )
     if not runs:
-        raise SystemExit(f"--merge found no sampler_run lines in {[str(p) for p in paths]}: pass files this "
-                         "benchmark printed.")
+        raise SystemExit(
+            f"--merge found no sampler_run lines in {[str(p) for p in paths]}: pass files this benchmark printed."
+        )
     return list(runs.values())
 
 
@@ -330,8 +391,14 @@ def _ratio(base: float | None, ours: float | None) -> float | None:
 def _trl(python: str, seed: int, steps: int, cache: Path) -> dict[str, Any]:
     """Run :mod:`benchmarks.trl_grpo` in another interpreter; its last output line is the JSON result."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run([python, "-m", "benchmarks.trl_grpo", "--seed", str(seed), "--steps", str(steps),
-                           "--cache-dir", str(cache)], capture_output=True, text=True, cwd=ROOT, env=env, check=False)
+    proc = subprocess.run(
+        [python, "-m", "benchmarks.trl_grpo", "--seed", str(seed), "--steps", str(steps), "--cache-dir", str(cache)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=env,
+        check=False,
+    )
     if proc.returncode:
         return {"measurement": "trl_grpo", "seed": seed, "error": proc.stderr.strip().splitlines()[-1:]}
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -347,29 +414,58 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=1, help="runs in parallel (counts are unaffected)")
     parser.add_argument("--trl-python", help="python of a virtual environment with TRL: add TRL GRPOTrainer rows")
     parser.add_argument("--out", type=Path, help="keep the run directories here (default: a temporary directory)")
-    parser.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
-                        help="a config override for every run, before the strategy's own (repeatable), e.g. "
-                             "local.task.heldout_size=9500 for a 500-prompt pool that each run revisits")
-    parser.add_argument("--merge", type=Path, nargs="+", metavar="FILE",
-                        help="run nothing: read the sampler_run lines of earlier outputs (e.g. seeds run in chunks) "
-                             "and print their comparison and tests")
+    parser.add_argument(
+        "--override",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a config override for every run, before the strategy's own (repeatable), e.g. "
+        "local.task.heldout_size=9500 for a 500-prompt pool that each run revisits",
+    )
+    parser.add_argument(
+        "--merge",
+        type=Path,
+        nargs="+",
+        metavar="FILE",
+        help="run nothing: read the sampler_run lines of earlier outputs (e.g. seeds run in chunks) "
+        "and print their comparison and tests",
+    )
     args = parser.parse_args(argv)
-    meta = {"benchmark": "bench_local", "commit": _commit(), "torch": torch.__version__, "device": args.device,
-            "python": platform.python_version(), **({"overrides": args.override} if args.override else {})}
+    meta = {
+        "benchmark": "bench_local",
+        "commit": _commit(),
+        "torch": torch.__version__,
+        "device": args.device,
+        "python": platform.python_version(),
+        **({"overrides": args.override} if args.override else {}),
+    }
     if args.merge:
         lines = _read_runs(args.merge)
         commits = sorted({line.get("commit", "unknown") for line in lines})
-        merged = {**meta, "merged_from": [str(p) for p in args.merge], "run_commits": commits,
-                  "overrides": lines[0].get("overrides", [])}  # the runs' own (one setting: _read_runs checks)
+        merged = {
+            **meta,
+            "merged_from": [str(p) for p in args.merge],
+            "run_commits": commits,
+            "overrides": lines[0].get("overrides", []),
+        }  # the runs' own (one setting: _read_runs checks)
         for row in [{"measurement": "sampler_comparison", **row} for row in summarize(lines)] + analyses(lines):
             print(json.dumps({**merged, **row}), flush=True)
         return 0
     with tempfile.TemporaryDirectory(prefix="bench_local_") as tmp:
         root = args.out or Path(tmp)
-        jobs = [(strategy, seed, args.steps, args.device,
-                 str(root / ("empty_cache" if (strategy, seed) == (OURS, args.seeds[0]) else "cache")),
-                 str(root / f"{strategy}_seed{seed}"), tuple(args.override))
-                for seed in args.seeds for strategy in args.strategies]
+        jobs = [
+            (
+                strategy,
+                seed,
+                args.steps,
+                args.device,
+                str(root / ("empty_cache" if (strategy, seed) == (OURS, args.seeds[0]) else "cache")),
+                str(root / f"{strategy}_seed{seed}"),
+                tuple(args.override),
+            )
+            for seed in args.seeds
+            for strategy in args.strategies
+        ]
         jobs.sort(key=lambda job: job[4].endswith("empty_cache"), reverse=True)  # the empty-cache run first
         if args.jobs > 1:
             with ProcessPoolExecutor(args.jobs) as pool:
@@ -379,9 +475,23 @@ def main(argv: list[str] | None = None) -> int:
         for line in lines:
             print(json.dumps({**meta, "measurement": "sampler_run", **line}), flush=True)
             if (line["strategy"], line["seed"]) == (OURS, args.seeds[0]) and OURS in args.strategies:
-                speed = {k: line[k] for k in ("steps", "wall_s", "train_s", "steps_per_s", "generated_tokens_per_s",
-                                               "responses_generated", "responses_trained", "generated_per_trained",
-                                               "rounds_mean", "partial_steps", "initial_accuracy", "final_accuracy")}
+                speed = {
+                    k: line[k]
+                    for k in (
+                        "steps",
+                        "wall_s",
+                        "train_s",
+                        "steps_per_s",
+                        "generated_tokens_per_s",
+                        "responses_generated",
+                        "responses_trained",
+                        "generated_per_trained",
+                        "rounds_mean",
+                        "partial_steps",
+                        "initial_accuracy",
+                        "final_accuracy",
+                    )
+                }
                 print(json.dumps({**meta, "measurement": "default_run", "seed": line["seed"], **speed}), flush=True)
         for row in summarize(lines):
             print(json.dumps({**meta, "measurement": "sampler_comparison", **row}), flush=True)

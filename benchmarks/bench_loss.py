@@ -78,11 +78,23 @@ def actor_config(inputs: Inputs) -> Any:
     from verl.workers.config import ActorConfig
     from verl.workers.config.actor import PolicyLossConfig
 
-    config = ActorConfig(strategy="fsdp", rollout_n=1, ppo_micro_batch_size_per_gpu=1, clip_ratio=0.2,
-                         clip_ratio_low=0.2, clip_ratio_high=0.28, clip_ratio_c=3.0, loss_agg_mode="token-mean",
-                         policy_loss=PolicyLossConfig(loss_mode="dapo"))
-    config.global_batch_info.update(dp_size=1, batch_num_tokens=int(inputs.response_mask.sum()),
-                                    global_batch_size=inputs.response_mask.shape[0], loss_scale_factor=None)
+    config = ActorConfig(
+        strategy="fsdp",
+        rollout_n=1,
+        ppo_micro_batch_size_per_gpu=1,
+        clip_ratio=0.2,
+        clip_ratio_low=0.2,
+        clip_ratio_high=0.28,
+        clip_ratio_c=3.0,
+        loss_agg_mode="token-mean",
+        policy_loss=PolicyLossConfig(loss_mode="dapo"),
+    )
+    config.global_batch_info.update(
+        dp_size=1,
+        batch_num_tokens=int(inputs.response_mask.sum()),
+        global_batch_size=inputs.response_mask.shape[0],
+        loss_scale_factor=None,
+    )
     return config
 
 
@@ -96,9 +108,15 @@ def policy_loss_call(name: str, inputs: Inputs, config: Any) -> Callable[[], Non
 
     def call() -> None:
         leaf = inputs.log_prob.detach().clone().requires_grad_(True)
-        loss, _metrics = loss_fn(old_log_prob=inputs.old_log_prob, log_prob=leaf, advantages=inputs.advantages,
-                                 response_mask=inputs.response_mask, loss_agg_mode="token-mean", config=config,
-                                 rollout_is_weights=None)
+        loss, _metrics = loss_fn(
+            old_log_prob=inputs.old_log_prob,
+            log_prob=leaf,
+            advantages=inputs.advantages,
+            response_mask=inputs.response_mask,
+            loss_agg_mode="token-mean",
+            config=config,
+            rollout_is_weights=None,
+        )
         loss.backward()
 
     return call
@@ -114,8 +132,9 @@ def _timed(call: Callable[[], None], device: str) -> float:
     return time.perf_counter() - began
 
 
-def interleaved_times(calls: dict[str, Callable[[], None]], *, repeats: int, warmup: int,
-                      device: str) -> dict[str, list[float]]:
+def interleaved_times(
+    calls: dict[str, Callable[[], None]], *, repeats: int, warmup: int, device: str
+) -> dict[str, list[float]]:
     """Seconds per call of each loss, alternating which goes first in each round."""
     names = list(calls)
     for _ in range(warmup):
@@ -155,14 +174,19 @@ def measure_size(batch: int, length: int, *, repeats: int, warmup: int, seed: in
     config = actor_config(inputs)
     calls = {name: policy_loss_call(name, inputs, config) for name in LOSSES}
     times = interleaved_times(calls, repeats=repeats, warmup=warmup, device=device)
-    result = {name: {"time_ms": statistics.median(times[name]) * 1e3, **memory_and_syncs(calls[name], device)}
-              for name in LOSSES}
+    result = {
+        name: {"time_ms": statistics.median(times[name]) * 1e3, **memory_and_syncs(calls[name], device)}
+        for name in LOSSES
+    }
     dapo, vanilla = result["dapo"], result["vanilla"]
     dapo["time_ratio"] = statistics.median(d / v for d, v in zip(times["dapo"], times["vanilla"]))
     dapo["time_ratio_of_medians"] = dapo["time_ms"] / vanilla["time_ms"]
     dapo["peak_ratio"] = dapo["peak_mib"] / vanilla["peak_mib"]
-    dapo["targets_met"] = (dapo["time_ratio"] <= TARGETS["time_ratio"] and dapo["peak_ratio"] <= TARGETS["peak_ratio"]
-                           and dapo["host_syncs"] <= vanilla["host_syncs"])
+    dapo["targets_met"] = (
+        dapo["time_ratio"] <= TARGETS["time_ratio"]
+        and dapo["peak_ratio"] <= TARGETS["peak_ratio"]
+        and dapo["host_syncs"] <= vanilla["host_syncs"]
+    )
     return result
 
 
@@ -177,22 +201,31 @@ def parse_size(text: str) -> tuple[int, int]:
 
 def format_table(rows: list[dict]) -> str:
     """A Markdown table: one row per size, vanilla and dapo side by side."""
-    lines = ["| B x L | vanilla ms | dapo ms | dapo / vanilla time | vanilla peak MiB | dapo peak MiB | "
-             "dapo / vanilla peak | host syncs (vanilla / dapo) |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| B x L | vanilla ms | dapo ms | dapo / vanilla time | vanilla peak MiB | dapo peak MiB | "
+        "dapo / vanilla peak | host syncs (vanilla / dapo) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for row in rows:
         v, d = row["vanilla"], row["dapo"]
-        lines.append(f"| {row['size']} | {v['time_ms']:.1f} | {d['time_ms']:.1f} | {d['time_ratio']:.2f} | "
-                     f"{v['peak_mib']:.1f} | {d['peak_mib']:.1f} | {d['peak_ratio']:.2f} | "
-                     f"{v['host_syncs']} / {d['host_syncs']} |")
+        lines.append(
+            f"| {row['size']} | {v['time_ms']:.1f} | {d['time_ms']:.1f} | {d['time_ratio']:.2f} | "
+            f"{v['peak_mib']:.1f} | {d['peak_mib']:.1f} | {d['peak_ratio']:.2f} | "
+            f"{v['host_syncs']} / {d['host_syncs']} |"
+        )
     return "\n".join(lines)
 
 
 def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_loss", description=__doc__.split("\n")[0])
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="where the tensors live")
-    parser.add_argument("--sizes", type=parse_size, nargs="+", default=[parse_size(s) for s in DEFAULT_SIZES],
-                        help=f"B x L sizes (default: {' '.join(DEFAULT_SIZES)})")
+    parser.add_argument(
+        "--sizes",
+        type=parse_size,
+        nargs="+",
+        default=[parse_size(s) for s in DEFAULT_SIZES],
+        help=f"B x L sizes (default: {' '.join(DEFAULT_SIZES)})",
+    )
     parser.add_argument("--repeats", type=int, default=15, help="interleaved rounds per size")
     parser.add_argument("--warmup", type=int, default=2, help="untimed rounds first")
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (CPU)")
@@ -204,24 +237,39 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
     """Command-line entry point: measure every size, print JSON lines, the table and the targets."""
     args = _parse_args(argv)
     torch.set_num_threads(args.threads)
-    meta = {"benchmark": "bench_loss", "commit": commit_id(), "torch": torch.__version__, "device": args.device,
-            "python": platform.python_version(), "threads": args.threads, "repeats": args.repeats,
-            "seed": args.seed}
+    meta = {
+        "benchmark": "bench_loss",
+        "commit": commit_id(),
+        "torch": torch.__version__,
+        "device": args.device,
+        "python": platform.python_version(),
+        "threads": args.threads,
+        "repeats": args.repeats,
+        "seed": args.seed,
+    }
     rows = []
     for batch, length in args.sizes:
-        result = measure_size(batch, length, repeats=args.repeats, warmup=args.warmup, seed=args.seed,
-                              device=args.device)
+        result = measure_size(
+            batch, length, repeats=args.repeats, warmup=args.warmup, seed=args.seed, device=args.device
+        )
         for name in LOSSES:
-            line = {**meta, "measurement": "policy_loss", "loss": name, "B": batch, "L": length,
-                    **{k: round(v, 4) if isinstance(v, float) else v for k, v in result[name].items()}}
+            line = {
+                **meta,
+                "measurement": "policy_loss",
+                "loss": name,
+                "B": batch,
+                "L": length,
+                **{k: round(v, 4) if isinstance(v, float) else v for k, v in result[name].items()},
+            }
             print(json.dumps(line, sort_keys=True), flush=True)
         rows.append({"size": f"{batch}x{length}", **result})
     print()
     print(format_table(rows))
     for row in rows:
         verdict = "met" if row["dapo"]["targets_met"] else "NOT met"
-        print(f"targets at {row['size']} (time <= {TARGETS['time_ratio']}x, peak <= vanilla, syncs <= vanilla): "
-              f"{verdict}")
+        print(
+            f"targets at {row['size']} (time <= {TARGETS['time_ratio']}x, peak <= vanilla, syncs <= vanilla): {verdict}"
+        )
     return rows
 
 

@@ -109,10 +109,16 @@ class Scenario:
     def pass_rates(self, seed: int) -> LearningPassRates:
         """``pass_rate(prompt_id, step)`` for this seed, drifting by ``logit_gain`` over ``steps``, plus ``train_gain``
         logits for each training batch that held one of the prompt's groups (:class:`LearningPassRates`)."""
-        return LearningPassRates(drifting_pass_rates(
-            self.num_prompts, seed=seed, start_logit_mean=self.start_logit_mean,
-            start_logit_std=self.start_logit_std, drift_per_step=self.logit_gain / self.steps,
-        ), self.train_gain)
+        return LearningPassRates(
+            drifting_pass_rates(
+                self.num_prompts,
+                seed=seed,
+                start_logit_mean=self.start_logit_mean,
+                start_logit_std=self.start_logit_std,
+                drift_per_step=self.logit_gain / self.steps,
+            ),
+            self.train_gain,
+        )
 
     def outcome_shares(self, seed: int, step: int) -> dict[str, float]:
         """Expected share of mixed, all-correct and all-wrong groups over all prompts at ``step`` (without what
@@ -250,14 +256,22 @@ def _policy(scenario: Scenario, seed: int) -> tuple[SimulatedPolicy, LearningPas
 def run_replenisher(scenario: Scenario, seed: int, *, peer: str | None = None, **overrides: Any) -> RunRecord:
     """Run :class:`BatchReplenisher` through the scenario with ``SamplerConfig(**overrides)`` (``peer``: with that
     peer's prompt choice or a candidate predictor's, :func:`benchmarks.candidates.foreign_sampler`)."""
-    config = SamplerConfig(**{
-        "train_batch_size": scenario.train_batch_size, "max_num_gen_batches": scenario.max_num_gen_batches,
-        "on_shortfall": "partial", "seed": seed, **overrides,
-    })
+    config = SamplerConfig(
+        **{
+            "train_batch_size": scenario.train_batch_size,
+            "max_num_gen_batches": scenario.max_num_gen_batches,
+            "on_shortfall": "partial",
+            "seed": seed,
+            **overrides,
+        }
+    )
     simulated, rates = _policy(scenario, seed)
     policy = _TimedPolicy(simulated, seed)
-    sampler = (foreign_sampler(peer, config, scenario.num_prompts, policy) if peer
-               else BatchReplenisher(config, scenario.num_prompts, policy))
+    sampler = (
+        foreign_sampler(peer, config, scenario.num_prompts, policy)
+        if peer
+        else BatchReplenisher(config, scenario.num_prompts, policy)
+    )
     record = RunRecord()
     for step in range(scenario.steps):
         policy.policy.step = step
@@ -374,8 +388,15 @@ def run_streaming(scenario: Scenario, seed: int) -> RunRecord:
 
 def _recipe(scenario: Scenario, seed: int) -> RunRecord:
     gen_batch_size = scenario.gen_batch_factor * scenario.train_batch_size
-    return run_replenisher(scenario, seed, refill="barrier", surplus="discard", gen_batch_size=gen_batch_size,
-                           skip_uninformative=False, revisit_informative=False)
+    return run_replenisher(
+        scenario,
+        seed,
+        refill="barrier",
+        surplus="discard",
+        gen_batch_size=gen_batch_size,
+        skip_uninformative=False,
+        revisit_informative=False,
+    )
 
 
 _PLAIN = {"skip_uninformative": False, "revisit_informative": False}
@@ -386,31 +407,59 @@ _PREDICTED = {"prompt_selection": "predicted"}
 STRATEGIES: dict[str, tuple[str, Callable[[Scenario, int], RunRecord]]] = {
     _RECIPE: ("verl-recipe: barrier 3x, discard", _recipe),
     "v1_streaming_discard": ("verl v1: streaming 2k refill, discard", run_streaming),
-    "adaptive_discard": ("ours: adaptive, discard", lambda s, seed: run_replenisher(
-        s, seed, refill="adaptive", surplus="discard", **_PLAIN)),
-    "adaptive_carry": ("ours: adaptive, carry", lambda s, seed: run_replenisher(
-        s, seed, refill="adaptive", **_CARRY, **_PLAIN)),
-    "adaptive_carry_skip": ("ours: adaptive, carry, streak skip", lambda s, seed: run_replenisher(
-        s, seed, refill="adaptive", **_CARRY, skip_uninformative=True, revisit_informative=False, **_STREAK)),
-    "adaptive_revisit": ("ours: adaptive, discard, revisit", lambda s, seed: run_replenisher(
-        s, seed, refill="adaptive", surplus="discard", skip_uninformative=False, revisit_informative=True)),
-    "adaptive_skip_revisit": ("**ours: default** (adaptive, discard, streak skip, revisit)",
-                              lambda s, seed: run_replenisher(s, seed)),
+    "adaptive_discard": (
+        "ours: adaptive, discard",
+        lambda s, seed: run_replenisher(s, seed, refill="adaptive", surplus="discard", **_PLAIN),
+    ),
+    "adaptive_carry": (
+        "ours: adaptive, carry",
+        lambda s, seed: run_replenisher(s, seed, refill="adaptive", **_CARRY, **_PLAIN),
+    ),
+    "adaptive_carry_skip": (
+        "ours: adaptive, carry, streak skip",
+        lambda s, seed: run_replenisher(
+            s, seed, refill="adaptive", **_CARRY, skip_uninformative=True, revisit_informative=False, **_STREAK
+        ),
+    ),
+    "adaptive_revisit": (
+        "ours: adaptive, discard, revisit",
+        lambda s, seed: run_replenisher(
+            s, seed, refill="adaptive", surplus="discard", skip_uninformative=False, revisit_informative=True
+        ),
+    ),
+    "adaptive_skip_revisit": (
+        "**ours: default** (adaptive, discard, streak skip, revisit)",
+        lambda s, seed: run_replenisher(s, seed),
+    ),
     "greso": ("GRESO's skip rule (arXiv 2506.02177)", lambda s, seed: run_replenisher(s, seed, peer="greso")),
-    "mopps_math": ("MoPPS, math scripts (arXiv 2507.04632; 16x candidates, no forgetting)",
-                   lambda s, seed: run_replenisher(s, seed, peer="mopps_math")),
-    "mopps_countdown": ("MoPPS, countdown scripts (8x candidates, lambda 0.5)",
-                        lambda s, seed: run_replenisher(s, seed, peer="mopps_countdown")),
-    "predicted": ("ours: adaptive, discard, predicted, revisit", lambda s, seed: run_replenisher(
-        s, seed, **_PREDICTED)),
-    "predicted_carry": ("ours: adaptive, carry, predicted", lambda s, seed: run_replenisher(
-        s, seed, **_CARRY, revisit_informative=False, **_PREDICTED)),
-    "predicted_prefer": ("ours: predicted, prefer_informative, explore 0.2", lambda s, seed: run_replenisher(
-        s, seed, **_PREDICTED, prefer_informative=True, explore_fraction=0.2)),
-    "logit_belief": ("candidate: logit beliefs, fitted drift and training shift",
-                     lambda s, seed: run_replenisher(s, seed, peer="logit_belief")),
-    "logit_lookahead": ("candidate: logit beliefs, keys looking one training ahead",
-                        lambda s, seed: run_replenisher(s, seed, peer="logit_lookahead")),
+    "mopps_math": (
+        "MoPPS, math scripts (arXiv 2507.04632; 16x candidates, no forgetting)",
+        lambda s, seed: run_replenisher(s, seed, peer="mopps_math"),
+    ),
+    "mopps_countdown": (
+        "MoPPS, countdown scripts (8x candidates, lambda 0.5)",
+        lambda s, seed: run_replenisher(s, seed, peer="mopps_countdown"),
+    ),
+    "predicted": (
+        "ours: adaptive, discard, predicted, revisit",
+        lambda s, seed: run_replenisher(s, seed, **_PREDICTED),
+    ),
+    "predicted_carry": (
+        "ours: adaptive, carry, predicted",
+        lambda s, seed: run_replenisher(s, seed, **_CARRY, revisit_informative=False, **_PREDICTED),
+    ),
+    "predicted_prefer": (
+        "ours: predicted, prefer_informative, explore 0.2",
+        lambda s, seed: run_replenisher(s, seed, **_PREDICTED, prefer_informative=True, explore_fraction=0.2),
+    ),
+    "logit_belief": (
+        "candidate: logit beliefs, fitted drift and training shift",
+        lambda s, seed: run_replenisher(s, seed, peer="logit_belief"),
+    ),
+    "logit_lookahead": (
+        "candidate: logit beliefs, keys looking one training ahead",
+        lambda s, seed: run_replenisher(s, seed, peer="logit_lookahead"),
+    ),
 }
 """Strategy name -> (table label, runner)."""
 
@@ -430,8 +479,10 @@ def run_benchmark(scenario: Scenario, seeds: Sequence[int], strategies: Sequence
         raise ValueError(f"Unknown strategies {unknown}. Known: {list(STRATEGIES)}.")
     result: dict[str, Any] = {
         "scenario": asdict(scenario),
-        "outcome_shares": {"start": scenario.outcome_shares(seeds[0], 0),
-                           "end": scenario.outcome_shares(seeds[0], scenario.steps - 1)},
+        "outcome_shares": {
+            "start": scenario.outcome_shares(seeds[0], 0),
+            "end": scenario.outcome_shares(seeds[0], scenario.steps - 1),
+        },
         "strategies": {},
     }
     for name in strategies:
@@ -464,23 +515,39 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     d = Scenario()
     parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_sampler", description=__doc__.split("\n")[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="seeds (default: 0 1 2)")
-    parser.add_argument("--scenario", choices=list(SCENARIOS), default="default",
-                        help="a named scenario (SCENARIOS); the options below change it further")
+    parser.add_argument(
+        "--scenario",
+        choices=list(SCENARIOS),
+        default="default",
+        help="a named scenario (SCENARIOS); the options below change it further",
+    )
     parser.add_argument("--steps", type=int, default=d.steps, help="training steps per run")
     parser.add_argument("--train-batch-size", type=int, default=d.train_batch_size, help="prompts per step")
     parser.add_argument("--group-size", type=int, default=d.group_size, help="responses per prompt (G)")
     parser.add_argument("--num-prompts", type=int, default=d.num_prompts, help="prompts in the data set")
     parser.add_argument("--start-logit-mean", type=float, help=f"(default: the scenario's; {d.start_logit_mean})")
     parser.add_argument("--start-logit-std", type=float, help=f"(default: the scenario's; {d.start_logit_std})")
-    parser.add_argument("--logit-gain", type=float, help=f"pass-rate logit gain over the run (default: the "
-                                                          f"scenario's; {d.logit_gain})")
-    parser.add_argument("--train-gain", type=float, help=f"logits a prompt gains per training batch holding it "
-                                                          f"(default: the scenario's; {d.train_gain})")
-    parser.add_argument("--gen-batch-factor", type=int, default=d.gen_batch_factor,
-                        help="recipe: data.gen_batch_size = factor x train_batch_size")
+    parser.add_argument(
+        "--logit-gain", type=float, help=f"pass-rate logit gain over the run (default: the scenario's; {d.logit_gain})"
+    )
+    parser.add_argument(
+        "--train-gain",
+        type=float,
+        help=f"logits a prompt gains per training batch holding it (default: the scenario's; {d.train_gain})",
+    )
+    parser.add_argument(
+        "--gen-batch-factor",
+        type=int,
+        default=d.gen_batch_factor,
+        help="recipe: data.gen_batch_size = factor x train_batch_size",
+    )
     parser.add_argument("--max-num-gen-batches", type=int, default=d.max_num_gen_batches)
-    parser.add_argument("--max-inflight-gen-batches", type=int, default=d.max_inflight_gen_batches,
-                        help="v1 streaming: in-flight prompt bound, in train batches")
+    parser.add_argument(
+        "--max-inflight-gen-batches",
+        type=int,
+        default=d.max_inflight_gen_batches,
+        help="v1 streaming: in-flight prompt bound, in train batches",
+    )
     parser.add_argument("--strategies", nargs="+", default=list(STRATEGIES), choices=list(STRATEGIES))
     parser.add_argument("--out", type=Path, default=Path("runs/bench/bench_sampler.json"), help="JSON result path")
     return parser.parse_args(argv)
@@ -490,9 +557,14 @@ def _print_report(result: dict) -> None:
     """One JSON line per strategy (headline metrics, mean and sd over seeds), the scenario, the table, targets."""
     for name, entry in result["strategies"].items():
         headline = {k: v for k, v in entry["summary"].items() if k in HEADLINE}
-        line = {**result["meta"], "measurement": name, "label": entry["label"], "scenario": result["scenario"],
-                **{k: round(v["mean"], 4) for k, v in headline.items()},
-                "sd": {k: round(v["sd"], 4) for k, v in headline.items()}}
+        line = {
+            **result["meta"],
+            "measurement": name,
+            "label": entry["label"],
+            "scenario": result["scenario"],
+            **{k: round(v["mean"], 4) for k, v in headline.items()},
+            "sd": {k: round(v["sd"], 4) for k, v in headline.items()},
+        }
         print(json.dumps(line, sort_keys=True))
     shares = {when: {k: round(v, 2) for k, v in result["outcome_shares"][when].items()} for when in ("start", "end")}
     print(f"\nscenario: {json.dumps(result['scenario'])}")
@@ -508,20 +580,37 @@ def main(argv: Sequence[str] | None = None) -> dict:
     """Command-line entry point: run, print one JSON line per strategy and a table, write ``--out``."""
     args = _parse_args(argv)
     named = SCENARIOS[args.scenario]
-    given = {k: getattr(args, k) for k in ("start_logit_mean", "start_logit_std", "logit_gain", "train_gain")
-             if getattr(args, k) is not None}
-    scenario = Scenario(**{
-        **named, **given, "num_prompts": args.num_prompts, "group_size": args.group_size,
-        "train_batch_size": args.train_batch_size, "steps": args.steps, "gen_batch_factor": args.gen_batch_factor,
-        "max_num_gen_batches": args.max_num_gen_batches, "max_inflight_gen_batches": args.max_inflight_gen_batches,
-    })
+    given = {
+        k: getattr(args, k)
+        for k in ("start_logit_mean", "start_logit_std", "logit_gain", "train_gain")
+        if getattr(args, k) is not None
+    }
+    scenario = Scenario(
+        **{
+            **named,
+            **given,
+            "num_prompts": args.num_prompts,
+            "group_size": args.group_size,
+            "train_batch_size": args.train_batch_size,
+            "steps": args.steps,
+            "gen_batch_factor": args.gen_batch_factor,
+            "max_num_gen_batches": args.max_num_gen_batches,
+            "max_inflight_gen_batches": args.max_inflight_gen_batches,
+        }
+    )
     torch.set_num_threads(1)  # tensors of a few dozen elements: threads only add contention
     started = time.perf_counter()
     result = run_benchmark(scenario, args.seeds, args.strategies)
-    meta = {"benchmark": "bench_sampler", "scenario_name": args.scenario, "commit": commit_id(),
-            "torch": torch.__version__, "device": "cpu",
-            "python": platform.python_version(), "seeds": list(args.seeds),
-            "wall_s": round(time.perf_counter() - started, 1)}
+    meta = {
+        "benchmark": "bench_sampler",
+        "scenario_name": args.scenario,
+        "commit": commit_id(),
+        "torch": torch.__version__,
+        "device": "cpu",
+        "python": platform.python_version(),
+        "seeds": list(args.seeds),
+        "wall_s": round(time.perf_counter() - started, 1),
+    }
     result = {"meta": meta, **result, "targets": check_targets(result)}
     _print_report(result)
     write_result(result, args.out)

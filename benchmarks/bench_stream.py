@@ -89,8 +89,15 @@ from dapo_verl.sampler.engine import Aborted, Completion, Request
 from dapo_verl.sampler.simulated_engine import LongTailLengths, SimulatedEngine
 from dapo_verl.sampler.simulation import drifting_pass_rates
 
-STRATEGIES = ("verl_sync", "verl_async", "dapo_rounds", "dapo_stream", "dapo_stream_carry", "dapo_stream_carry_2x",
-              "dapo_rounds_carry")
+STRATEGIES = (
+    "verl_sync",
+    "verl_async",
+    "dapo_rounds",
+    "dapo_stream",
+    "dapo_stream_carry",
+    "dapo_stream_carry_2x",
+    "dapo_rounds_carry",
+)
 
 
 @dataclass(frozen=True)
@@ -122,8 +129,11 @@ class RooflineCost:
         slope = self.kv_bytes_per_token * s / bandwidth
         compute = 2 * self.params * s / (self.eta_fl * self.gpu_flops * self.gpus_per_replica)
         # iterations j < first are compute-bound (memory0 + slope j < compute), the rest memory-bound
-        first = min(iterations, max(0, math.ceil((compute - memory0) / slope))) if slope > 0 else (
-            iterations if compute > memory0 else 0)
+        first = (
+            min(iterations, max(0, math.ceil((compute - memory0) / slope)))
+            if slope > 0
+            else (iterations if compute > memory0 else 0)
+        )
         rest = iterations - first
         memory = rest * memory0 + slope * (first * rest + rest * (rest - 1) / 2)
         return first * compute + memory + iterations * self.t_sched
@@ -151,13 +161,23 @@ class StreamScenario:
     max_num_seqs: int = 256
 
     def engine(self, seed: int, cost: RooflineCost) -> SimulatedEngine:
-        rates = drifting_pass_rates(self.num_prompts, seed=seed, start_logit_mean=self.start_logit_mean,
-                                    start_logit_std=self.start_logit_std, drift_per_step=self.logit_gain / self.steps)
-        return SimulatedEngine(rates, group_size=self.group_size, max_response_length=self.max_response_length,
-                               lengths=LongTailLengths(self.median_length, self.length_sigma,
-                                                       self.prompt_length_sigma),
-                               prompt_tokens=self.prompt_tokens, max_running=self.max_num_seqs * cost.replicas,
-                               cost=cost, seed=seed)
+        rates = drifting_pass_rates(
+            self.num_prompts,
+            seed=seed,
+            start_logit_mean=self.start_logit_mean,
+            start_logit_std=self.start_logit_std,
+            drift_per_step=self.logit_gain / self.steps,
+        )
+        return SimulatedEngine(
+            rates,
+            group_size=self.group_size,
+            max_response_length=self.max_response_length,
+            lengths=LongTailLengths(self.median_length, self.length_sigma, self.prompt_length_sigma),
+            prompt_tokens=self.prompt_tokens,
+            max_running=self.max_num_seqs * cost.replicas,
+            cost=cost,
+            seed=seed,
+        )
 
 
 def _informative(groups: list[Any]) -> list[bool]:
@@ -216,7 +236,7 @@ class VerlSync:
             if dispatch:
                 engine.submit(self.requests.fresh(self.prompts.take(dispatch)[0], step))
                 inflight, credit, waves = inflight + dispatch, credit - dispatch, waves + 1
-        batch = [g for _, g in ready[:s.train_batch_size]]  # the surplus is discarded
+        batch = [g for _, g in ready[: s.train_batch_size]]  # the surplus is discarded
         return StepRecord(engine.clock - start, sum(g.num_tokens for g in batch), len(batch) * s.group_size, waves)
 
 
@@ -261,7 +281,7 @@ class VerlColocateAsync:
                 self._submit(refill, step)
                 inflight += refill
         self.pool.sort(key=lambda item: item[0].born_step)  # oldest first
-        served, self.pool = self.pool[:s.train_batch_size], self.pool[s.train_batch_size:]
+        served, self.pool = self.pool[: s.train_batch_size], self.pool[s.train_batch_size :]
         gen_s = engine.clock - start
         self.aborted = engine.abort()  # on_sample_end: abort the replicas
         batch = [g for _, g in served]
@@ -298,20 +318,26 @@ class _Counted:
 class Dapo:
     """dapo_verl's replenisher with the shipped defaults (plus ``overrides``), on rounds or streaming."""
 
-    def __init__(self, scenario: StreamScenario, engine: SimulatedEngine, seed: int, *, rounds: bool,
-                 **overrides: Any) -> None:
+    def __init__(
+        self, scenario: StreamScenario, engine: SimulatedEngine, seed: int, *, rounds: bool, **overrides: Any
+    ) -> None:
         self.engine = engine
         self.counted = _Counted(engine, barrier=rounds)
-        config = SamplerConfig(train_batch_size=scenario.train_batch_size, seed=seed, on_shortfall="partial",
-                               **overrides)
+        config = SamplerConfig(
+            train_batch_size=scenario.train_batch_size, seed=seed, on_shortfall="partial", **overrides
+        )
         self.sampler = BatchReplenisher(config, scenario.num_prompts, self.counted, codec=engine.codec)
 
     def step(self, step: int) -> StepRecord:
         self.engine.step, start, submissions = step, self.engine.clock, self.counted.submissions
         m = self.sampler.next_batch().metrics
-        return StepRecord(self.engine.clock - start, int(m["dapo/sampler/response_tokens_trained"]),
-                          int(m["dapo/sampler/responses_trained"]), self.counted.submissions - submissions,
-                          int(m["dapo/sampler/trained_token_age_max"]))
+        return StepRecord(
+            self.engine.clock - start,
+            int(m["dapo/sampler/response_tokens_trained"]),
+            int(m["dapo/sampler/responses_trained"]),
+            self.counted.submissions - submissions,
+            int(m["dapo/sampler/trained_token_age_max"]),
+        )
 
 
 DRIVERS: dict[str, Callable[[StreamScenario, SimulatedEngine, int], Any]] = {
@@ -325,8 +351,14 @@ DRIVERS: dict[str, Callable[[StreamScenario, SimulatedEngine, int], Any]] = {
 }
 
 
-def run(strategy: str, scenario: StreamScenario, seed: int, cost: RooflineCost, warmup: int = 2,
-        echo: Callable[[str], None] = print) -> dict[str, Any]:
+def run(
+    strategy: str,
+    scenario: StreamScenario,
+    seed: int,
+    cost: RooflineCost,
+    warmup: int = 2,
+    echo: Callable[[str], None] = print,
+) -> dict[str, Any]:
     """One strategy on one seed: the module docstring's metrics."""
     engine = scenario.engine(seed, cost)
     driver = DRIVERS[strategy](scenario, engine, seed)
@@ -342,7 +374,9 @@ def run(strategy: str, scenario: StreamScenario, seed: int, cost: RooflineCost, 
     kept = records[warmup:]
     trained_tokens = sum(r.trained_tokens for r in kept)
     return {
-        "strategy": strategy, "seed": seed, "steps": len(kept),
+        "strategy": strategy,
+        "seed": seed,
+        "steps": len(kept),
         "gen_s_per_step": statistics.fmean(r.gen_s for r in kept),
         "tokens_per_trained": (engine.tokens_generated - tokens_before) / trained_tokens,
         "trained_tokens_per_step": trained_tokens / len(kept),
@@ -359,9 +393,22 @@ a round's surplus")."""
 
 SCENARIOS: dict[str, tuple[StreamScenario, RooflineCost]] = {
     "paper": (StreamScenario(), RooflineCost()),
-    "small": (StreamScenario(num_prompts=2000, train_batch_size=4, group_size=4, steps=60, start_logit_mean=0.0,
-                             start_logit_std=1.0, logit_gain=0.5, max_response_length=2048, median_length=300,
-                             prompt_tokens=64, max_num_seqs=64), RooflineCost(replicas=1)),
+    "small": (
+        StreamScenario(
+            num_prompts=2000,
+            train_batch_size=4,
+            group_size=4,
+            steps=60,
+            start_logit_mean=0.0,
+            start_logit_std=1.0,
+            logit_gain=0.5,
+            max_response_length=2048,
+            median_length=300,
+            prompt_tokens=64,
+            max_num_seqs=64,
+        ),
+        RooflineCost(replicas=1),
+    ),
 }
 """``--scenario``: ``paper`` (the paper's run, above) and ``small`` (issue 28's 4-prompt criterion: 4 prompts x 4
 responses a step on one replica, about 80% of fresh groups informative, responses up to 2,048 tokens)."""
@@ -379,36 +426,48 @@ def report(lines: list[dict[str, Any]], scenario: str = "paper") -> str:
     """
     scenarios = {json.dumps(line.get("scenario"), sort_keys=True) for line in lines}
     if len(scenarios) > 1:
-        raise ValueError(f"the lines hold {len(scenarios)} different scenarios; a test compares runs of one scenario. "
-                         f"Keep each --scenario's lines in its own --out file.")
+        raise ValueError(
+            f"the lines hold {len(scenarios)} different scenarios; a test compares runs of one scenario. "
+            f"Keep each --scenario's lines in its own --out file."
+        )
     by = {(line["strategy"], line["seed"]): line for line in lines}
     strategies = [s for s in STRATEGIES if any(key[0] == s for key in by)]
     seeds = sorted({seed for _, seed in by if all((s, seed) in by for s in strategies)})
     if len(seeds) < 2 or not {"verl_sync", "verl_async"} <= set(strategies):
-        raise ValueError(f"the test needs verl_sync and verl_async and at least 2 seeds every strategy ran; got "
-                         f"strategies {strategies} on seeds {seeds}. Run the missing ones with --seeds.")
-    rows = ["| strategy | gen s/step | x verl_sync (95% CI) | minus verl_async, s (95% CI) | tokens per trained | "
-            "minus verl_sync (95% CI) | waves/step | oldest token |", "|---" * 8 + "|"]
+        raise ValueError(
+            f"the test needs verl_sync and verl_async and at least 2 seeds every strategy ran; got "
+            f"strategies {strategies} on seeds {seeds}. Run the missing ones with --seeds."
+        )
+    rows = [
+        "| strategy | gen s/step | x verl_sync (95% CI) | minus verl_async, s (95% CI) | tokens per trained | "
+        "minus verl_sync (95% CI) | waves/step | oldest token |",
+        "|---" * 8 + "|",
+    ]
     verdicts = []
     for strategy in strategies:
         runs = [by[(strategy, seed)] for seed in seeds]
-        ratio = paired_t_test([r["gen_s_per_step"] / by[("verl_sync", r["seed"])]["gen_s_per_step"] - 1
-                               for r in runs])
-        versus_async = paired_t_test([r["gen_s_per_step"] - by[("verl_async", r["seed"])]["gen_s_per_step"]
-                                      for r in runs])
-        tokens = paired_t_test([r["tokens_per_trained"] - by[("verl_sync", r["seed"])]["tokens_per_trained"]
-                                for r in runs])
-        rows.append(f"| {strategy} | {statistics.fmean(r['gen_s_per_step'] for r in runs):.1f} | "
-                    f"{1 + ratio.mean:.3f} [{1 + ratio.ci_low:.3f}, {1 + ratio.ci_high:.3f}] | "
-                    f"{versus_async.mean:+.1f} [{versus_async.ci_low:+.1f}, {versus_async.ci_high:+.1f}] | "
-                    f"{statistics.fmean(r['tokens_per_trained'] for r in runs):.3f} | "
-                    f"{tokens.mean:+.3f} [{tokens.ci_low:+.3f}, {tokens.ci_high:+.3f}] | "
-                    f"{statistics.fmean(r['waves_per_step'] for r in runs):.1f} | "
-                    f"{max(r['token_age_max'] for r in runs)} |")
+        ratio = paired_t_test([r["gen_s_per_step"] / by[("verl_sync", r["seed"])]["gen_s_per_step"] - 1 for r in runs])
+        versus_async = paired_t_test(
+            [r["gen_s_per_step"] - by[("verl_async", r["seed"])]["gen_s_per_step"] for r in runs]
+        )
+        tokens = paired_t_test(
+            [r["tokens_per_trained"] - by[("verl_sync", r["seed"])]["tokens_per_trained"] for r in runs]
+        )
+        rows.append(
+            f"| {strategy} | {statistics.fmean(r['gen_s_per_step'] for r in runs):.1f} | "
+            f"{1 + ratio.mean:.3f} [{1 + ratio.ci_low:.3f}, {1 + ratio.ci_high:.3f}] | "
+            f"{versus_async.mean:+.1f} [{versus_async.ci_low:+.1f}, {versus_async.ci_high:+.1f}] | "
+            f"{statistics.fmean(r['tokens_per_trained'] for r in runs):.3f} | "
+            f"{tokens.mean:+.3f} [{tokens.ci_low:+.3f}, {tokens.ci_high:+.3f}] | "
+            f"{statistics.fmean(r['waves_per_step'] for r in runs):.1f} | "
+            f"{max(r['token_age_max'] for r in runs)} |"
+        )
         if scenario == "small" and strategy.startswith("dapo_"):
             met = tokens.ci_high <= 0
-            verdicts.append(f"{strategy}: {'meets' if met else 'does not meet'} the 4-prompt criterion (tokens per "
-                            f"trained at most verl_sync's)")
+            verdicts.append(
+                f"{strategy}: {'meets' if met else 'does not meet'} the 4-prompt criterion (tokens per "
+                f"trained at most verl_sync's)"
+            )
         elif scenario != "small" and strategy in CANDIDATES:
             met = 1 + ratio.ci_high <= 0.67 and versus_async.ci_high <= 0 and tokens.ci_high <= 0
             verdicts.append(f"{strategy}: {'meets' if met else 'does not meet'} the bar")
@@ -418,18 +477,29 @@ def report(lines: list[dict[str, Any]], scenario: str = "paper") -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
-    parser.add_argument("--scenario", choices=list(SCENARIOS), default="paper",
-                        help="paper (512 prompts x 16, the default) or small (4 prompts x 4, one replica)")
+    parser.add_argument(
+        "--scenario",
+        choices=list(SCENARIOS),
+        default="paper",
+        help="paper (512 prompts x 16, the default) or small (4 prompts x 4, one replica)",
+    )
     parser.add_argument("--steps", type=int, default=None, help="steps per run (default: the scenario's)")
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--strategies", nargs="+", default=list(STRATEGIES), choices=STRATEGIES)
-    parser.add_argument("--out", type=Path, default=None,
-                        help="JSON lines (default: runs/bench/bench_stream.jsonl, bench_stream_small.jsonl for small)")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="JSON lines (default: runs/bench/bench_stream.jsonl, bench_stream_small.jsonl for small)",
+    )
     parser.add_argument("--report", action="store_true", help="print the declared test over --out's lines and exit")
     args = parser.parse_args(argv)
     if args.out is None:
-        args.out = Path("runs/bench/bench_stream.jsonl" if args.scenario == "paper" else
-                        f"runs/bench/bench_stream_{args.scenario}.jsonl")
+        args.out = Path(
+            "runs/bench/bench_stream.jsonl"
+            if args.scenario == "paper"
+            else f"runs/bench/bench_stream_{args.scenario}.jsonl"
+        )
     if args.report:
         if not args.out.is_file():
             parser.error(f"--out {args.out} is not a file of this benchmark's lines; run the benchmark first.")
@@ -444,15 +514,23 @@ def main(argv: list[str] | None = None) -> int:
     with args.out.open("a") as out:
         for seed in args.seeds:
             for strategy in args.strategies:
-                result = run(strategy, scenario, seed, cost, args.warmup,
-                             echo=lambda line: print(line, file=sys.stderr))
-                result |= {"scenario": asdict(scenario), "cost": asdict(cost), "commit": commit_id(),
-                           "python": platform.python_version(), "torch": torch.__version__}
+                result = run(
+                    strategy, scenario, seed, cost, args.warmup, echo=lambda line: print(line, file=sys.stderr)
+                )
+                result |= {
+                    "scenario": asdict(scenario),
+                    "cost": asdict(cost),
+                    "commit": commit_id(),
+                    "python": platform.python_version(),
+                    "torch": torch.__version__,
+                }
                 out.write(json.dumps(result) + "\n")
                 out.flush()
-                print(f"{strategy:18s} seed {seed}: {result['gen_s_per_step']:7.1f} s/step, "
-                      f"{result['tokens_per_trained']:.3f} tokens per trained, {result['waves_per_step']:.2f} waves, "
-                      f"age max {result['token_age_max']}")
+                print(
+                    f"{strategy:18s} seed {seed}: {result['gen_s_per_step']:7.1f} s/step, "
+                    f"{result['tokens_per_trained']:.3f} tokens per trained, {result['waves_per_step']:.2f} waves, "
+                    f"age max {result['token_age_max']}"
+                )
     return 0
 
 

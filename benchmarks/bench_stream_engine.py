@@ -69,38 +69,70 @@ from benchmarks.bench_rehearsal_sampler import (
 from benchmarks.cpu_profile import CpuSampler, cpu_by_role
 from benchmarks.sampler_report import commit_id, spread, write_result
 
-_VERL = ("actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.actor.policy_loss.loss_mode=dapo",
-         "actor_rollout_ref.actor.clip_ratio_low=0.2", "actor_rollout_ref.actor.clip_ratio_high=0.28",
-         "actor_rollout_ref.actor.loss_agg_mode=token-mean", "algorithm.adv_estimator=dapo",
-         "reward.reward_manager.name=dapo_verl", "+reward.reward_kwargs.overlong_tokens=12",
-         "+reward.reward_kwargs.overlong_penalty_factor=1.0", "algorithm.filter_groups.enable=true",
-         "algorithm.filter_groups.metric=acc", "algorithm.filter_groups.max_num_gen_batches=10")
+_VERL = (
+    "actor_rollout_ref.rollout.name=vllm",
+    "actor_rollout_ref.actor.policy_loss.loss_mode=dapo",
+    "actor_rollout_ref.actor.clip_ratio_low=0.2",
+    "actor_rollout_ref.actor.clip_ratio_high=0.28",
+    "actor_rollout_ref.actor.loss_agg_mode=token-mean",
+    "algorithm.adv_estimator=dapo",
+    "reward.reward_manager.name=dapo_verl",
+    "+reward.reward_kwargs.overlong_tokens=12",
+    "+reward.reward_kwargs.overlong_penalty_factor=1.0",
+    "algorithm.filter_groups.enable=true",
+    "algorithm.filter_groups.metric=acc",
+    "algorithm.filter_groups.max_num_gen_batches=10",
+)
 """verl's own buffers: ``ppo_trainer`` with docs/verl.md's ``loss_mode=dapo`` overrides and ``filter_groups`` on
 ``acc`` (``python -m dapo_verl.main`` always runs DapoReplayBuffer; its pre-flight check refuses anything else)."""
 _OURS = ("reward.reward_kwargs.overlong_tokens=12",)
 _STREAM = ("algorithm.filter_groups.streaming=true",)
 STRATEGIES: dict[str, tuple[str, str, tuple[str, ...]]] = {
-    "verl_sync": ("verl v1 ReplayBuffer, filter_groups (sync: refill 2 per evicted group, drain, discard)",
-                  "ppo_trainer", ("trainer.v1.trainer_mode=sync", *_VERL)),
-    "verl_async": ("verl v1 colocate_async, ReplayBufferAsync (abort at full, resume, keep surplus)",
-                   "ppo_trainer", ("trainer.v1.trainer_mode=colocate_async", *_VERL)),
-    "dapo_rounds": ("DapoReplayBuffer, shipped defaults (sync, adaptive rounds, surplus discarded)",
-                    "dapo_trainer", ("trainer.v1.trainer_mode=sync", *_OURS)),
-    "dapo_stream_discard": ("DapoReplayBuffer streaming in sync (abort at full, discard)",
-                            "dapo_trainer", ("trainer.v1.trainer_mode=sync", *_OURS, *_STREAM)),
-    "dapo_stream_carry": ("DapoReplayBuffer streaming in colocate_async, carry, 2x in flight",
-                          "dapo_trainer", ("trainer.v1.trainer_mode=colocate_async", *_OURS, *_STREAM,
-                                           "algorithm.filter_groups.surplus=carry",
-                                           "algorithm.filter_groups.stream_oversample=2.0")),
-    "dapo_rounds_carry": ("DapoReplayBuffer rounds with surplus=carry (sync; informative surplus served next step)",
-                          "dapo_trainer", ("trainer.v1.trainer_mode=sync", *_OURS,
-                                           "algorithm.filter_groups.surplus=carry")),
+    "verl_sync": (
+        "verl v1 ReplayBuffer, filter_groups (sync: refill 2 per evicted group, drain, discard)",
+        "ppo_trainer",
+        ("trainer.v1.trainer_mode=sync", *_VERL),
+    ),
+    "verl_async": (
+        "verl v1 colocate_async, ReplayBufferAsync (abort at full, resume, keep surplus)",
+        "ppo_trainer",
+        ("trainer.v1.trainer_mode=colocate_async", *_VERL),
+    ),
+    "dapo_rounds": (
+        "DapoReplayBuffer, shipped defaults (sync, adaptive rounds, surplus discarded)",
+        "dapo_trainer",
+        ("trainer.v1.trainer_mode=sync", *_OURS),
+    ),
+    "dapo_stream_discard": (
+        "DapoReplayBuffer streaming in sync (abort at full, discard)",
+        "dapo_trainer",
+        ("trainer.v1.trainer_mode=sync", *_OURS, *_STREAM),
+    ),
+    "dapo_stream_carry": (
+        "DapoReplayBuffer streaming in colocate_async, carry, 2x in flight",
+        "dapo_trainer",
+        (
+            "trainer.v1.trainer_mode=colocate_async",
+            *_OURS,
+            *_STREAM,
+            "algorithm.filter_groups.surplus=carry",
+            "algorithm.filter_groups.stream_oversample=2.0",
+        ),
+    ),
+    "dapo_rounds_carry": (
+        "DapoReplayBuffer rounds with surplus=carry (sync; informative surplus served next step)",
+        "dapo_trainer",
+        ("trainer.v1.trainer_mode=sync", *_OURS, "algorithm.filter_groups.surplus=carry"),
+    ),
 }
 """name -> (label, config, the overrides that select it). Both configs run verl's v1 trainer with the dapo loss,
 advantage and reward manager; the loss and reward settings are the same."""
 
-COMMON = ("trainer.val_before_train=false", "trainer.test_freq=-1",
-          "+actor_rollout_ref.rollout.engine_kwargs.dapo_cpu.response_lengths=long_tail")
+COMMON = (
+    "trainer.val_before_train=false",
+    "trainer.test_freq=-1",
+    "+actor_rollout_ref.rollout.engine_kwargs.dapo_cpu.response_lengths=long_tail",
+)
 """Every strategy: no validation (its requests would count), DAPO-like lengths; the overlong buffer (12 tokens) is
 about the recipe's share (20%) of the default 64-token budget."""
 
@@ -124,11 +156,15 @@ def write_unsolvable_rows(path: Path, num_rows: int, *, seed: int) -> Path:
     for i in range(num_rows):
         answer, a = rng.randint(3, 9), rng.randint(0, 9)
         problem = f"Hard problem {i}: what is {a + answer} - {a}?"  # distinct from the rehearsal's "Problem i"
-        rows.append({"data_source": "math_dapo", "prompt": [{"content": dapo_prompt(problem), "role": "user"}],
-                     "ability": "MATH",
-                     "reward_model": {"ground_truth": str(answer), "style": "rule-lighteval/MATH_v2"},
-                     "extra_info": {"index": i, "source_id": f"unsolvable-{i}", "raw_problem": problem,
-                                    "split": "train"}})
+        rows.append(
+            {
+                "data_source": "math_dapo",
+                "prompt": [{"content": dapo_prompt(problem), "role": "user"}],
+                "ability": "MATH",
+                "reward_model": {"ground_truth": str(answer), "style": "rule-lighteval/MATH_v2"},
+                "extra_info": {"index": i, "source_id": f"unsolvable-{i}", "raw_problem": problem, "split": "train"},
+            }
+        )
     path.parent.mkdir(parents=True, exist_ok=True)
     pq.write_table(pa.Table.from_pylist(rows, schema=OUTPUT_SCHEMA), path)
     return path
@@ -145,15 +181,21 @@ def step_rows(records: Path, metrics: Path, steps: int, responses_per_step: int)
         if "response_length/mean" not in data or "timing_s/gen" not in data:
             raise RuntimeError(f"step {step} is missing from verl's log {metrics}; see the run's log.txt")
         mine = [r for r in requests if r["weights"] == step - 1]
-        rows.append({
-            "requests": len(mine), "tokens": sum(int(r["tokens"]) for r in mine),
-            "trained_responses": responses_per_step,
-            "trained_tokens": float(data["response_length/mean"]) * responses_per_step,
-            "engine_busy_s": busy_seconds([(r["start"], r["end"]) for r in mine]),
-            "gen_time_s": float(data["timing_s/gen"]),
-            **{key: float(data[f"dapo/sampler/{key}"]) for key in ("gen_rounds", "aborted_tokens", "resumed_tokens")
-               if f"dapo/sampler/{key}" in data},
-        })
+        rows.append(
+            {
+                "requests": len(mine),
+                "tokens": sum(int(r["tokens"]) for r in mine),
+                "trained_responses": responses_per_step,
+                "trained_tokens": float(data["response_length/mean"]) * responses_per_step,
+                "engine_busy_s": busy_seconds([(r["start"], r["end"]) for r in mine]),
+                "gen_time_s": float(data["timing_s/gen"]),
+                **{
+                    key: float(data[f"dapo/sampler/{key}"])
+                    for key in ("gen_rounds", "aborted_tokens", "resumed_tokens")
+                    if f"dapo/sampler/{key}" in data
+                },
+            }
+        )
     return rows
 
 
@@ -178,8 +220,10 @@ def measured_cpu(profile: Path, records: Path, steps: int) -> dict[str, float]:
     """CPU seconds by role (:func:`~benchmarks.cpu_profile.cpu_by_role`) from the first admission to the last end of
     the requests of the measured steps (2 to N-2, as :func:`summarise`)."""
     if not profile.is_file():
-        raise FileNotFoundError(f"{profile} is missing: --cpu-profile with --reuse reads the samples of an earlier "
-                                f"--cpu-profile run; run without --reuse to sample this one")
+        raise FileNotFoundError(
+            f"{profile} is missing: --cpu-profile with --reuse reads the samples of an earlier "
+            f"--cpu-profile run; run without --reuse to sample this one"
+        )
     measured = [r for r in engine_requests(records) if 1 <= r["weights"] <= steps - 3]
     if not measured:
         raise RuntimeError(f"no request of steps 2 to {steps - 2} in {records}; see the run's log.txt")
@@ -192,44 +236,74 @@ def run_one(strategy: str, seed: int, args: argparse.Namespace) -> dict[str, Any
 
     out = args.work / f"{strategy}-seed{seed}"
     unsolvable = write_unsolvable_rows(args.work / "unsolvable.parquet", args.train_rows // 2, seed=1234)
-    overrides = (*SIZES, *COMMON, f"data.train_files={unsolvable}", f"data.max_response_length={args.response_length}",
-                 f"actor_rollout_ref.rollout.n={args.group_size}",
-                 f"actor_rollout_ref.rollout.max_num_seqs={args.max_num_seqs}",
-                 f"actor_rollout_ref.rollout.seed={seed}", *STRATEGIES[strategy][2])
-    options = RehearsalOptions(config_name=STRATEGIES[strategy][1], overrides=overrides, out_dir=out,
-                               steps=args.steps, resume=False, overwrite=True, seed=seed,
-                               train_batch_size=args.train_batch_size, train_rows=args.train_rows, engine="vllm")
+    overrides = (
+        *SIZES,
+        *COMMON,
+        f"data.train_files={unsolvable}",
+        f"data.max_response_length={args.response_length}",
+        f"actor_rollout_ref.rollout.n={args.group_size}",
+        f"actor_rollout_ref.rollout.max_num_seqs={args.max_num_seqs}",
+        f"actor_rollout_ref.rollout.seed={seed}",
+        *STRATEGIES[strategy][2],
+    )
+    options = RehearsalOptions(
+        config_name=STRATEGIES[strategy][1],
+        overrides=overrides,
+        out_dir=out,
+        steps=args.steps,
+        resume=False,
+        overwrite=True,
+        seed=seed,
+        train_batch_size=args.train_batch_size,
+        train_rows=args.train_rows,
+        engine="vllm",
+    )
     profile = args.work / f"{strategy}-seed{seed}.cpu.jsonl"  # beside the folder, which the rehearsal must create
     if args.cpu_profile and not (args.reuse and (out / "report.json").is_file()):
         with CpuSampler(profile):
             report = rehearsed(options, reuse=False, what=f"{strategy} seed {seed}")
     else:
         report = rehearsed(options, reuse=args.reuse, what=f"{strategy} seed {seed}")
-    rows = step_rows(out / "run1" / "engine", out / "run1" / "metrics.jsonl", args.steps,
-                     args.train_batch_size * args.group_size)
+    rows = step_rows(
+        out / "run1" / "engine", out / "run1" / "metrics.jsonl", args.steps, args.train_batch_size * args.group_size
+    )
     extra = {"cpu_s": measured_cpu(profile, out / "run1" / "engine", args.steps)} if args.cpu_profile else {}
-    return {"strategy": strategy, "seed": seed, "wall_s": report["runs"][0]["wall_s"], "steps": rows, **extra,
-            **summarise(rows)}
+    return {
+        "strategy": strategy,
+        "seed": seed,
+        "wall_s": report["runs"][0]["wall_s"],
+        "steps": rows,
+        **extra,
+        **summarise(rows),
+    }
 
 
 def table(result: dict[str, Any]) -> str:
     """Markdown: mean ± sd over seeds per strategy, and the busy-time ratio against verl_sync on the same seeds."""
     runs = {name: {r["seed"]: r for r in entry["runs"]} for name, entry in result["strategies"].items()}
     base = runs.get("verl_sync", {})
-    lines = ["| strategy | tokens generated / trained | requests / trained response | engine busy / step (s) | "
-             "x verl sync (busy) | aborted / resumed tokens per step | verl timing_s/gen (poll-bound, s) |",
-             "|---|---|---|---|---|---|---|"]
+    lines = [
+        "| strategy | tokens generated / trained | requests / trained response | engine busy / step (s) | "
+        "x verl sync (busy) | aborted / resumed tokens per step | verl timing_s/gen (poll-bound, s) |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for name, entry in result["strategies"].items():
         s = entry["summary"]
-        ratios = [run["engine_busy_s"] / base[seed]["engine_busy_s"] for seed, run in runs[name].items()
-                  if seed in base]
+        ratios = [
+            run["engine_busy_s"] / base[seed]["engine_busy_s"] for seed, run in runs[name].items() if seed in base
+        ]
         ratio = f"{statistics.fmean(ratios):.2f}" if ratios else "-"
-        carried = (f"{s['aborted_tokens']['mean']:.0f} / {s['resumed_tokens']['mean']:.0f}" if "aborted_tokens" in s
-                   else "not logged")
+        carried = (
+            f"{s['aborted_tokens']['mean']:.0f} / {s['resumed_tokens']['mean']:.0f}"
+            if "aborted_tokens" in s
+            else "not logged"
+        )
         tokens = s["tokens_per_trained"]
-        lines.append(f"| {entry['label']} | {tokens['mean']:.2f} ± {tokens['sd']:.2f} "
-                     f"| {s['requests_per_trained']['mean']:.2f} | {s['engine_busy_s']['mean']:.2f} ± "
-                     f"{s['engine_busy_s']['sd']:.2f} | {ratio} | {carried} | {s['gen_time_s']['mean']:.2f} |")
+        lines.append(
+            f"| {entry['label']} | {tokens['mean']:.2f} ± {tokens['sd']:.2f} "
+            f"| {s['requests_per_trained']['mean']:.2f} | {s['engine_busy_s']['mean']:.2f} ± "
+            f"{s['engine_busy_s']['sd']:.2f} | {ratio} | {carried} | {s['gen_time_s']['mean']:.2f} |"
+        )
     return "\n".join(lines)
 
 
@@ -257,36 +331,45 @@ def declared_test(result: dict[str, Any]) -> str:
     runs = {name: {r["seed"]: r for r in entry["runs"]} for name, entry in result["strategies"].items()}
     seeds = sorted(set.intersection(*(set(by_seed) for by_seed in runs.values()))) if runs else []
     if len(seeds) < 2 or not {"verl_sync", "verl_async"} <= set(runs):
-        raise ValueError(f"the test needs verl_sync and verl_async and at least 2 seeds every strategy ran; got "
-                         f"strategies {sorted(runs)} on seeds {seeds}. Run the missing ones with --seeds.")
+        raise ValueError(
+            f"the test needs verl_sync and verl_async and at least 2 seeds every strategy ran; got "
+            f"strategies {sorted(runs)} on seeds {seeds}. Run the missing ones with --seeds."
+        )
     sync, async_ = runs["verl_sync"], runs["verl_async"]
 
     def versus(name: str, key: str, base: dict[int, dict[str, Any]], *, ratio: bool = False) -> Any:
-        values = [runs[name][k][key] / base[k][key] - 1 if ratio else runs[name][k][key] - base[k][key]
-                  for k in seeds]
+        values = [runs[name][k][key] / base[k][key] - 1 if ratio else runs[name][k][key] - base[k][key] for k in seeds]
         return paired_t_test(values)
 
-    rows = ["| strategy | busy s/step | x verl_sync (95% CI) | minus verl_async, s (95% CI) | requests per trained | "
-            "minus verl_sync (95% CI) | tokens per trained | minus verl_sync (95% CI) |", "|---" * 8 + "|"]
+    rows = [
+        "| strategy | busy s/step | x verl_sync (95% CI) | minus verl_async, s (95% CI) | requests per trained | "
+        "minus verl_sync (95% CI) | tokens per trained | minus verl_sync (95% CI) |",
+        "|---" * 8 + "|",
+    ]
     verdicts = []
     for name in (n for n in STRATEGIES if n in runs):
-        mean = {key: statistics.fmean(runs[name][k][key] for k in seeds)
-                for key in ("engine_busy_s", "requests_per_trained", "tokens_per_trained")}
+        mean = {
+            key: statistics.fmean(runs[name][k][key] for k in seeds)
+            for key in ("engine_busy_s", "requests_per_trained", "tokens_per_trained")
+        }
         if name == "verl_sync":
-            rows.append(f"| {name} | {mean['engine_busy_s']:.2f} | 1 | - | {mean['requests_per_trained']:.2f} | 0 | "
-                        f"{mean['tokens_per_trained']:.2f} | 0 |")
+            rows.append(
+                f"| {name} | {mean['engine_busy_s']:.2f} | 1 | - | {mean['requests_per_trained']:.2f} | 0 | "
+                f"{mean['tokens_per_trained']:.2f} | 0 |"
+            )
             continue
         ratio = versus(name, "engine_busy_s", sync, ratio=True)
         busy = versus(name, "engine_busy_s", async_)
         requests = versus(name, "requests_per_trained", sync)
         tokens = versus(name, "tokens_per_trained", sync)
-        against_async = "-" if name == "verl_async" else (
-            f"{busy.mean:+.2f} [{busy.ci_low:+.2f}, {busy.ci_high:+.2f}]")
-        rows.append(f"| {name} | {mean['engine_busy_s']:.2f} | {1 + ratio.mean:.2f} [{1 + ratio.ci_low:.2f}, "
-                    f"{1 + ratio.ci_high:.2f}] | {against_async} | {mean['requests_per_trained']:.2f} | "
-                    f"{requests.mean:+.2f} [{requests.ci_low:+.2f}, {requests.ci_high:+.2f}] | "
-                    f"{mean['tokens_per_trained']:.2f} | "
-                    f"{tokens.mean:+.2f} [{tokens.ci_low:+.2f}, {tokens.ci_high:+.2f}] |")
+        against_async = "-" if name == "verl_async" else (f"{busy.mean:+.2f} [{busy.ci_low:+.2f}, {busy.ci_high:+.2f}]")
+        rows.append(
+            f"| {name} | {mean['engine_busy_s']:.2f} | {1 + ratio.mean:.2f} [{1 + ratio.ci_low:.2f}, "
+            f"{1 + ratio.ci_high:.2f}] | {against_async} | {mean['requests_per_trained']:.2f} | "
+            f"{requests.mean:+.2f} [{requests.ci_low:+.2f}, {requests.ci_high:+.2f}] | "
+            f"{mean['tokens_per_trained']:.2f} | "
+            f"{tokens.mean:+.2f} [{tokens.ci_low:+.2f}, {tokens.ci_high:+.2f}] |"
+        )
         if name in CANDIDATES:
             met = 1 + ratio.ci_high <= BAR_RATIO and busy.ci_high <= 0 and requests.ci_high <= 0
             verdicts.append(f"{name}: {'meets' if met else 'does not meet'} the bar")
@@ -294,25 +377,41 @@ def declared_test(result: dict[str, Any]) -> str:
 
 
 def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_stream_engine",
-                                     description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.bench_stream_engine", description=__doc__.split("\n")[0]
+    )
     parser.add_argument("--seeds", type=int, nargs="+", default=[0], help="seeds (default: 0)")
-    parser.add_argument("--steps", type=int, default=13,
-                        help="training steps per run (default: 13; steps 2 to 11 are measured)")
-    parser.add_argument("--train-rows", type=int, default=1024,
-                        help="rows of the training file, half of them unsolvable (default: 1024)")
+    parser.add_argument(
+        "--steps", type=int, default=13, help="training steps per run (default: 13; steps 2 to 11 are measured)"
+    )
+    parser.add_argument(
+        "--train-rows",
+        type=int,
+        default=1024,
+        help="rows of the training file, half of them unsolvable (default: 1024)",
+    )
     parser.add_argument("--train-batch-size", type=int, default=16, help="prompts per step (default: 16)")
     parser.add_argument("--group-size", type=int, default=8, help="responses per prompt (default: 8)")
     parser.add_argument("--response-length", type=int, default=64, help="response budget, tokens (default: 64)")
-    parser.add_argument("--max-num-seqs", type=int, default=128,
-                        help="sequences vLLM runs at once (default: 128, a step's first round at once, as a GPU "
-                             "replica's 256 hold the paper's)")
+    parser.add_argument(
+        "--max-num-seqs",
+        type=int,
+        default=128,
+        help="sequences vLLM runs at once (default: 128, a step's first round at once, as a GPU "
+        "replica's 256 hold the paper's)",
+    )
     add_run_arguments(parser, list(STRATEGIES), "stream_engine")
-    parser.add_argument("--report", action="store_true",
-                        help="print the table and the declared test from --out, without running anything")
-    parser.add_argument("--cpu-profile", action="store_true",
-                        help="sample every process's CPU time during each run (<work>/<strategy>-seed<k>.cpu.jsonl) "
-                             "and report each role's CPU seconds over the measured steps (benchmarks/cpu_profile.py)")
+    parser.add_argument(
+        "--report",
+        action="store_true",
+        help="print the table and the declared test from --out, without running anything",
+    )
+    parser.add_argument(
+        "--cpu-profile",
+        action="store_true",
+        help="sample every process's CPU time during each run (<work>/<strategy>-seed<k>.cpu.jsonl) "
+        "and report each role's CPU seconds over the measured steps (benchmarks/cpu_profile.py)",
+    )
     return parser.parse_args(argv)
 
 
@@ -322,21 +421,28 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         result = json.loads(Path(args.out).read_text())
         print(table(result) + "\n\n" + declared_test(result))
         return result
-    result: dict[str, Any] = {"benchmark": "bench_stream_engine", "commit": commit_id(),
-                              "settings": {k: str(v) for k, v in vars(args).items()}, "strategies": {}}
+    result: dict[str, Any] = {
+        "benchmark": "bench_stream_engine",
+        "commit": commit_id(),
+        "settings": {k: str(v) for k, v in vars(args).items()},
+        "strategies": {},
+    }
     total, done = len(args.strategies) * len(args.seeds), 0
     for seed in args.seeds:  # seeds outermost: an interrupted run still has every strategy on its first seeds
         for strategy in args.strategies:
             done += 1
-            print(f"[{done}/{total}] {strategy} seed {seed}: {args.steps} steps on vLLM ...", file=sys.stderr,
-                  flush=True)
+            print(
+                f"[{done}/{total}] {strategy} seed {seed}: {args.steps} steps on vLLM ...", file=sys.stderr, flush=True
+            )
             run = run_one(strategy, seed, args)
             print(json.dumps({k: v for k, v in run.items() if k != "steps"}), flush=True)
             entry = result["strategies"].setdefault(strategy, {"label": STRATEGIES[strategy][0], "runs": []})
             entry["runs"].append(run)
-            entry["summary"] = {key: spread([r[key] for r in entry["runs"]]) for key in entry["runs"][0]
-                                if key not in ("strategy", "seed", "steps", "cpu_s")
-                                and all(key in r for r in entry["runs"])}
+            entry["summary"] = {
+                key: spread([r[key] for r in entry["runs"]])
+                for key in entry["runs"][0]
+                if key not in ("strategy", "seed", "steps", "cpu_s") and all(key in r for r in entry["runs"])
+            }
             write_result(result, args.out)
     print(table(result))
     if len(args.seeds) >= 2 and {"verl_sync", "verl_async"} <= set(args.strategies):

@@ -94,18 +94,27 @@ STRATEGIES: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "dapo_plain": ("DapoReplayBuffer, adaptive, discard (no skip/revisit)", "sync", _PLAIN),
     "dapo_plain_carry": ("DapoReplayBuffer, adaptive, carry (no skip/revisit)", "sync", (*_PLAIN, *_CARRY)),
     "verl_separate": ("verl v1 ReplayBufferAsync, filter_groups (separate_async)", "separate_async", VERL_BUFFER),
-    "dapo_separate": ("DapoReplayBuffer, default, separate_async (next step's first round prefetched)",
-                      "separate_async", ()),
-    "dapo_separate_carry": ("DapoReplayBuffer, default + surplus=carry, separate_async (prefetched)",
-                            "separate_async", _CARRY),
+    "dapo_separate": (
+        "DapoReplayBuffer, default, separate_async (next step's first round prefetched)",
+        "separate_async",
+        (),
+    ),
+    "dapo_separate_carry": (
+        "DapoReplayBuffer, default + surplus=carry, separate_async (prefetched)",
+        "separate_async",
+        _CARRY,
+    ),
 }
 """Strategy name -> (table label, trainer mode, config overrides)."""
 
 
 def _separate_overrides(scenario: Scenario) -> tuple[str, ...]:
     """separate_async needs train_batch_size = parameter_sync_step x ppo_mini_batch_size (verl asserts it)."""
-    return ("trainer.v1.separate_async.parameter_sync_step=1",
-            f"actor_rollout_ref.actor.ppo_mini_batch_size={scenario.train_batch_size}")
+    return (
+        "trainer.v1.separate_async.parameter_sync_step=1",
+        f"actor_rollout_ref.actor.ppo_mini_batch_size={scenario.train_batch_size}",
+    )
+
 
 DEFAULT_SCENARIO = replace(Scenario(), num_prompts=512, train_batch_size=16)  # bench_sampler's 300 steps, batch / 8
 BASELINE = "verl_sync"
@@ -114,17 +123,30 @@ TARGET_STRATEGIES = ("dapo_default", "dapo_carry")
 DEFAULT_STRATEGIES = ("verl_sync", "verl_async", "dapo_default", "dapo_carry")
 
 COLUMNS = (
-    ("generated_per_trained", "gen/trained", 2), ("fewer_than_verl_sync", "x fewer than verl sync", 2),
-    ("waves_mean", "waves/step", 2), ("waves_max", "max waves", 0), ("gen_time_mean", "gen time/step", 2),
-    ("sample_ms_median", "driver ms/sample()", 0), ("step_ms_median", "driver ms/step", 0),
-    ("off_policy_share", "off-policy share", 2), ("partial_steps", "partial steps", 0),
+    ("generated_per_trained", "gen/trained", 2),
+    ("fewer_than_verl_sync", "x fewer than verl sync", 2),
+    ("waves_mean", "waves/step", 2),
+    ("waves_max", "max waves", 0),
+    ("gen_time_mean", "gen time/step", 2),
+    ("sample_ms_median", "driver ms/sample()", 0),
+    ("step_ms_median", "driver ms/step", 0),
+    ("off_policy_share", "off-policy share", 2),
+    ("partial_steps", "partial steps", 0),
     ("left_in_tq", "left in TQ", 0),
 )
 """(metric, column title, decimals) of the table."""
 
 
-def run_strategy(name: str, scenario: Scenario, seed: int, workdir: Path, *, tick: float = 0.05,
-                 dapo_overrides: Sequence[str] = (), train_budgets: float = 0.0) -> dict[str, Any]:
+def run_strategy(
+    name: str,
+    scenario: Scenario,
+    seed: int,
+    workdir: Path,
+    *,
+    tick: float = 0.05,
+    dapo_overrides: Sequence[str] = (),
+    train_budgets: float = 0.0,
+) -> dict[str, Any]:
     """Run one strategy through the scenario; TransferQueue must be up (``tq.init()``) and is left empty.
 
     ``dapo_overrides`` (Hydra ``KEY=VALUE``) apply to the DapoReplayBuffer strategies only; ``train_budgets`` is
@@ -141,17 +163,24 @@ def run_strategy(name: str, scenario: Scenario, seed: int, workdir: Path, *, tic
 
     _, mode, overrides = STRATEGIES[name]
     config = compose_v1_config(
-        workdir / f"{name}_{seed}", f"data.train_batch_size={scenario.train_batch_size}",
-        f"actor_rollout_ref.rollout.n={scenario.group_size}", f"data.seed={seed}",
-        "algorithm.filter_groups.enable=true", "algorithm.filter_groups.metric=acc",
+        workdir / f"{name}_{seed}",
+        f"data.train_batch_size={scenario.train_batch_size}",
+        f"actor_rollout_ref.rollout.n={scenario.group_size}",
+        f"data.seed={seed}",
+        "algorithm.filter_groups.enable=true",
+        "algorithm.filter_groups.metric=acc",
         f"algorithm.filter_groups.max_num_gen_batches={scenario.max_num_gen_batches}",
-        "algorithm.filter_groups.on_shortfall=partial", f"trainer.total_training_steps={scenario.steps}",
+        "algorithm.filter_groups.on_shortfall=partial",
+        f"trainer.total_training_steps={scenario.steps}",
         *(_separate_overrides(scenario) if mode == "separate_async" else ()),
-        *overrides, *(dapo_overrides if name.startswith("dapo") else ()), mode=mode,
+        *overrides,
+        *(dapo_overrides if name.startswith("dapo") else ()),
+        mode=mode,
     )
     clear_all()
-    rollout = SimulatedRollout(config, scenario.pass_rates(seed), seed=seed, timing="virtual", writer="batched",
-                               tick=tick)
+    rollout = SimulatedRollout(
+        config, scenario.pass_rates(seed), seed=seed, timing="virtual", writer="batched", tick=tick
+    )
     trainer = SimulatedTrainer(config, rollout, dataset_size=scenario.num_prompts, train_budgets=train_budgets)
     started = time.perf_counter()
     every = max(1, scenario.steps // 10)
@@ -160,8 +189,11 @@ def run_strategy(name: str, scenario: Scenario, seed: int, workdir: Path, *, tic
         for step in range(1, scenario.steps + 1):
             trainer.train_step()
             if step % every == 0 or step == scenario.steps:
-                print(f"[{name} seed {seed}] step {step}/{scenario.steps} ({time.perf_counter() - started:.0f} s)",
-                      file=sys.stderr, flush=True)
+                print(
+                    f"[{name} seed {seed}] step {step}/{scenario.steps} ({time.perf_counter() - started:.0f} s)",
+                    file=sys.stderr,
+                    flush=True,
+                )
     wall = time.perf_counter() - started
     metrics = _metrics(trainer, scenario)
     left = {key.split("_")[0] for key, tag in train_keys().items() if tag.get("status") == "finished"}
@@ -180,8 +212,13 @@ def _metrics(trainer: Any, scenario: Scenario) -> dict[str, Any]:
     generated = sum(len(g.correct) for g in finished)
     trained = sum(len(r.keys) for r in records)
     trained_groups = sum(len(r.groups) for r in records)
-    off_policy = sum(1 for r in records for batch, _ in r.slices for uid in {k.split("_")[0] for k in batch.keys}
-                     if trainer.rollout.groups[uid].step + 1 < r.step)
+    off_policy = sum(
+        1
+        for r in records
+        for batch, _ in r.slices
+        for uid in {k.split("_")[0] for k in batch.keys}
+        if trainer.rollout.groups[uid].step + 1 < r.step
+    )
     sample_ms = [1000 * s for r in records for s in r.sample_s]
     waves = [r.waves for r in records]
     return {
@@ -210,16 +247,31 @@ def _check_accounting(name: str, trainer: Any, metrics: dict[str, Any]) -> None:
         if replenisher.conservation_gap() or replenisher.counters["groups_generated"] != metrics["groups_finished"]:
             raise RuntimeError(f"{name}: the replenisher's accounting does not match the groups generated.")
     else:
-        removed = sum(m.get(k, 0) for r in trainer.records for _, m in r.slices for k in (
-            "training/filter_groups/evicted_samples", "training/filter_groups/discarded_surplus_samples",
-            "training/off_policy/evicted_samples", "training/rollout_failure/evicted_samples"))
+        removed = sum(
+            m.get(k, 0)
+            for r in trainer.records
+            for _, m in r.slices
+            for k in (
+                "training/filter_groups/evicted_samples",
+                "training/filter_groups/discarded_surplus_samples",
+                "training/off_policy/evicted_samples",
+                "training/rollout_failure/evicted_samples",
+            )
+        )
     gap = metrics["groups_finished"] - (metrics["groups_trained"] + removed + metrics["left_in_tq"])
     if gap:
         raise RuntimeError(f"{name}: {gap:+.0f} finished groups are neither trained, removed nor left in TQ.")
 
 
-def run_benchmark(scenario: Scenario, seeds: Sequence[int], strategies: Sequence[str] = tuple(STRATEGIES), *,
-                  tick: float = 0.05, dapo_overrides: Sequence[str] = (), train_budgets: float = 0.0) -> dict[str, Any]:
+def run_benchmark(
+    scenario: Scenario,
+    seeds: Sequence[int],
+    strategies: Sequence[str] = tuple(STRATEGIES),
+    *,
+    tick: float = 0.05,
+    dapo_overrides: Sequence[str] = (),
+    train_budgets: float = 0.0,
+) -> dict[str, Any]:
     """Run every strategy on every seed (TransferQueue must be up); per-seed metrics and their spread.
 
     Returns:
@@ -228,15 +280,31 @@ def run_benchmark(scenario: Scenario, seeds: Sequence[int], strategies: Sequence
     unknown = sorted(set(strategies) - set(STRATEGIES))
     if unknown:
         raise ValueError(f"Unknown strategies {unknown}. Known: {list(STRATEGIES)}.")
-    result: dict[str, Any] = {"scenario": asdict(scenario), "tick": tick, "train_budgets": train_budgets,
-                              "dapo_overrides": list(dapo_overrides),
-                              "strategies": {}}
+    result: dict[str, Any] = {
+        "scenario": asdict(scenario),
+        "tick": tick,
+        "train_budgets": train_budgets,
+        "dapo_overrides": list(dapo_overrides),
+        "strategies": {},
+    }
     with tempfile.TemporaryDirectory(prefix="bench_v1_sampler_") as workdir:
         for name in strategies:
             label, mode, _ = STRATEGIES[name]
-            per_seed = [{"seed": seed, **run_strategy(name, scenario, seed, Path(workdir), tick=tick,
-                                                      dapo_overrides=dapo_overrides, train_budgets=train_budgets)}
-                        for seed in seeds]
+            per_seed = [
+                {
+                    "seed": seed,
+                    **run_strategy(
+                        name,
+                        scenario,
+                        seed,
+                        Path(workdir),
+                        tick=tick,
+                        dapo_overrides=dapo_overrides,
+                        train_budgets=train_budgets,
+                    ),
+                }
+                for seed in seeds
+            ]
             result["strategies"][name] = {"label": label, "mode": mode, "per_seed": per_seed}
     baseline = result["strategies"].get(BASELINE)
     for entry in result["strategies"].values():
@@ -285,12 +353,21 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--logit-gain", type=float, default=d.logit_gain, help="pass-rate logit gain over the run")
     parser.add_argument("--max-num-gen-batches", type=int, default=d.max_num_gen_batches)
     parser.add_argument("--tick", type=float, default=0.05, help="generation budgets per buffer poll")
-    parser.add_argument("--train-budgets", type=float, default=0.0,
-                        help="each step's training time in generation budgets, during which generation in flight "
-                             "goes on (default 0: no overlap)")
+    parser.add_argument(
+        "--train-budgets",
+        type=float,
+        default=0.0,
+        help="each step's training time in generation budgets, during which generation in flight "
+        "goes on (default 0: no overlap)",
+    )
     parser.add_argument("--strategies", nargs="+", default=list(DEFAULT_STRATEGIES), choices=list(STRATEGIES))
-    parser.add_argument("--dapo-overrides", nargs="*", default=[], metavar="KEY=VALUE",
-                        help="Hydra overrides for the DapoReplayBuffer strategies only (e.g. sampler settings)")
+    parser.add_argument(
+        "--dapo-overrides",
+        nargs="*",
+        default=[],
+        metavar="KEY=VALUE",
+        help="Hydra overrides for the DapoReplayBuffer strategies only (e.g. sampler settings)",
+    )
     parser.add_argument("--out", type=Path, default=Path("runs/bench/bench_v1_sampler.json"), help="JSON result path")
     return parser.parse_args(argv)
 
@@ -298,12 +375,19 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 def _print_report(result: dict[str, Any]) -> None:
     """One JSON line per strategy (the table's metrics, mean over seeds), the table, the targets."""
     for name, entry in result["strategies"].items():
-        line = {**result["meta"], "measurement": name, "label": entry["label"], "mode": entry["mode"],
-                "scenario": result["scenario"],
-                **{key: round(entry["summary"][key]["mean"], 4) for key, _, _ in COLUMNS if key in entry["summary"]}}
+        line = {
+            **result["meta"],
+            "measurement": name,
+            "label": entry["label"],
+            "mode": entry["mode"],
+            "scenario": result["scenario"],
+            **{key: round(entry["summary"][key]["mean"], 4) for key, _, _ in COLUMNS if key in entry["summary"]},
+        }
         print(json.dumps(line, sort_keys=True))
-    print(f"\nscenario: {json.dumps(result['scenario'])}, tick {result['tick']}, "
-          f"dapo overrides {result['dapo_overrides']}")
+    print(
+        f"\nscenario: {json.dumps(result['scenario'])}, tick {result['tick']}, "
+        f"dapo overrides {result['dapo_overrides']}"
+    )
     print(format_table(result))
     for name, checks in result["targets"].items():
         for metric, check in checks.items():
@@ -319,9 +403,15 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
 
     args = _parse_args(argv)
     scenario = replace(
-        DEFAULT_SCENARIO, num_prompts=args.num_prompts, group_size=args.group_size,
-        train_batch_size=args.train_batch_size, steps=args.steps, start_logit_mean=args.start_logit_mean,
-        start_logit_std=args.start_logit_std, logit_gain=args.logit_gain, max_num_gen_batches=args.max_num_gen_batches,
+        DEFAULT_SCENARIO,
+        num_prompts=args.num_prompts,
+        group_size=args.group_size,
+        train_batch_size=args.train_batch_size,
+        steps=args.steps,
+        start_logit_mean=args.start_logit_mean,
+        start_logit_std=args.start_logit_std,
+        logit_gain=args.logit_gain,
+        max_num_gen_batches=args.max_num_gen_batches,
     )
     torch.set_num_threads(1)
     started_ray = not ray.is_initialized()
@@ -330,16 +420,29 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     tq.init()
     started = time.perf_counter()
     try:
-        result = run_benchmark(scenario, args.seeds, args.strategies, tick=args.tick,
-                               dapo_overrides=args.dapo_overrides, train_budgets=args.train_budgets)
+        result = run_benchmark(
+            scenario,
+            args.seeds,
+            args.strategies,
+            tick=args.tick,
+            dapo_overrides=args.dapo_overrides,
+            train_budgets=args.train_budgets,
+        )
     finally:
         tq.close()
         if started_ray:
             ray.shutdown()
-    result["meta"] = {"benchmark": "bench_v1_sampler", "commit": commit_id(), "torch": torch.__version__,
-                      "verl": verl.__version__, "transfer_queue": tq.__version__, "device": "cpu",
-                      "python": platform.python_version(), "seeds": list(args.seeds),
-                      "wall_s": round(time.perf_counter() - started, 1)}
+    result["meta"] = {
+        "benchmark": "bench_v1_sampler",
+        "commit": commit_id(),
+        "torch": torch.__version__,
+        "verl": verl.__version__,
+        "transfer_queue": tq.__version__,
+        "device": "cpu",
+        "python": platform.python_version(),
+        "seeds": list(args.seeds),
+        "wall_s": round(time.perf_counter() - started, 1),
+    }
     result["targets"] = check_targets(result)
     _print_report(result)
     write_result(result, args.out)

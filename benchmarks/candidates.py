@@ -72,8 +72,15 @@ from dapo_verl.sampler import BatchReplenisher, GenerateFn
 from dapo_verl.sampler.prediction import SuccessPredictor
 from dapo_verl.sampler.sizing import estimate_sample_size
 
-__all__ = ["CANDIDATES", "FOREIGN", "LogitBeliefPredictor", "candidate_sampler", "foreign_sampler",
-           "informative_under_normal", "logit_moments"]
+__all__ = [
+    "CANDIDATES",
+    "FOREIGN",
+    "LogitBeliefPredictor",
+    "candidate_sampler",
+    "foreign_sampler",
+    "informative_under_normal",
+    "logit_moments",
+]
 
 DIFFUSION = 0.02
 """rho: variance a prompt's logit gains per training step beyond the fitted drift and training shift."""
@@ -138,8 +145,11 @@ def _update(mean: float, var: float, correct: int, group_size: int) -> tuple[flo
     points, logs = [], []
     for node, weight in _UPDATE:
         point = x + math.sqrt(2) * spread * node
-        posterior = (correct * _log_sigmoid(point) + (group_size - correct) * _log_sigmoid(-point)
-                     - (point - mean) ** 2 / (2 * var))
+        posterior = (
+            correct * _log_sigmoid(point)
+            + (group_size - correct) * _log_sigmoid(-point)
+            - (point - mean) ** 2 / (2 * var)
+        )
         points.append(point)
         logs.append(math.log(weight) + node * node + posterior)  # importance weight against the proposal
     top = max(logs)
@@ -157,10 +167,18 @@ class LogitBeliefPredictor(SuccessPredictor):
     predictor's (updated by ``super().record``); the predictions and the ranking keys are this model's.
     """
 
-    def __init__(self, *, half_life_steps: float, smoothing_groups: float, prefer_informative: bool = False,
-                 diffusion: float = DIFFUSION, lookahead: bool = False) -> None:
-        super().__init__(half_life_steps=half_life_steps, smoothing_groups=smoothing_groups,
-                         prefer_informative=prefer_informative)
+    def __init__(
+        self,
+        *,
+        half_life_steps: float,
+        smoothing_groups: float,
+        prefer_informative: bool = False,
+        diffusion: float = DIFFUSION,
+        lookahead: bool = False,
+    ) -> None:
+        super().__init__(
+            half_life_steps=half_life_steps, smoothing_groups=smoothing_groups, prefer_informative=prefer_informative
+        )
         self.diffusion = diffusion
         self.lookahead = lookahead
         self.drift = 0.0  # eta, logits per training step
@@ -176,8 +194,12 @@ class LogitBeliefPredictor(SuccessPredictor):
         mean, var, step, informative = seen
         elapsed = float(max(self.step - step, 0))
         trained = 1.0 if informative and elapsed > 0 else 0.0
-        return (mean + self.drift * elapsed + self.train_shift * trained, var + self.diffusion * elapsed,
-                elapsed, trained)
+        return (
+            mean + self.drift * elapsed + self.train_shift * trained,
+            var + self.diffusion * elapsed,
+            elapsed,
+            trained,
+        )
 
     def informative_many(self, prompt_ids: Sequence[int]) -> list[float]:
         if self.group_size is None:
@@ -229,17 +251,20 @@ class LogitBeliefPredictor(SuccessPredictor):
         self._logits[prompt_id] = (new_mean, new_var, self.step, 0 < correct < group_size)
 
     def state_dict(self) -> dict[str, Any]:
-        return {**super().state_dict(), "drift": self.drift, "train_shift": self.train_shift,
-                "squares": list(self._squares),
-                "logits": sorted([pid, m, v, s, i] for pid, (m, v, s, i) in self._logits.items())}
+        return {
+            **super().state_dict(),
+            "drift": self.drift,
+            "train_shift": self.train_shift,
+            "squares": list(self._squares),
+            "logits": sorted([pid, m, v, s, i] for pid, (m, v, s, i) in self._logits.items()),
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
         self.drift = float(state.get("drift", 0.0))
         self.train_shift = float(state.get("train_shift", 0.0))
         self._squares = [float(v) for v in state.get("squares", [1e-8, 1e-8])]
-        self._logits = {int(pid): (float(m), float(v), int(s), bool(i))
-                        for pid, m, v, s, i in state.get("logits", [])}
+        self._logits = {int(pid): (float(m), float(v), int(s), bool(i)) for pid, m, v, s, i in state.get("logits", [])}
 
 
 CANDIDATES = ("logit_belief", "logit_lookahead")
@@ -252,10 +277,12 @@ def candidate_sampler(name: str, config: SamplerConfig, num_prompts: int, genera
         raise ValueError(f"Unknown candidate {name!r}. Known: {list(CANDIDATES)}.")
     config = replace(config, prompt_selection="predicted", skip_uninformative=True)
     sampler = BatchReplenisher(config, num_prompts, generate)
-    predictor = LogitBeliefPredictor(half_life_steps=config.prediction_half_life_steps,
-                                     smoothing_groups=estimate_sample_size(config),
-                                     prefer_informative=config.prefer_informative,
-                                     lookahead=name == "logit_lookahead")
+    predictor = LogitBeliefPredictor(
+        half_life_steps=config.prediction_half_life_steps,
+        smoothing_groups=estimate_sample_size(config),
+        prefer_informative=config.prefer_informative,
+        lookahead=name == "logit_lookahead",
+    )
     sampler.predictor = predictor
     sampler.stream.scorer = predictor
     return sampler

@@ -64,7 +64,7 @@ def _snapshot() -> dict[str, list]:
             command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
         except OSError:  # the process ended between the listing and the read
             continue
-        fields = stat[stat.rfind(")") + 2:].split()  # after the command name, which may hold spaces
+        fields = stat[stat.rfind(")") + 2 :].split()  # after the command name, which may hold spaces
         snap[pid] = [(int(fields[11]) + int(fields[12])) / ticks, command.strip()[:200]]
     return snap
 
@@ -92,12 +92,14 @@ class CpuSampler:
     def __enter__(self) -> CpuSampler:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.path.unlink(missing_ok=True)
-        self._child = subprocess.Popen([sys.executable, "-m", "benchmarks.cpu_profile", str(self.path),
-                                        str(self.interval)])
+        self._child = subprocess.Popen(
+            [sys.executable, "-m", "benchmarks.cpu_profile", str(self.path), str(self.interval)]
+        )
         return self
 
-    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
-                 trace: TracebackType | None) -> None:
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None
+    ) -> None:
         if self._child is not None:
             self._child.terminate()
             self._child.wait(timeout=10)

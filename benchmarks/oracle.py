@@ -86,8 +86,14 @@ class OraclePredictor(SuccessPredictor):
             candidates ranked, a number caps there.
     """
 
-    def __init__(self, pass_rates: Callable[[Sequence[int]], list[float]], *, group_size: int,
-                 smoothing_groups: float, cap: float | str | None = None) -> None:
+    def __init__(
+        self,
+        pass_rates: Callable[[Sequence[int]], list[float]],
+        *,
+        group_size: int,
+        smoothing_groups: float,
+        cap: float | str | None = None,
+    ) -> None:
         super().__init__(half_life_steps=1.0, smoothing_groups=smoothing_groups, prefer_informative=cap is None)
         if cap is not None and cap != "mean" and not (isinstance(cap, float) and 0.0 < cap <= 1.0):
             raise ValueError(f"cap={cap!r}: expected None, 'mean' or a number in (0, 1].")
@@ -129,8 +135,12 @@ def oracle_sampler(name: str, config: SamplerConfig, num_prompts: int, generate:
         raise TypeError(f"The oracle reads the policy of the local backend's Rollout; got {type(generate).__name__}.")
     config = replace(config, prompt_selection="predicted", skip_uninformative=True, explore_fraction=0.0)
     sampler = BatchReplenisher(config, num_prompts, generate)
-    predictor = OraclePredictor(lambda ids: exact_pass_rates(generate, ids), group_size=int(generate.n),  # type: ignore[attr-defined]
-                                smoothing_groups=estimate_sample_size(config), cap=_CAPS[name])
+    predictor = OraclePredictor(
+        lambda ids: exact_pass_rates(generate, ids),
+        group_size=int(generate.n),  # type: ignore[attr-defined]
+        smoothing_groups=estimate_sample_size(config),
+        cap=_CAPS[name],
+    )
     sampler.predictor = predictor
     sampler.stream.scorer = predictor
     return sampler

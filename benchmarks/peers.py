@@ -93,8 +93,9 @@ class GresoStream(PromptStream):
             return 1.0 - max(self.p_hard ** self._run(prompt_id, lambda m: m <= GRESO_HARD), GRESO_MIN_GENERATE)
         return 0.0
 
-    def record(self, prompt_id: int, reason: DropReason, *, correct: int | None = None,
-               group_size: int | None = None) -> float | None:
+    def record(
+        self, prompt_id: int, reason: DropReason, *, correct: int | None = None, group_size: int | None = None
+    ) -> float | None:
         if correct is not None and group_size:
             mean = correct / group_size
             self._trace.setdefault(prompt_id, []).append(mean)
@@ -137,11 +138,11 @@ class MoppsScorer:
 
     def scores(self, prompt_ids: Sequence[int]) -> list[float]:
         """The posterior mean rate's closeness to the target (MoPPS predicts no yield; these are not used)."""
-        return [-(a / (a + b) - MOPPS_TARGET) ** 2 for a, b in (self._belief.get(p, (1.0, 1.0)) for p in prompt_ids)]
+        return [-((a / (a + b) - MOPPS_TARGET) ** 2) for a, b in (self._belief.get(p, (1.0, 1.0)) for p in prompt_ids)]
 
     def rank_keys(self, prompt_ids: Sequence[int], generator: torch.Generator) -> list[float]:
         draw = random.Random(int(torch.randint(2**62, (), generator=generator))).betavariate
-        return [-(draw(*self._belief.get(p, (1.0, 1.0))) - MOPPS_TARGET) ** 2 for p in prompt_ids]
+        return [-((draw(*self._belief.get(p, (1.0, 1.0))) - MOPPS_TARGET) ** 2) for p in prompt_ids]
 
     def evidence(self, prompt_ids: Sequence[int]) -> list[float]:
         """Not used: MoPPS explores by Thompson sampling (``explore_fraction`` 0)."""
@@ -153,8 +154,10 @@ class MoppsScorer:
     def record(self, prompt_id: int, correct: int, group_size: int) -> None:
         alpha, beta = self._belief.get(prompt_id, (1.0, 1.0))
         keep = self.forgetting
-        self._belief[prompt_id] = (keep * alpha + (1.0 - keep) + correct,
-                                   keep * beta + (1.0 - keep) + group_size - correct)
+        self._belief[prompt_id] = (
+            keep * alpha + (1.0 - keep) + correct,
+            keep * beta + (1.0 - keep) + group_size - correct,
+        )
 
     def state_dict(self) -> dict[str, Any]:
         return {"belief": sorted([p, a, b] for p, (a, b) in self._belief.items())}
@@ -188,7 +191,13 @@ def peer_sampler(peer: str, config: SamplerConfig, num_prompts: int, generate: G
         sampler.stream = GresoStream(num_prompts, seed=config.seed)
     else:
         ts_ratio, forgetting = MOPPS_CONFIGS[peer.removeprefix("mopps_")]
-        sampler.stream = PromptStream(num_prompts, seed=config.seed, skip_uninformative=True,
-                                      smoothing_groups=estimate_sample_size(config), scorer=MoppsScorer(
-                                          forgetting=forgetting), selection_window=ts_ratio, explore_fraction=0.0)
+        sampler.stream = PromptStream(
+            num_prompts,
+            seed=config.seed,
+            skip_uninformative=True,
+            smoothing_groups=estimate_sample_size(config),
+            scorer=MoppsScorer(forgetting=forgetting),
+            selection_window=ts_ratio,
+            explore_fraction=0.0,
+        )
     return sampler

@@ -15,10 +15,15 @@ TARGETS = {"fewer_than_recipe": (1.5, "min"), "rounds_mean": (1.2, "max")}
 TARGET_STRATEGIES = ("adaptive_carry", "adaptive_carry_skip")
 
 COLUMNS = (
-    ("generated_per_trained", "gen/trained", 2), ("fewer_than_recipe", "x fewer than recipe", 2),
-    ("oracle_share", "oracle share", 2), ("rounds_mean", "rounds/step", 2), ("rounds_max", "max rounds", 0),
-    ("multi_round_share", "steps >1 round", 2), ("gen_time_mean", "gen time/step", 2),
-    ("carried_share", "carried share", 2), ("partial_steps", "partial steps", 0),
+    ("generated_per_trained", "gen/trained", 2),
+    ("fewer_than_recipe", "x fewer than recipe", 2),
+    ("oracle_share", "oracle share", 2),
+    ("rounds_mean", "rounds/step", 2),
+    ("rounds_max", "max rounds", 0),
+    ("multi_round_share", "steps >1 round", 2),
+    ("gen_time_mean", "gen time/step", 2),
+    ("carried_share", "carried share", 2),
+    ("partial_steps", "partial steps", 0),
     ("pool_trained_fraction", "pool trained", 2),
 )
 """(metric, column title, decimals) of the table."""
@@ -52,8 +57,13 @@ def check_targets(result: dict) -> dict[str, Any]:
     return checks
 
 
-def format_table(result: dict, columns: Sequence[tuple[str, str, int]] = COLUMNS, *, max_key: str = "rounds_max",
-                 plain_without_spread: bool = False) -> str:
+def format_table(
+    result: dict,
+    columns: Sequence[tuple[str, str, int]] = COLUMNS,
+    *,
+    max_key: str = "rounds_max",
+    plain_without_spread: bool = False,
+) -> str:
     """Markdown table: mean ± sd over seeds (for ``max_key``: the largest over all seeds).
 
     ``columns`` are (metric, title, decimals); ``plain_without_spread`` writes the mean alone where sd is 0
@@ -87,10 +97,16 @@ def commit_id() -> str:
     """Short commit hash of this checkout, with ``-dirty`` when tracked files differ; "unknown" without git."""
     root = Path(__file__).resolve().parents[1]
     try:
-        sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True,
-                             check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
-                               capture_output=True, text=True, check=True).stdout.strip()
+        sha = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
     return sha + ("-dirty" if dirty else "")

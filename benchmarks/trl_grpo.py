@@ -56,7 +56,7 @@ def _rewards(answers_by_prompt: dict[str, list[int]], mixed_per_call: list[int])
         for prompt, ids in zip(prompts, completion_ids):
             answer = answers_by_prompt[prompt]
             rewards.append(1.0 if list(ids[: len(answer)]) == answer else -1.0)
-        groups = [rewards[i:i + GROUP_SIZE] for i in range(0, len(rewards), GROUP_SIZE)]
+        groups = [rewards[i : i + GROUP_SIZE] for i in range(0, len(rewards), GROUP_SIZE)]
         mixed_per_call.append(sum(len(set(group)) > 1 for group in groups))
         return rewards
 
@@ -76,23 +76,48 @@ def run(seed: int, steps: int, cache_dir: Path, out_dir: Path) -> dict:
 
     torch.set_num_threads(1)
     task = make_task("copy3", heldout_size=200, seed=seed)
-    model, tokenizer, _, _ = load_or_build(ModelConfig(), max_positions=task.prompt_length + BUDGET, seed=seed,
-                                           cache_dir=cache_dir)
+    model, tokenizer, _, _ = load_or_build(
+        ModelConfig(), max_positions=task.prompt_length + BUDGET, seed=seed, cache_dir=cache_dir
+    )
     mixed: list[int] = []
-    answers = {p: tokenizer(a, add_special_tokens=False)["input_ids"]
-               for p, a in zip(task.train_prompts, task.train_answers)}
+    answers = {
+        p: tokenizer(a, add_special_tokens=False)["input_ids"] for p, a in zip(task.train_prompts, task.train_answers)
+    }
     config = GRPOConfig(
-        output_dir=str(out_dir), seed=seed, use_cpu=True, bf16=False, report_to="none", save_strategy="no",
-        logging_steps=1, disable_tqdm=True,
+        output_dir=str(out_dir),
+        seed=seed,
+        use_cpu=True,
+        bf16=False,
+        report_to="none",
+        save_strategy="no",
+        logging_steps=1,
+        disable_tqdm=True,
         per_device_train_batch_size=PROMPTS_PER_STEP * GROUP_SIZE // MINI_BATCHES,
-        steps_per_generation=MINI_BATCHES, gradient_accumulation_steps=1, num_iterations=1,
-        max_steps=steps * MINI_BATCHES, num_generations=GROUP_SIZE, max_completion_length=BUDGET,
-        temperature=1.0, top_k=0, top_p=1.0, learning_rate=1e-3, lr_scheduler_type="constant", warmup_steps=0,
-        weight_decay=0.0, max_grad_norm=1.0, epsilon=0.2, epsilon_high=0.28, beta=0.0, loss_type="dapo",
-        scale_rewards="group", mask_truncated_completions=False,
+        steps_per_generation=MINI_BATCHES,
+        gradient_accumulation_steps=1,
+        num_iterations=1,
+        max_steps=steps * MINI_BATCHES,
+        num_generations=GROUP_SIZE,
+        max_completion_length=BUDGET,
+        temperature=1.0,
+        top_k=0,
+        top_p=1.0,
+        learning_rate=1e-3,
+        lr_scheduler_type="constant",
+        warmup_steps=0,
+        weight_decay=0.0,
+        max_grad_norm=1.0,
+        epsilon=0.2,
+        epsilon_high=0.28,
+        beta=0.0,
+        loss_type="dapo",
+        scale_rewards="group",
+        mask_truncated_completions=False,
     )
     trainer = GRPOTrainer(
-        model=model, processing_class=tokenizer, args=config,
+        model=model,
+        processing_class=tokenizer,
+        args=config,
         reward_funcs=[_rewards(answers, mixed), get_soft_overlong_punishment(BUDGET, OVERLONG_TOKENS)],
         train_dataset=Dataset.from_dict({"prompt": task.train_prompts}),
     )
@@ -100,17 +125,29 @@ def run(seed: int, steps: int, cache_dir: Path, out_dir: Path) -> dict:
     began = time.perf_counter()
     trainer.train()
     train_s = time.perf_counter() - began
-    evaluation = Rollout(trainer.model, tokenizer, task, n=GROUP_SIZE, temperature=1.0, max_response_length=BUDGET,
-                         overlong=OverlongConfig(overlong_tokens=OVERLONG_TOKENS),
-                         device=torch.device("cpu")).evaluate()
+    evaluation = Rollout(
+        trainer.model,
+        tokenizer,
+        task,
+        n=GROUP_SIZE,
+        temperature=1.0,
+        max_response_length=BUDGET,
+        overlong=OverlongConfig(overlong_tokens=OVERLONG_TOKENS),
+        device=torch.device("cpu"),
+    ).evaluate()
     return {
-        "strategy": "trl_grpo", "trl": _version("trl"), "seed": seed, "steps": steps,
+        "strategy": "trl_grpo",
+        "trl": _version("trl"),
+        "seed": seed,
+        "steps": steps,
         "generated_per_trained": _generated_per_informative(mixed),
-        "late_generated_per_trained": _generated_per_informative(mixed[steps // 2:]),
-        "informative_groups": sum(mixed), "generated_groups": len(mixed) * PROMPTS_PER_STEP,
+        "late_generated_per_trained": _generated_per_informative(mixed[steps // 2 :]),
+        "informative_groups": sum(mixed),
+        "generated_groups": len(mixed) * PROMPTS_PER_STEP,
         "final_accuracy": evaluation["val-core/copy3/acc/mean@1"],
         "final_exact": evaluation["val-aux/copy3/exact/mean@1"],
-        "train_s": round(train_s, 2), "s_per_step": round(train_s / steps, 4),
+        "train_s": round(train_s, 2),
+        "s_per_step": round(train_s / steps, 4),
     }
 
 

@@ -80,30 +80,35 @@ VERL_LOSS_AGG_MODES: dict[str, LossAggregation | None] = {
 
 _Section = TypeVar("_Section")
 
+
 @dataclass(frozen=True, kw_only=True)
 class LossConfig:
     """The decoupled-clip policy loss (paper §3.1, §3.3)."""
 
-    clip_ratio_low: float = field(default=0.2, metadata=verl_key("actor_rollout_ref.actor.clip_ratio_low",
-                                                                   verl_native=True))
+    clip_ratio_low: float = field(
+        default=0.2, metadata=verl_key("actor_rollout_ref.actor.clip_ratio_low", verl_native=True)
+    )
     """eps_low: the ratio is clipped below at 1 - clip_ratio_low for negative advantages. Range [0, 1]; paper §3.1 uses
     0.2.
     """
 
-    clip_ratio_high: float = field(default=0.28, metadata=verl_key("actor_rollout_ref.actor.clip_ratio_high",
-                                                                    verl_native=True))
+    clip_ratio_high: float = field(
+        default=0.28, metadata=verl_key("actor_rollout_ref.actor.clip_ratio_high", verl_native=True)
+    )
     """eps_high: the ratio is clipped above at 1 + clip_ratio_high for positive advantages (clip-higher). Range >= 0;
     paper §3.1 uses 0.28.
     """
 
-    clip_ratio_c: float = field(default=10.0, metadata=verl_key("actor_rollout_ref.actor.clip_ratio_c",
-                                                                 verl_native=True))
+    clip_ratio_c: float = field(
+        default=10.0, metadata=verl_key("actor_rollout_ref.actor.clip_ratio_c", verl_native=True)
+    )
     """Dual-clip constant: for negative advantages the per-token loss is capped at -A * clip_ratio_c. Must be > 1; the
     published verl DAPO run uses 10.0.
     """
 
-    loss_agg_mode: str = field(default="token-mean", metadata=verl_key("actor_rollout_ref.actor.loss_agg_mode",
-                                                                        verl_native=True))
+    loss_agg_mode: str = field(
+        default="token-mean", metadata=verl_key("actor_rollout_ref.actor.loss_agg_mode", verl_native=True)
+    )
     """How per-token losses become a scalar, in verl's names; token-mean is DAPO's token-level loss over the whole
     mini-batch (paper §3.3).
     """
@@ -111,10 +116,14 @@ class LossConfig:
     def __post_init__(self) -> None:
         require_number(self, "clip_ratio_low", low=0.0, high=1.0, fix="The paper uses 0.2.")
         require_number(self, "clip_ratio_high", low=0.0, fix="The paper uses 0.28.")
-        require_number(self, "clip_ratio_c", low=1.0, low_open=True,
-                        fix="Dual clip needs a constant above 1; the published DAPO run uses 10.0.")
-        require_choice(self, "loss_agg_mode", list(VERL_LOSS_AGG_MODES),
-                        fix="DAPO's token-level loss is token-mean.")
+        require_number(
+            self,
+            "clip_ratio_c",
+            low=1.0,
+            low_open=True,
+            fix="Dual clip needs a constant above 1; the published DAPO run uses 10.0.",
+        )
+        require_choice(self, "loss_agg_mode", list(VERL_LOSS_AGG_MODES), fix="DAPO's token-level loss is token-mean.")
 
     @property
     def aggregation(self) -> LossAggregation:
@@ -122,8 +131,12 @@ class LossConfig:
         mode = VERL_LOSS_AGG_MODES[self.loss_agg_mode]
         if mode is None:
             supported = [k for k, v in VERL_LOSS_AGG_MODES.items() if v is not None]
-            config_error(key_of(self, "loss_agg_mode"), self.loss_agg_mode,
-                         "runs in verl but not on the local backend", f"Use one of {supported}.")
+            config_error(
+                key_of(self, "loss_agg_mode"),
+                self.loss_agg_mode,
+                "runs in verl but not on the local backend",
+                f"Use one of {supported}.",
+            )
         return mode
 
 
@@ -131,8 +144,9 @@ class LossConfig:
 class AdvantageConfig:
     """The group-normalised outcome advantage (paper Eq. 9)."""
 
-    norm_adv_by_std_in_grpo: bool = field(default=True, metadata=verl_key("algorithm.norm_adv_by_std_in_grpo",
-                                                                           verl_native=True))
+    norm_adv_by_std_in_grpo: bool = field(
+        default=True, metadata=verl_key("algorithm.norm_adv_by_std_in_grpo", verl_native=True)
+    )
     """Divide each centred reward by its group's standard deviation (paper Eq. 9); false gives Dr. GRPO."""
 
     adv_epsilon: float = field(default=1e-6, metadata=verl_key("algorithm.adv_epsilon", verl_native=False))
@@ -153,38 +167,53 @@ class OverlongConfig:
     """Overlong reward shaping and filtering (paper §3.4)."""
 
     overlong_reward_penalty: bool = field(
-        default=True, metadata=verl_key("reward.reward_kwargs.overlong_reward_penalty", verl_native=False))
+        default=True, metadata=verl_key("reward.reward_kwargs.overlong_reward_penalty", verl_native=False)
+    )
     """Add the soft overlong punishment to the reward of responses that run into the buffer before max_response_length
     (paper §3.4, Eq. 13).
     """
 
-    overlong_tokens: int = field(default=4096, metadata=verl_key("reward.reward_kwargs.overlong_tokens",
-                                                                  verl_native=False))
+    overlong_tokens: int = field(
+        default=4096, metadata=verl_key("reward.reward_kwargs.overlong_tokens", verl_native=False)
+    )
     """Length of the penalty ramp in tokens, ending at max_response_length. Range (0, max_response_length]; paper §4.1
     uses 4096.
     """
 
     overlong_penalty_factor: float = field(
-        default=1.0, metadata=verl_key("reward.reward_kwargs.overlong_penalty_factor", verl_native=False))
+        default=1.0, metadata=verl_key("reward.reward_kwargs.overlong_penalty_factor", verl_native=False)
+    )
     """Penalty at and beyond max_response_length. Range >= 0; paper §3.4 uses 1.0."""
 
-    overlong_schedule: str = field(default="linear", metadata=verl_key("reward.reward_kwargs.overlong_schedule",
-                                                                        verl_native=False))
+    overlong_schedule: str = field(
+        default="linear", metadata=verl_key("reward.reward_kwargs.overlong_schedule", verl_native=False)
+    )
     """Shape of the ramp: a name registered with dapo_verl.core.rewards.register_overlong_schedule; linear is the
     paper's.
     """
 
     overlong_filtering: bool = field(
-        default=False, metadata=verl_key("algorithm.overlong_filtering", verl_native=False))
+        default=False, metadata=verl_key("algorithm.overlong_filtering", verl_native=False)
+    )
     """Give truncated responses no loss (paper §3.4, overlong filtering); off as in the best published run."""
 
     def __post_init__(self) -> None:
         require_bool(self, "overlong_reward_penalty", "overlong_filtering")
-        require_number(self, "overlong_tokens", low=0, low_open=True, integer=True,
-                        fix="The paper uses 4096; to turn the penalty off set overlong_reward_penalty=false.")
+        require_number(
+            self,
+            "overlong_tokens",
+            low=0,
+            low_open=True,
+            integer=True,
+            fix="The paper uses 4096; to turn the penalty off set overlong_reward_penalty=false.",
+        )
         require_number(self, "overlong_penalty_factor", low=0.0, fix="The paper uses 1.0.")
-        require_choice(self, "overlong_schedule", OVERLONG_SCHEDULES.names(),
-                        fix="Register new schedules with @register_overlong_schedule in dapo_verl/core/rewards.py.")
+        require_choice(
+            self,
+            "overlong_schedule",
+            OVERLONG_SCHEDULES.names(),
+            fix="Register new schedules with @register_overlong_schedule in dapo_verl/core/rewards.py.",
+        )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -209,15 +238,21 @@ class DapoConfig:
     def __post_init__(self) -> None:
         require_number(self, "max_response_length", low=1, integer=True, fix="The paper uses 20480.")
         if self.overlong.overlong_reward_penalty and self.overlong.overlong_tokens > self.max_response_length:
-            config_error("reward.reward_kwargs.overlong_tokens", self.overlong.overlong_tokens,
-                         f"exceeds data.max_response_length={self.max_response_length}; the penalty ramp must fit "
-                         f"inside the response budget",
-                         f"Set overlong_tokens <= {self.max_response_length} (the paper uses 4096 of 20480).")
+            config_error(
+                "reward.reward_kwargs.overlong_tokens",
+                self.overlong.overlong_tokens,
+                f"exceeds data.max_response_length={self.max_response_length}; the penalty ramp must fit "
+                f"inside the response budget",
+                f"Set overlong_tokens <= {self.max_response_length} (the paper uses 4096 of 20480).",
+            )
         if self.advantage.group_token_mean and self.loss.loss_agg_mode != "seq-mean-token-sum":
-            config_error("actor_rollout_ref.actor.loss_agg_mode", self.loss.loss_agg_mode,
-                         "does not match algorithm.group_token_mean=true, whose advantage weights assume a loss "
-                         "divided by the number of responses",
-                         "Set actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-sum.")
+            config_error(
+                "actor_rollout_ref.actor.loss_agg_mode",
+                self.loss.loss_agg_mode,
+                "does not match algorithm.group_token_mean=true, whose advantage weights assume a loss "
+                "divided by the number of responses",
+                "Set actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-sum.",
+            )
 
     @classmethod
     def from_verl(cls, cfg: Mapping[str, Any]) -> DapoConfig:
@@ -334,15 +369,22 @@ def _merge_verl_overlong_aliases(cfg: Mapping[str, Any], values: dict[str, Any])
         if theirs is _MISSING or ours not in values:
             continue
         if values[ours] not in (_MISSING, None) and values[ours] != theirs:
-            config_error(ours, values[ours],
-                         f"contradicts reward.reward_kwargs.overlong_buffer_cfg.{verl_name}={theirs!r}",
-                         "Set only one of the two (dapo_verl reads both).")
+            config_error(
+                ours,
+                values[ours],
+                f"contradicts reward.reward_kwargs.overlong_buffer_cfg.{verl_name}={theirs!r}",
+                "Set only one of the two (dapo_verl reads both).",
+            )
         values[ours] = theirs
     max_resp_len = _lookup(cfg, "reward.reward_kwargs.max_resp_len")
     budget = values.get("data.max_response_length", _MISSING)
     if max_resp_len not in (_MISSING, None) and budget not in (_MISSING, None) and max_resp_len != budget:
-        config_error("reward.reward_kwargs.max_resp_len", max_resp_len,
-                     f"differs from data.max_response_length={budget}", "Remove max_resp_len; it is read from data.")
+        config_error(
+            "reward.reward_kwargs.max_resp_len",
+            max_resp_len,
+            f"differs from data.max_response_length={budget}",
+            "Remove max_resp_len; it is read from data.",
+        )
 
 
 def _build(cls: type, values: Mapping[str, Any], prefix: tuple[str, ...] = ()) -> Any:

@@ -37,12 +37,17 @@ def require_bool(config: Any, *names: str) -> None:
     """Raise unless each named field of ``config`` is a boolean."""
     for name in names:
         if not isinstance(getattr(config, name), bool):
-            config_error(key_of(config, name), getattr(config, name), "must be a boolean",
-                         "Use true or false, unquoted (a quoted 'false' is a string).")
+            config_error(
+                key_of(config, name),
+                getattr(config, name),
+                "must be a boolean",
+                "Use true or false, unquoted (a quoted 'false' is a string).",
+            )
 
 
-def require_number(config: object, name: str, *, low: float, high: float = math.inf, low_open=False,
-                   integer=False, fix: str) -> None:
+def require_number(
+    config: object, name: str, *, low: float, high: float = math.inf, low_open=False, integer=False, fix: str
+) -> None:
     """Raise unless field ``name`` is a finite number (an integer if ``integer``) within ``[low, high]``."""
     value = getattr(config, name)
     key = key_of(config, name)

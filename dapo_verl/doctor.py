@@ -112,12 +112,17 @@ def verl_pin() -> VerlPin:
         PackageNotFoundError: when dapo-verl is not installed (a source checkout on ``PYTHONPATH``).
         RuntimeError: when the installed metadata states no requirement on verl.
     """
-    pins = [req for req in map(Requirement, requires(DISTRIBUTION) or []) if canonicalize_name(req.name) == "verl"
-            and (req.marker is None or req.marker.evaluate({"extra": ""}))]
+    pins = [
+        req
+        for req in map(Requirement, requires(DISTRIBUTION) or [])
+        if canonicalize_name(req.name) == "verl" and (req.marker is None or req.marker.evaluate({"extra": ""}))
+    ]
     if not pins:
-        raise RuntimeError(f"{DISTRIBUTION}'s installed metadata states no requirement on verl, but its "
-                           "pyproject.toml does; the install is stale or damaged. Reinstall dapo-verl: pip install -e "
-                           ". in the checkout (or pip install dapo-verl).")
+        raise RuntimeError(
+            f"{DISTRIBUTION}'s installed metadata states no requirement on verl, but its "
+            "pyproject.toml does; the install is stale or damaged. Reinstall dapo-verl: pip install -e "
+            ". in the checkout (or pip install dapo-verl)."
+        )
     specifier = SpecifierSet(",".join(str(req.specifier) for req in pins if req.specifier))
     return VerlPin(specifier, tuple(sorted({extra for req in pins for extra in req.extras})))
 
@@ -126,32 +131,54 @@ def _verl_version() -> Check:
     try:
         pin = verl_pin()
     except PackageNotFoundError:
-        return Check("verl version", False, f"{DISTRIBUTION} is not installed in this interpreter, so its "
-                     "requirement on verl cannot be read (a source checkout on PYTHONPATH is not an install).",
-                     "pip install -e . in the checkout (or pip install dapo-verl).")
+        return Check(
+            "verl version",
+            False,
+            f"{DISTRIBUTION} is not installed in this interpreter, so its "
+            "requirement on verl cannot be read (a source checkout on PYTHONPATH is not an install).",
+            "pip install -e . in the checkout (or pip install dapo-verl).",
+        )
     except RuntimeError as err:
         return Check("verl version", False, str(err))
     try:
         installed = version("verl")
     except PackageNotFoundError:
-        return Check("verl installed", False, "verl is not installed in this interpreter.",
-                     f"{pin.install} ({DISTRIBUTION} depends on it).")
+        return Check(
+            "verl installed",
+            False,
+            "verl is not installed in this interpreter.",
+            f"{pin.install} ({DISTRIBUTION} depends on it).",
+        )
     try:
         admitted = pin.admits(installed)
     except InvalidVersion:
-        return Check("verl version", False, f"verl {installed!r} is installed, a version PEP 440 cannot parse, so it "
-                     f"cannot be checked against dapo-verl's requirement verl{pin.range}.", pin.install)
+        return Check(
+            "verl version",
+            False,
+            f"verl {installed!r} is installed, a version PEP 440 cannot parse, so it "
+            f"cannot be checked against dapo-verl's requirement verl{pin.range}.",
+            pin.install,
+        )
     if admitted:
         return Check("verl version", True, f"verl {installed} (dapo-verl requires verl{pin.range}).")
-    return Check("verl version", False, f"verl {installed} is installed, outside the range dapo-verl supports and "
-                 f"requires, verl{pin.range} (pip check reports the same conflict).", pin.install)
+    return Check(
+        "verl version",
+        False,
+        f"verl {installed} is installed, outside the range dapo-verl supports and "
+        f"requires, verl{pin.range} (pip check reports the same conflict).",
+        pin.install,
+    )
 
 
 def _entry_point() -> Check:
     found = [ep for ep in entry_points(group=ENTRY_POINT_GROUP) if ep.name == ENTRY_POINT_NAME]
     if not found:
-        return Check("entry point", False, f"No '{ENTRY_POINT_NAME}' entry point in group '{ENTRY_POINT_GROUP}'.",
-                     "Reinstall dapo-verl with pip (an installed package, not a PYTHONPATH checkout).")
+        return Check(
+            "entry point",
+            False,
+            f"No '{ENTRY_POINT_NAME}' entry point in group '{ENTRY_POINT_GROUP}'.",
+            "Reinstall dapo-verl with pip (an installed package, not a PYTHONPATH checkout).",
+        )
     target = found[0].value
     ok = target == ENTRY_POINT_TARGET
     return Check("entry point", ok, f"'{ENTRY_POINT_NAME}' -> {target}.", "" if ok else "Reinstall dapo-verl.")
@@ -161,28 +188,44 @@ def _plugin_policy() -> Check:
     policy = os.environ.get("VERL_USE_EXTERNAL_PLUGINS", "auto").strip().lower()
     allowed = policy == "auto" or ENTRY_POINT_NAME in {p.strip() for p in policy.split(",")}
     return Check(
-        "plugin policy", allowed, f"VERL_USE_EXTERNAL_PLUGINS={policy!r}.",
-        "" if allowed else f"Unset VERL_USE_EXTERNAL_PLUGINS or add '{ENTRY_POINT_NAME}' to it, or use the explicit "
+        "plugin policy",
+        allowed,
+        f"VERL_USE_EXTERNAL_PLUGINS={policy!r}.",
+        ""
+        if allowed
+        else f"Unset VERL_USE_EXTERNAL_PLUGINS or add '{ENTRY_POINT_NAME}' to it, or use the explicit "
         f"fallback VERL_USE_EXTERNAL_MODULES={ENTRY_POINT_TARGET}.",
     )
 
 
 def _fresh_process() -> tuple[Check, dict[str, bool]]:
-    result = subprocess.run(dying_with_this_process([sys.executable, "-c", _FRESH_PROCESS, *_NAMES]), check=False,
-                            capture_output=True, text=True)
+    result = subprocess.run(
+        dying_with_this_process([sys.executable, "-c", _FRESH_PROCESS, *_NAMES]),
+        check=False,
+        capture_output=True,
+        text=True,
+    )
     if result.returncode != 0:
         tail = result.stderr.strip().splitlines()[-1:] or ["(no output)"]
-        return Check("fresh process", False, f"`import verl` in a fresh process failed: {tail[0]}",
-                     "Fix the error above; verl itself must import."), {}
+        return Check(
+            "fresh process",
+            False,
+            f"`import verl` in a fresh process failed: {tail[0]}",
+            "Fix the error above; verl itself must import.",
+        ), {}
     status = json.loads(result.stdout.strip().splitlines()[-1])
     missing = [name for name, ok in status.items() if not ok]
     message = "After `import verl` a fresh process sees " + ", ".join(
         f"{name}: {'yes' if ok else 'NO'}" for name, ok in status.items()
     )
-    fix = "" if not missing else (
-        "The plugin did not register. Use the loud fallbacks "
-        f"actor_rollout_ref.model.external_lib={ENTRY_POINT_TARGET} or "
-        f"VERL_USE_EXTERNAL_MODULES={ENTRY_POINT_TARGET}, and see the import error below."
+    fix = (
+        ""
+        if not missing
+        else (
+            "The plugin did not register. Use the loud fallbacks "
+            f"actor_rollout_ref.model.external_lib={ENTRY_POINT_TARGET} or "
+            f"VERL_USE_EXTERNAL_MODULES={ENTRY_POINT_TARGET}, and see the import error below."
+        )
     )
     return Check("fresh process", not missing, message, fix), status
 
@@ -191,8 +234,12 @@ def _direct_import() -> Check:
     try:
         import dapo_verl.adapter.register  # noqa: F401
     except Exception:  # the whole point: show what verl's plugin loader swallowed
-        return Check("direct import", False, "Importing the registration module raised:\n" + traceback.format_exc(),
-                     "Fix this error; verl hides it when it loads plugins.")
+        return Check(
+            "direct import",
+            False,
+            "Importing the registration module raised:\n" + traceback.format_exc(),
+            "Fix this error; verl hides it when it loads plugins.",
+        )
     return Check("direct import", True, f"{ENTRY_POINT_TARGET} imports cleanly.")
 
 
@@ -231,14 +278,23 @@ def config_checks(config_name: str, overrides: Sequence[str]) -> tuple[list[Chec
 
     entry = VERL_ENTRY if config_name == VERL_CONFIG else DAPO_ENTRY
     try:
-        config, findings = compose_and_check(lambda: compose_recipe(config_name, overrides)[0], entry_module=entry,
-                                             unset_env_is_problem=False)
+        config, findings = compose_and_check(
+            lambda: compose_recipe(config_name, overrides)[0], entry_module=entry, unset_env_is_problem=False
+        )
     except ConfigRefused as refused:
         return [Check("config", False, problem.message) for problem in refused.problems], None, None
     checks = [Check("config", True, f"{config_name} passes: {', '.join(findings.checked)}.")]
     if findings.unset:
-        checks.append(Check("config", True, "not checked here (environment variables unset; the cluster sets them): "
-                            + ", ".join(findings.unset) + ".", checked=False))
+        checks.append(
+            Check(
+                "config",
+                True,
+                "not checked here (environment variables unset; the cluster sets them): "
+                + ", ".join(findings.unset)
+                + ".",
+                checked=False,
+            )
+        )
     return checks, config, entry
 
 
@@ -250,9 +306,11 @@ def _prompt_choice(sampler: SamplerConfig) -> str:
         return "in data order (algorithm.filter_groups.skip_uninformative=false)."
     if sampler.prompt_selection == PromptSelection.STREAK:
         return "in data order, skipping prompts after all-correct or all-wrong streaks (prompt_selection=streak)."
-    return (f"by their predicted chance of an informative group, the best of {sampler.selection_window:g} candidates "
-            f"each, a share {sampler.explore_fraction:g} exploring the least known; rounds sized from the predicted "
-            f"yield (prompt_selection=predicted).")
+    return (
+        f"by their predicted chance of an informative group, the best of {sampler.selection_window:g} candidates "
+        f"each, a share {sampler.explore_fraction:g} exploring the least known; rounds sized from the predicted "
+        f"yield (prompt_selection=predicted)."
+    )
 
 
 def describe_run(config: Any, entry_module: str) -> list[Check]:
@@ -275,31 +333,65 @@ def describe_run(config: Any, entry_module: str) -> list[Check]:
             checks.append(Check("trainer", False, f"verl's v1 trainer ({mode}).", sampler_problems[0].message))
         elif v1:
             checks.append(Check("trainer", True, f"verl's v1 trainer ({mode}), verl's default.", checked=False))
-            checks.append(Check("sampler", True, "dapo_verl's batch replenisher as v1's custom sampler "
-                                "(DapoReplayBuffer); its state is saved by DapoCheckpointCallback.", checked=False))
+            checks.append(
+                Check(
+                    "sampler",
+                    True,
+                    "dapo_verl's batch replenisher as v1's custom sampler "
+                    "(DapoReplayBuffer); its state is saved by DapoCheckpointCallback.",
+                    checked=False,
+                )
+            )
         else:
-            checks.append(Check("trainer", True, "verl's legacy RayPPOTrainer (trainer.use_v1=false; verl deprecates "
-                                "it and plans to remove it).", checked=False))
-            checks.append(Check("sampler", True, "dapo_verl's batch replenisher, driving the legacy trainer's batches "
-                                "(DapoRayTrainer).", checked=False))
+            checks.append(
+                Check(
+                    "trainer",
+                    True,
+                    "verl's legacy RayPPOTrainer (trainer.use_v1=false; verl deprecates it and plans to remove it).",
+                    checked=False,
+                )
+            )
+            checks.append(
+                Check(
+                    "sampler",
+                    True,
+                    "dapo_verl's batch replenisher, driving the legacy trainer's batches (DapoRayTrainer).",
+                    checked=False,
+                )
+            )
         if not sampler_problems:
             checks.append(Check("prompts", True, _prompt_choice(DapoConfig.from_verl(config).sampler), checked=False))
     else:
-        checks.append(Check("trainer", True, f"verl's {'v1 trainer (' + str(mode) + ')' if v1 else 'legacy trainer'}.",
-                            checked=False))
+        checks.append(
+            Check(
+                "trainer",
+                True,
+                f"verl's {'v1 trainer (' + str(mode) + ')' if v1 else 'legacy trainer'}.",
+                checked=False,
+            )
+        )
         if v1 and ours:
             message = "dapo_verl's DapoReplayBuffer (set by hand; python -m dapo_verl.main also checks the config)."
         elif v1 and filter_groups:
-            message = ("verl's built-in filter_groups (ReplayBuffer): surplus groups discarded, max_num_gen_batches "
-                       "ignored. python -m dapo_verl.main runs dapo_verl's replenisher instead.")
+            message = (
+                "verl's built-in filter_groups (ReplayBuffer): surplus groups discarded, max_num_gen_batches "
+                "ignored. python -m dapo_verl.main runs dapo_verl's replenisher instead."
+            )
         elif v1:
             message = "no dynamic sampling (algorithm.filter_groups.enable=false)."
         else:
             message = "no dynamic sampling: verl's legacy trainer has no filter_groups; use python -m dapo_verl.main."
         checks.append(Check("sampler", True, message, checked=False))
     actor, algorithm = config.actor_rollout_ref.actor, config.algorithm
-    checks.append(Check("algorithm", True, f"loss_mode={actor.policy_loss.loss_mode}, "
-                        f"clip {actor.clip_ratio_low}/{actor.clip_ratio_high}, {actor.loss_agg_mode}, "
-                        f"adv_estimator={algorithm.adv_estimator}, reward manager "
-                        f"{config.reward.reward_manager.name}.", checked=False))
+    checks.append(
+        Check(
+            "algorithm",
+            True,
+            f"loss_mode={actor.policy_loss.loss_mode}, "
+            f"clip {actor.clip_ratio_low}/{actor.clip_ratio_high}, {actor.loss_agg_mode}, "
+            f"adv_estimator={algorithm.adv_estimator}, reward manager "
+            f"{config.reward.reward_manager.name}.",
+            checked=False,
+        )
+    )
     return checks

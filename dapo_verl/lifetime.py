@@ -51,10 +51,28 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-__all__ = ["SESSION_RECORD_PREFIX", "SHM_RECORD_PREFIX", "SHM_ROOT", "STOP_SIGNALS", "StopSignals", "Stopped",
-           "Watchdog", "die_with_parent", "dying_with_this_process", "kill_marked", "kill_recorded_sessions",
-           "kill_session", "processes_naming", "processes_with", "record_session", "recorded_names", "remove_recorded",
-           "signal_name", "start_time", "stop_signals"]
+__all__ = [
+    "SESSION_RECORD_PREFIX",
+    "SHM_RECORD_PREFIX",
+    "SHM_ROOT",
+    "STOP_SIGNALS",
+    "StopSignals",
+    "Stopped",
+    "Watchdog",
+    "die_with_parent",
+    "dying_with_this_process",
+    "kill_marked",
+    "kill_recorded_sessions",
+    "kill_session",
+    "processes_naming",
+    "processes_with",
+    "record_session",
+    "recorded_names",
+    "remove_recorded",
+    "signal_name",
+    "start_time",
+    "stop_signals",
+]
 
 SHM_ROOT = Path("/dev/shm")
 SHM_RECORD_PREFIX = "dev-shm-"
@@ -127,8 +145,9 @@ def processes_with(folder: str | os.PathLike[str], *variables: str) -> list[tupl
     path in it."""
     exact = tuple(f"{variable}={folder}".encode() for variable in variables)
     inside = tuple(f"{variable}={folder}/".encode() for variable in variables)
-    return _processes(lambda cmdline, environ: any(entry in exact or entry.startswith(inside)
-                                                   for entry in environ.split(b"\0")))
+    return _processes(
+        lambda cmdline, environ: any(entry in exact or entry.startswith(inside) for entry in environ.split(b"\0"))
+    )
 
 
 def _kill_until_gone(find: Callable[[], list[int]], *, with_groups: bool = False) -> list[int]:
@@ -178,8 +197,14 @@ def start_time(pid: int) -> str | None:
 
 def _session_members(session: int) -> list[int]:
     """The live processes of the session ``session``, this one excepted."""
-    return [int(entry.name) for entry in Path("/proc").glob("[0-9]*") if int(entry.name) != os.getpid() and
-            (fields := _stat(entry.name)) and fields[0] != "Z" and fields[3] == str(session)]
+    return [
+        int(entry.name)
+        for entry in Path("/proc").glob("[0-9]*")
+        if int(entry.name) != os.getpid()
+        and (fields := _stat(entry.name))
+        and fields[0] != "Z"
+        and fields[3] == str(session)
+    ]
 
 
 def kill_session(session: int, started: str | None = None) -> list[int]:
@@ -220,8 +245,9 @@ def recorded_names(folder: str | os.PathLike[str]) -> list[str]:
     return list(names)
 
 
-def remove_recorded(folder: str | os.PathLike[str], root: Path = SHM_ROOT,
-                    also: Iterable[str] = ()) -> list[tuple[str, int]]:
+def remove_recorded(
+    folder: str | os.PathLike[str], root: Path = SHM_ROOT, also: Iterable[str] = ()
+) -> list[tuple[str, int]]:
     """Unlink what ``folder`` records (and the names in ``also``) that is still a file under ``root``; return
     (name, bytes) of each entry removed."""
     removed = []
@@ -253,9 +279,13 @@ class Watchdog:
     """
 
     def __init__(self, label: str) -> None:
-        self._process = subprocess.Popen([sys.executable, "-I", "-S", str(Path(__file__).resolve()), label],
-                                         stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
-                                         start_new_session=True)
+        self._process = subprocess.Popen(
+            [sys.executable, "-I", "-S", str(Path(__file__).resolve()), label],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            text=True,
+            start_new_session=True,
+        )
 
     @property
     def pid(self) -> int:

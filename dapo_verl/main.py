@@ -102,14 +102,29 @@ def run_dapo(config: DictConfig) -> None:
 
         run_ppo(config, task_runner_class=TaskRunnerV1)
     else:
-        logger.warning("trainer.use_v1=false: verl's legacy trainer, which verl deprecates; dapo_verl's batch "
-                       "replenisher drives it as it drives the v1 trainer's sampler.")
+        logger.warning(
+            "trainer.use_v1=false: verl's legacy trainer, which verl deprecates; dapo_verl's batch "
+            "replenisher drives it as it drives the v1 trainer's sampler."
+        )
         run_ppo(config, task_runner_class=_task_runner_class())
 
 
 CONFIG_DIR = Path(__file__).resolve().parent / "configs"
-_HYDRA_INFO_FLAGS = {"-h", "--help", "--hydra-help", "--version", "-i", "--info", "-sc", "--shell-completion",
-                     "--experimental-rerun", "-cp", "--config-path", "-cd", "--config-dir"}
+_HYDRA_INFO_FLAGS = {
+    "-h",
+    "--help",
+    "--hydra-help",
+    "--version",
+    "-i",
+    "--info",
+    "-sc",
+    "--shell-completion",
+    "--experimental-rerun",
+    "-cp",
+    "--config-path",
+    "-cd",
+    "--config-dir",
+}
 """Hydra options after which the pre-flight check is left to Hydra and :func:`run_dapo` (help, another folder)."""
 _HYDRA_VALUED = {"-cn", "--config-name", "-c", "--cfg", "-p", "--package"}
 
@@ -145,8 +160,11 @@ def preflight(argv: Sequence[str]) -> list[str]:
     for number, job in enumerate(jobs):
         where = f"job {number} ({' '.join(job)}): " if len(jobs) > 1 else ""
         try:
-            compose_and_check(lambda j=job: compose_config_dir(str(CONFIG_DIR), config_name, j),
-                              entry_module=DAPO_ENTRY, unset_env_is_problem=not dry_run)
+            compose_and_check(
+                lambda j=job: compose_config_dir(str(CONFIG_DIR), config_name, j),
+                entry_module=DAPO_ENTRY,
+                unset_env_is_problem=not dry_run,
+            )
         except ConfigRefused as refused:
             lines += [where + line for line in refused.lines()]
     return lines

@@ -36,8 +36,18 @@ from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-__all__ = ["VERL_UNKNOWN_WHY", "ConfigRefused", "KnownKeys", "Problem", "compose_checked", "compose_config_dir",
-           "composition_problem", "one_line", "override_problems", "raise_if_any"]
+__all__ = [
+    "VERL_UNKNOWN_WHY",
+    "ConfigRefused",
+    "KnownKeys",
+    "Problem",
+    "compose_checked",
+    "compose_config_dir",
+    "composition_problem",
+    "one_line",
+    "override_problems",
+    "raise_if_any",
+]
 
 
 def one_line(text: object) -> str:
@@ -140,12 +150,15 @@ class KnownKeys:
         return f"did you mean {close}?" if close else "no key of it is close."
 
 
-_DELETION_WHY = ("deletes the key, so the run would read an internal default in place of the config's value and "
-                 "its saved config would not say so")
+_DELETION_WHY = (
+    "deletes the key, so the run would read an internal default in place of the config's value and "
+    "its saved config would not say so"
+)
 
 
-def override_problems(overrides: Sequence[str], known: KnownKeys, *, label: str, additions: bool,
-                      unknown_why: str) -> list[Problem]:
+def override_problems(
+    overrides: Sequence[str], known: KnownKeys, *, label: str, additions: bool, unknown_why: str
+) -> list[Problem]:
     """Problems of the overrides themselves: grammar, deletions and unknown keys (see the module docstring).
 
     Args:
@@ -161,36 +174,67 @@ def override_problems(overrides: Sequence[str], known: KnownKeys, *, label: str,
         try:
             override = parser.parse_override(line)
         except HydraException as err:
-            problems.append(Problem(line, f"The override {line!r} is not Hydra's key=value grammar ({one_line(err)})."
-                                          f" Quote the value (key='value with spaces') or write lists as [a,b].",
-                                    line))
+            problems.append(
+                Problem(
+                    line,
+                    f"The override {line!r} is not Hydra's key=value grammar ({one_line(err)})."
+                    f" Quote the value (key='value with spaces') or write lists as [a,b].",
+                    line,
+                )
+            )
             continue
         key = override.key_or_group
         if key.startswith("hydra.") or "/" in key:  # Hydra's own settings and config groups: Hydra checks them
             continue
         if override.is_delete():
             shown = f" ({known.values[key]!r} in the config)" if key in known.values else ""
-            problems.append(Problem(key, f"~{key}{shown} {_DELETION_WHY}. Set {key}=VALUE instead (null where the "
-                                         f"key takes null).", line))
+            problems.append(
+                Problem(
+                    key,
+                    f"~{key}{shown} {_DELETION_WHY}. Set {key}=VALUE instead (null where the key takes null).",
+                    line,
+                )
+            )
         elif key in known.nodes and not isinstance(override.value(), dict | type(None)):
-            problems.append(Problem(key, f"{key} is a section of {label}, and {line!r} replaces it with "
-                                         f"{override.value()!r}, which is not one; the run would find none of its "
-                                         f"keys. Override a key inside it ({key}.KEY=VALUE) instead.", line))
+            problems.append(
+                Problem(
+                    key,
+                    f"{key} is a section of {label}, and {line!r} replaces it with "
+                    f"{override.value()!r}, which is not one; the run would find none of its "
+                    f"keys. Override a key inside it ({key}.KEY=VALUE) instead.",
+                    line,
+                )
+            )
         elif key not in known and not (additions and (override.is_add() or override.is_force_add())):
-            problems.append(Problem(key, f"{key} (in the override {line!r}) is not a key of {label}; "
-                                         f"{known.hint(key)} {unknown_why}", line))
+            problems.append(
+                Problem(
+                    key,
+                    f"{key} (in the override {line!r}) is not a key of {label}; {known.hint(key)} {unknown_why}",
+                    line,
+                )
+            )
         elif key not in known and override.is_add() and not key.startswith(FREE_FORM_SECTIONS):
             sibling = _misspelt_sibling(key, known)
             if sibling:
-                problems.append(Problem(key, f"{key} (in the override {line!r}) is not a key of {label}, and it is "
-                                             f"nearly the same as {sibling}; added, it would be read by nothing "
-                                             f"and the run would ignore it. Did you mean {sibling}? If a component "
-                                             f"of yours reads {key}, add it with ++{key}=VALUE.", line))
+                problems.append(
+                    Problem(
+                        key,
+                        f"{key} (in the override {line!r}) is not a key of {label}, and it is "
+                        f"nearly the same as {sibling}; added, it would be read by nothing "
+                        f"and the run would ignore it. Did you mean {sibling}? If a component "
+                        f"of yours reads {key}, add it with ++{key}=VALUE.",
+                        line,
+                    )
+                )
     return problems
 
 
-FREE_FORM_SECTIONS = ("ray_kwargs.", "actor_rollout_ref.model.override_config.",
-                      "actor_rollout_ref.rollout.engine_kwargs.", "reward.reward_kwargs.")
+FREE_FORM_SECTIONS = (
+    "ray_kwargs.",
+    "actor_rollout_ref.model.override_config.",
+    "actor_rollout_ref.rollout.engine_kwargs.",
+    "reward.reward_kwargs.",
+)
 """Sections whose keys are passed on as keyword arguments (``ray.init``, the model's config, the engine, the
 reward manager, which checks its own): a key added there is never taken for a misspelt sibling."""
 
@@ -213,12 +257,22 @@ def composition_problem(err: Exception, overrides: Sequence[str], *, label: str)
     culprit = next((o for o in overrides if any(o.lstrip("+~").split("=", 1)[0] == k for k in named)), None)
     key = culprit.lstrip("+~").split("=", 1)[0] if culprit else (named[0] if named else "overrides")
     where = f"the override {culprit!r}" if culprit else f"the overrides {list(overrides)}"
-    return Problem(key, f"Cannot compose {label} with {where}: {text}. Fix that override (key=value with an existing "
-                        f"key and a value of its type).")
+    return Problem(
+        key,
+        f"Cannot compose {label} with {where}: {text}. Fix that override (key=value with an existing "
+        f"key and a value of its type).",
+    )
 
 
-def compose_checked(compose: Callable[[Sequence[str]], DictConfig], overrides: Sequence[str], *, label: str,
-                    additions: bool, unknown_why: str, known: KnownKeys | None = None) -> DictConfig:
+def compose_checked(
+    compose: Callable[[Sequence[str]], DictConfig],
+    overrides: Sequence[str],
+    *,
+    label: str,
+    additions: bool,
+    unknown_why: str,
+    known: KnownKeys | None = None,
+) -> DictConfig:
     """Compose with ``overrides`` once :func:`override_problems` found nothing; Hydra's errors become problems.
 
     Args:
@@ -246,12 +300,20 @@ def compose_checked(compose: Callable[[Sequence[str]], DictConfig], overrides: S
     raise ConfigRefused(problems, config=rest)
 
 
-VERL_UNKNOWN_WHY = ("Hydra adds a key the config lacks only as +key=VALUE, and verl's config classes refuse keys they "
-                    "do not define. Use one of the config's keys (`python -m dapo_verl.main --cfg job` lists them).")
+VERL_UNKNOWN_WHY = (
+    "Hydra adds a key the config lacks only as +key=VALUE, and verl's config classes refuse keys they "
+    "do not define. Use one of the config's keys (`python -m dapo_verl.main --cfg job` lists them)."
+)
 
 
-def compose_config_dir(config_dir: str, config_name: str, overrides: Sequence[str], *,
-                       fixed_overrides: Sequence[str] = (), label: str | None = None) -> DictConfig:
+def compose_config_dir(
+    config_dir: str,
+    config_name: str,
+    overrides: Sequence[str],
+    *,
+    fixed_overrides: Sequence[str] = (),
+    label: str | None = None,
+) -> DictConfig:
     """Compose ``config_name`` from ``config_dir`` with the user's ``overrides``, checked (a verl-shaped config).
 
     Args:
@@ -273,9 +335,14 @@ def compose_config_dir(config_dir: str, config_name: str, overrides: Sequence[st
         with initialize_config_dir(config_dir=config_dir, version_base=None):
             return compose(config_name=config_name, overrides=[*fixed_overrides, *given])
 
-    return compose_checked(composed, overrides, label=label or config_name, additions=True,
-                           unknown_why=VERL_UNKNOWN_WHY, known=_known_keys(composed, (config_dir, config_name,
-                                                                                      tuple(fixed_overrides))))
+    return compose_checked(
+        composed,
+        overrides,
+        label=label or config_name,
+        additions=True,
+        unknown_why=VERL_UNKNOWN_WHY,
+        known=_known_keys(composed, (config_dir, config_name, tuple(fixed_overrides))),
+    )
 
 
 _KNOWN_CACHE: dict[tuple[Any, ...], KnownKeys] = {}

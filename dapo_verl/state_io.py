@@ -34,8 +34,16 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-__all__ = ["CorruptStateError", "apply_umask", "atomic_write", "current_umask", "load_state", "os_errors_named",
-           "save_state", "write_text_atomically"]
+__all__ = [
+    "CorruptStateError",
+    "apply_umask",
+    "atomic_write",
+    "current_umask",
+    "load_state",
+    "os_errors_named",
+    "save_state",
+    "write_text_atomically",
+]
 
 _FORMAT = "dapo_verl.state/2"
 _LEGACY_FORMAT = "dapo_verl.state/1"  # checksum over the tensors only
@@ -214,15 +222,16 @@ def load_state(path: str | os.PathLike[str]) -> Any:
         ) from None
     fmt = metadata.get("format")
     if fmt not in (_FORMAT, _LEGACY_FORMAT):
-        raise CorruptStateError(f"{source} has format {fmt!r}, expected {_FORMAT!r}; it is damaged or was not "
-                                f"written by dapo_verl. Resume from an earlier checkpoint.")
+        raise CorruptStateError(
+            f"{source} has format {fmt!r}, expected {_FORMAT!r}; it is damaged or was not "
+            f"written by dapo_verl. Resume from an earlier checkpoint."
+        )
     text = metadata.get("state")
     if not isinstance(text, str):
         raise CorruptStateError(f"{source} holds no state metadata; it is damaged. Resume from an earlier checkpoint.")
     if metadata.get("sha256") != _digest(tensors, text if fmt == _FORMAT else None):
         raise CorruptStateError(
-            f"{source} failed its checksum: its contents were altered after writing. Resume from an earlier "
-            f"checkpoint."
+            f"{source} failed its checksum: its contents were altered after writing. Resume from an earlier checkpoint."
         )
     try:
         body = json.loads(text)

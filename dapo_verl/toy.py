@@ -42,11 +42,16 @@ def filter_exercise() -> dict[str, Any]:
 
 def objective_and_gradient(ratio: float, advantage: float, clip_low: float, clip_high: float) -> tuple[float, float]:
     """J(r) = min(r A, clip(r) A) and dJ/dr, via autograd through the core loss (logp = log r, old = 0)."""
-    logp = torch.tensor([[torch.log(torch.tensor(ratio, dtype=torch.float64))]], dtype=torch.float64,
-                        requires_grad=True)
+    logp = torch.tensor(
+        [[torch.log(torch.tensor(ratio, dtype=torch.float64))]], dtype=torch.float64, requires_grad=True
+    )
     loss = clipped_surrogate_loss_matrix(
-        logp, torch.zeros(1, 1, dtype=torch.float64), torch.tensor([advantage], dtype=torch.float64),
-        torch.ones(1, 1, dtype=torch.bool), clip_low=clip_low, clip_high=clip_high,
+        logp,
+        torch.zeros(1, 1, dtype=torch.float64),
+        torch.tensor([advantage], dtype=torch.float64),
+        torch.ones(1, 1, dtype=torch.bool),
+        clip_low=clip_low,
+        clip_high=clip_high,
     ).sum()
     (grad_logp,) = torch.autograd.grad(loss, logp)
     # d(-J)/d(log r) = -r dJ/dr; adding 0.0 turns -0.0 into 0.0 for the report.
@@ -61,8 +66,12 @@ def clip_sweep(num_points: int = 101) -> dict[str, Any]:
         for advantage in (1.0, -1.0):
             points = [objective_and_gradient(r, advantage, low, high) for r in ratios]
             curves[f"{label}, A={advantage:+.0f}"] = {
-                "clip_low": low, "clip_high": high, "advantage": advantage, "ratio": ratios,
-                "objective": [p[0] for p in points], "gradient": [p[1] for p in points],
+                "clip_low": low,
+                "clip_high": high,
+                "advantage": advantage,
+                "ratio": ratios,
+                "objective": [p[0] for p in points],
+                "gradient": [p[1] for p in points],
             }
     probe = {label: objective_and_gradient(1.25, 1.0, *clip)[1] for label, clip in CLIP_SETTINGS.items()}
     return {"curves": curves, "gradient_at_ratio_1.25_positive_advantage": probe}
@@ -75,8 +84,10 @@ def token_weight_exercise() -> dict[str, Any]:
     for row, length in enumerate(lengths):
         mask[row, :length] = True
     result: dict[str, Any] = {"response_lengths": lengths}
-    for name, mode in (("token-level (DAPO)", LossAggregation.TOKEN_MEAN_GLOBAL),
-                       ("sample-level (GRPO)", LossAggregation.SEQ_MEAN_TOKEN_MEAN)):
+    for name, mode in (
+        ("token-level (DAPO)", LossAggregation.TOKEN_MEAN_GLOBAL),
+        ("sample-level (GRPO)", LossAggregation.SEQ_MEAN_TOKEN_MEAN),
+    ):
         logp = torch.zeros(2, max(lengths), dtype=torch.float64, requires_grad=True)
         loss = dapo_loss(logp, torch.zeros_like(logp), torch.ones(2, dtype=torch.float64), mask, aggregation=mode)
         (grad,) = torch.autograd.grad(loss, logp)

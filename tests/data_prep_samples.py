@@ -12,9 +12,11 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-PREFIX = ("Solve the following math problem step by step. The last line of your response should be of the form "
-          "Answer: $Answer (without quotes) where $Answer is the answer to the problem.\n\n")
-SUFFIX = "\n\nRemember to put your answer on its own line after \"Answer:\"."
+PREFIX = (
+    "Solve the following math problem step by step. The last line of your response should be of the form "
+    "Answer: $Answer (without quotes) where $Answer is the answer to the problem.\n\n"
+)
+SUFFIX = '\n\nRemember to put your answer on its own line after "Answer:".'
 STYLE = "rule-lighteval/MATH_v2"
 
 # (uuid, problem, answer, copies, templated). u5/u6/u7 repeat the problems of u1/u2/u3 under new UUIDs: u5 with
@@ -32,13 +34,15 @@ DAPO_PROBLEMS = [
 ]
 DAPO_ROWS = sum(copies for *_, copies, _ in DAPO_PROBLEMS)  # 21
 
-_DAPO_SCHEMA = pa.schema([
-    ("data_source", pa.string()),
-    ("prompt", pa.list_(pa.struct([("content", pa.string()), ("role", pa.string())]))),
-    ("ability", pa.string()),
-    ("reward_model", pa.struct([("ground_truth", pa.string()), ("style", pa.string())])),
-    ("extra_info", pa.struct([("index", pa.string())])),
-])
+_DAPO_SCHEMA = pa.schema(
+    [
+        ("data_source", pa.string()),
+        ("prompt", pa.list_(pa.struct([("content", pa.string()), ("role", pa.string())]))),
+        ("ability", pa.string()),
+        ("reward_model", pa.struct([("ground_truth", pa.string()), ("style", pa.string())])),
+        ("extra_info", pa.struct([("index", pa.string())])),
+    ]
+)
 
 
 def dapo_rows(seed: int = 0) -> list[dict]:
@@ -46,13 +50,15 @@ def dapo_rows(seed: int = 0) -> list[dict]:
     rows = []
     for uuid, problem, answer, copies, templated in DAPO_PROBLEMS:
         content = PREFIX + problem + SUFFIX if templated else problem
-        rows += [{
-            "data_source": "math_dapo",
-            "prompt": [{"content": content, "role": "user"}],
-            "ability": "MATH",
-            "reward_model": {"ground_truth": answer, "style": STYLE},
-            "extra_info": {"index": uuid},
-        }] * copies
+        rows += [
+            {
+                "data_source": "math_dapo",
+                "prompt": [{"content": content, "role": "user"}],
+                "ability": "MATH",
+                "reward_model": {"ground_truth": answer, "style": STYLE},
+                "extra_info": {"index": uuid},
+            }
+        ] * copies
     random.Random(seed).shuffle(rows)
     return rows
 
@@ -67,8 +73,10 @@ def write_dapo_math(path: Path, rows: list[dict] | None = None) -> Path:
 def _write_frame(frame: pd.DataFrame, path: Path, *, preserve_index: bool) -> Path:
     """Write with plain ``string`` columns, as the published files have (pandas would write ``large_string``)."""
     table = pa.Table.from_pandas(frame, preserve_index=preserve_index)
-    schema = pa.schema([f.with_type(pa.string()) if pa.types.is_large_string(f.type) else f for f in table.schema],
-                       metadata=table.schema.metadata)
+    schema = pa.schema(
+        [f.with_type(pa.string()) if pa.types.is_large_string(f.type) else f for f in table.schema],
+        metadata=table.schema.metadata,
+    )
     path.parent.mkdir(parents=True, exist_ok=True)
     pq.write_table(table.cast(schema), path)
     return path
@@ -78,38 +86,57 @@ def aime_problems() -> list[tuple[str, str]]:
     """30 (problem, answer) pairs; problems 3 and 17 share the answer 104, as two AIME 2024 problems do."""
     answers = [str(100 + 7 * i) for i in range(30)]
     answers[3] = answers[17] = "104"
-    return [(f"AIME problem {i}: find the remainder when {i + 2}^{i + 5} is divided by 1000.", answers[i])
-            for i in range(30)]
+    return [
+        (f"AIME problem {i}: find the remainder when {i + 2}^{i + 5} is divided by 1000.", answers[i])
+        for i in range(30)
+    ]
 
 
 def write_aime_bytedtsinghua(path: Path, repeats: int = 32) -> Path:
     """BytedTsinghua-SIA/AIME-2024 layout: 30 x ``repeats`` shuffled rows and the stray ``__index_level_0__``."""
-    rows = [{
-        "data_source": "math_dapo",
-        "prompt": [{"content": PREFIX + problem + SUFFIX, "role": "user"}],
-        "ability": "MATH",
-        "reward_model": {"ground_truth": answer, "style": STYLE},
-        "extra_info": {"index": index, "raw_problem": problem, "split": None},
-    } for index, (problem, answer) in enumerate(aime_problems())] * repeats
+    rows = [
+        {
+            "data_source": "math_dapo",
+            "prompt": [{"content": PREFIX + problem + SUFFIX, "role": "user"}],
+            "ability": "MATH",
+            "reward_model": {"ground_truth": answer, "style": STYLE},
+            "extra_info": {"index": index, "raw_problem": problem, "split": None},
+        }
+        for index, (problem, answer) in enumerate(aime_problems())
+    ] * repeats
     # Shuffling a DataFrame and writing it with its index is how the stray column comes about.
     return _write_frame(pd.DataFrame(rows).sample(frac=1.0, random_state=0), path, preserve_index=True)
 
 
 def write_aime_h4(path: Path) -> Path:
     """HuggingFaceH4/aime_2024 layout: id, problem, solution, answer (string), url, year."""
-    frame = pd.DataFrame([
-        {"id": 60 + i, "problem": problem, "solution": f"Worked solution ending in $\\boxed{{{answer}}}$.",
-         "answer": answer, "url": f"https://example.invalid/{i}", "year": "2024"}
-        for i, (problem, answer) in enumerate(aime_problems())
-    ])
+    frame = pd.DataFrame(
+        [
+            {
+                "id": 60 + i,
+                "problem": problem,
+                "solution": f"Worked solution ending in $\\boxed{{{answer}}}$.",
+                "answer": answer,
+                "url": f"https://example.invalid/{i}",
+                "year": "2024",
+            }
+            for i, (problem, answer) in enumerate(aime_problems())
+        ]
+    )
     return _write_frame(frame, path, preserve_index=False)
 
 
 def write_aime_maxwell(path: Path) -> Path:
     """Maxwell-Jia/AIME_2024 layout: ID, Problem, Solution, Answer (int64)."""
-    frame = pd.DataFrame([
-        {"ID": f"2024-{'I' if i < 15 else 'II'}-{i % 15 + 1}", "Problem": problem, "Solution": "...",
-         "Answer": int(answer)}
-        for i, (problem, answer) in enumerate(aime_problems())
-    ])
+    frame = pd.DataFrame(
+        [
+            {
+                "ID": f"2024-{'I' if i < 15 else 'II'}-{i % 15 + 1}",
+                "Problem": problem,
+                "Solution": "...",
+                "Answer": int(answer),
+            }
+            for i, (problem, answer) in enumerate(aime_problems())
+        ]
+    )
     return _write_frame(frame, path, preserve_index=False)

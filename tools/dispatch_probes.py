@@ -38,9 +38,16 @@ from torch.utils._pytree import tree_flatten
 __all__ = ["PeakTensorMemory", "count_host_syncs", "host_sync_operators"]
 
 _SCALAR_READS = {"aten::_local_scalar_dense", "aten::equal", "aten::allclose", "aten::is_nonzero"}
-_DATA_DEPENDENT_SHAPES = {"aten::nonzero", "aten::masked_select", "aten::unique", "aten::_unique",
-                          "aten::_unique2", "aten::unique_dim", "aten::unique_consecutive",
-                          "aten::unique_dim_consecutive"}
+_DATA_DEPENDENT_SHAPES = {
+    "aten::nonzero",
+    "aten::masked_select",
+    "aten::unique",
+    "aten::_unique",
+    "aten::_unique2",
+    "aten::unique_dim",
+    "aten::unique_consecutive",
+    "aten::unique_dim_consecutive",
+}
 _BOOL_INDEXED = {"aten::index", "aten::index_put", "aten::index_put_", "aten::_index_put_impl_"}
 _HOST_READ_METHODS = ("tolist", "numpy", "__array__")
 
@@ -106,6 +113,7 @@ def count_host_syncs() -> Iterator[list[str]]:
         def counted(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
             record.append(f"Tensor.{name}")
             return method(self, *args, **kwargs)
+
         return counted
 
     for name, method in originals.items():

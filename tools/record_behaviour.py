@@ -71,15 +71,28 @@ MAX_TENSOR_VALUES = 64
 HELP_COLUMNS = 120
 TOP_LEVEL_HELP = "dapo-verl"
 
-RECIPES = ("dapo_qwen2.5_32b", "dapo_wo_ds_qwen2.5_32b", "dapo_qwen2.5_7b", "dapo_qwen2.5_math_1.5b",
-           "dapo_clip_ablation_eps_high_0.2", "dapo_clip_ablation_eps_high_0.28", "dapo_trainer")
+RECIPES = (
+    "dapo_qwen2.5_32b",
+    "dapo_wo_ds_qwen2.5_32b",
+    "dapo_qwen2.5_7b",
+    "dapo_qwen2.5_math_1.5b",
+    "dapo_clip_ablation_eps_high_0.2",
+    "dapo_clip_ablation_eps_high_0.28",
+    "dapo_trainer",
+)
 REPOSITORY_PLACEHOLDER = "<repository>"
 
 LOCAL_RUN = "local_run.json"
 LOCAL_RUN_OVERRIDES = (
-    "trainer.total_training_steps=5", "trainer.test_freq=5", "trainer.save_freq=-1", "data.seed=0",
-    "data.train_batch_size=4", "data.gen_batch_size=8", "actor_rollout_ref.rollout.n=4",
-    "actor_rollout_ref.actor.ppo_mini_batch_size=2", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=3",
+    "trainer.total_training_steps=5",
+    "trainer.test_freq=5",
+    "trainer.save_freq=-1",
+    "data.seed=0",
+    "data.train_batch_size=4",
+    "data.gen_batch_size=8",
+    "actor_rollout_ref.rollout.n=4",
+    "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=3",
     "local.task.heldout_size=50",
 )
 LOCAL_RUN_TOLERANCE = {"rel": 1e-4, "abs": 1e-6}
@@ -107,22 +120,27 @@ def sampler_record(run: str) -> dict[str, Any]:
     overrides = {**SAMPLER_BATCH, **SAMPLER_RUNS[run]}
     pass_rate = drifting_pass_rates(SAMPLER_PROMPTS, seed=0)
     if overrides.get("streaming"):  # the engine of tests/unit/test_sampler_streaming.py, at its defaults
-        generate: Any = SimulatedEngine(pass_rate, group_size=SAMPLER_GROUP_SIZE, lengths=LongTailLengths(200.0),
-                                        max_response_length=1024, seed=0)
+        generate: Any = SimulatedEngine(
+            pass_rate, group_size=SAMPLER_GROUP_SIZE, lengths=LongTailLengths(200.0), max_response_length=1024, seed=0
+        )
     else:
         generate = SimulatedPolicy(pass_rate, group_size=SAMPLER_GROUP_SIZE, seed=0)
-    sampler = BatchReplenisher(SamplerConfig(**overrides), SAMPLER_PROMPTS, generate,
-                               codec=getattr(generate, "codec", None))
+    sampler = BatchReplenisher(
+        SamplerConfig(**overrides), SAMPLER_PROMPTS, generate, codec=getattr(generate, "codec", None)
+    )
     steps, step_metrics, states = [], [], {}
     for step in range(1, SAMPLER_STEPS + 1):
         generate.step = step
         batch = sampler.next_batch()
-        steps.append({
-            "step": batch.step, "partial": batch.is_partial,
-            "prompt_ids": [group.prompt_id for group in batch.groups],
-            "correct": [int(group.metric.sum()) for group in batch.groups],  # acc is a (G,) bool tensor here
-            "tokens": [group.num_tokens for group in batch.groups],
-        })
+        steps.append(
+            {
+                "step": batch.step,
+                "partial": batch.is_partial,
+                "prompt_ids": [group.prompt_id for group in batch.groups],
+                "correct": [int(group.metric.sum()) for group in batch.groups],  # acc is a (G,) bool tensor here
+                "tokens": [group.num_tokens for group in batch.groups],
+            }
+        )
         step_metrics.append(batch.metrics)
         if step in STATE_STEPS:
             states[str(step)] = sampler.state_dict()
@@ -199,9 +217,13 @@ def local_run_record(work_dir: Path) -> dict[str, Any]:
     run_dir = work_dir / "run"
     run([*LOCAL_RUN_OVERRIDES, f"local.cache_dir={work_dir / 'cache'}"], run_dir)
     lines = (run_dir / "metrics.jsonl").read_text().splitlines()
-    records = [{"step": record["step"],
-                "data": {key: value for key, value in record["data"].items() if not key.startswith("timing_s/")}}
-               for record in map(json.loads, lines)]
+    records = [
+        {
+            "step": record["step"],
+            "data": {key: value for key, value in record["data"].items() if not key.startswith("timing_s/")},
+        }
+        for record in map(json.loads, lines)
+    ]
     environment = json.loads((run_dir / "summary.json").read_text())["environment"]
     return plain({"overrides": list(LOCAL_RUN_OVERRIDES), "environment": environment, "records": records})
 
@@ -210,8 +232,13 @@ def local_run_difference(recorded: dict[str, Any], current: dict[str, Any]) -> s
     """Where ``current``'s overrides or records first differ from ``recorded``'s beyond :data:`LOCAL_RUN_TOLERANCE`
     (None if nowhere); the environments are not compared."""
     for key in ("overrides", "records"):
-        found = first_json_difference(recorded[key], current[key], path=f"[{key!r}]",
-                                      rel_tol=LOCAL_RUN_TOLERANCE["rel"], abs_tol=LOCAL_RUN_TOLERANCE["abs"])
+        found = first_json_difference(
+            recorded[key],
+            current[key],
+            path=f"[{key!r}]",
+            rel_tol=LOCAL_RUN_TOLERANCE["rel"],
+            abs_tol=LOCAL_RUN_TOLERANCE["abs"],
+        )
         if found:
             return found
     return None
@@ -262,8 +289,9 @@ def _render(value: Any, depth: int) -> str:
     return json.dumps(value)
 
 
-def first_json_difference(expected: Any, actual: Any, *, path: str = "", rel_tol: float = 0.0,
-                          abs_tol: float = 0.0) -> str | None:
+def first_json_difference(
+    expected: Any, actual: Any, *, path: str = "", rel_tol: float = 0.0, abs_tol: float = 0.0
+) -> str | None:
     """The first place where ``actual`` differs from ``expected`` (parsed JSON), as ``path: recorded ..., now ...``;
     None if nowhere. Numbers count as equal within ``max(rel_tol * |expected|, abs_tol)``, as ``pytest.approx``
     takes them."""
@@ -284,8 +312,7 @@ def first_json_difference(expected: Any, actual: Any, *, path: str = "", rel_tol
         if len(expected) != len(actual):
             return f"{path}: recorded {len(expected)} items, now {len(actual)}"
         return None
-    if _is_number(expected) and _is_number(actual) and abs(expected - actual) <= max(rel_tol * abs(expected),
-                                                                                     abs_tol):
+    if _is_number(expected) and _is_number(actual) and abs(expected - actual) <= max(rel_tol * abs(expected), abs_tol):
         return None
     if json.dumps(expected) == json.dumps(actual):  # also NaN against NaN
         return None
@@ -345,15 +372,19 @@ def write() -> None:
         path = FIXTURE_DIR / name
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
-    print(f"Wrote {len(texts)} fixtures under {FIXTURE_DIR.relative_to(ROOT)}/ "
-          f"({sum(len(text.encode()) for text in texts.values()) / 1024:.0f} KiB).")
+    print(
+        f"Wrote {len(texts)} fixtures under {FIXTURE_DIR.relative_to(ROOT)}/ "
+        f"({sum(len(text.encode()) for text in texts.values()) / 1024:.0f} KiB)."
+    )
 
 
 def check() -> list[str]:
     """One line for each fixture that differs from today's behaviour, is missing or has no producer."""
     recorded, producers = recorded_files(), fixture_producers()
-    problems = [f"{name}: recorded, but nothing produces it any more"
-                for name in sorted(recorded - set(producers) - {LOCAL_RUN})]
+    problems = [
+        f"{name}: recorded, but nothing produces it any more"
+        for name in sorted(recorded - set(producers) - {LOCAL_RUN})
+    ]
     for name, produce in producers.items():
         if name not in recorded:
             problems.append(f"{name}: not recorded")

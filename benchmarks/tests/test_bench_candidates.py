@@ -36,8 +36,11 @@ def test_hermite_gauss_integrates_polynomials_exactly():
 @pytest.mark.parametrize(("alpha", "beta"), [(1.0, 1.0), (0.3, 0.2), (5.0, 2.0)])
 def test_logit_moments_are_those_of_logit_p_under_the_beta(alpha, beta):
     log_sig = torch.nn.functional.logsigmoid
-    log_density = (alpha * log_sig(GRID) + beta * log_sig(-GRID)  # Beta density in p, times dp/dlogit = p(1-p)
-                   - (math.lgamma(alpha) + math.lgamma(beta) - math.lgamma(alpha + beta)))
+    log_density = (
+        alpha * log_sig(GRID)
+        + beta * log_sig(-GRID)  # Beta density in p, times dp/dlogit = p(1-p)
+        - (math.lgamma(alpha) + math.lgamma(beta) - math.lgamma(alpha + beta))
+    )
     density = torch.exp(log_density)
     mean = float(torch.trapezoid(GRID * density, GRID))
     var = float(torch.trapezoid((GRID - mean) ** 2 * density, GRID))
@@ -53,8 +56,11 @@ def test_informative_chance_matches_the_integral_over_the_normal_belief(mean, va
 
 @pytest.mark.parametrize(("mean", "var", "correct"), [(0.0, 1.0, 5), (-1.5, 16.0, 0), (2.0, 9.0, 16), (-4, 2.0, 1)])
 def test_the_update_keeps_the_exact_posterior_mean_and_variance(mean, var, correct):
-    log_post = correct * torch.nn.functional.logsigmoid(GRID) + (16 - correct) * torch.nn.functional.logsigmoid(
-        -GRID) - (GRID - mean) ** 2 / (2 * var)
+    log_post = (
+        correct * torch.nn.functional.logsigmoid(GRID)
+        + (16 - correct) * torch.nn.functional.logsigmoid(-GRID)
+        - (GRID - mean) ** 2 / (2 * var)
+    )
     weight = torch.exp(log_post - log_post.max())
     weight /= torch.trapezoid(weight, GRID)
     exact_mean = float(torch.trapezoid(GRID * weight, GRID))

@@ -14,15 +14,26 @@ def test_benchmark_prints_one_json_line_per_measurement(capsys, tmp_path):
     lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     kinds = [line["measurement"] for line in lines]
     others = len(STRATEGIES) - 1
-    assert kinds == (["sampler_run", "default_run"] + ["sampler_run"] * others
-                     + ["sampler_comparison"] * len(STRATEGIES) + ["trl_grpo"])  # the empty-cache default run first
+    assert kinds == (
+        ["sampler_run", "default_run"]
+        + ["sampler_run"] * others
+        + ["sampler_comparison"] * len(STRATEGIES)
+        + ["trl_grpo"]
+    )  # the empty-cache default run first
     runs = [line for line in lines if line["measurement"] == "sampler_run"]
     assert sorted(line["strategy"] for line in runs) == sorted(STRATEGIES)
     by = {line["strategy"]: line for line in runs}
     # Each peer ran with its own prompt choice; only the predicted strategies (the candidates and oracles among them)
     # predict.
     assert sorted(name for name, line in by.items() if line["predicted"]) == [
-        "logit_belief", "logit_lookahead", "oracle", "oracle_capped", "oracle_skip", "predicted", "predicted_prefer"]
+        "logit_belief",
+        "logit_lookahead",
+        "oracle",
+        "oracle_capped",
+        "oracle_skip",
+        "predicted",
+        "predicted_prefer",
+    ]
     assert by["mopps_math"]["prompts_skipped"] > 0 and by["greso"]["prompts_skipped"] == 0  # ranked vs first epoch
     for line in runs:
         assert {"commit", "torch", "device", "generated_per_trained", "late", "early", "final_accuracy"} <= set(line)
@@ -35,10 +46,16 @@ def test_benchmark_prints_one_json_line_per_measurement(capsys, tmp_path):
 
 
 def _record(step, generated, trained, rounds=1.0, acc=None):
-    data = {"timing_s/step": 0.1, "timing_s/gen": 0.05, "perf/generated_tokens": 10.0,
-            "dapo/sampler/responses_generated": generated, "dapo/sampler/responses_trained": trained,
-            "dapo/sampler/gen_rounds": rounds, "dapo/sampler/partial": float(trained < 16),
-            "dapo/sampler/keep_rate": 0.5}
+    data = {
+        "timing_s/step": 0.1,
+        "timing_s/gen": 0.05,
+        "perf/generated_tokens": 10.0,
+        "dapo/sampler/responses_generated": generated,
+        "dapo/sampler/responses_trained": trained,
+        "dapo/sampler/gen_rounds": rounds,
+        "dapo/sampler/partial": float(trained < 16),
+        "dapo/sampler/keep_rate": 0.5,
+    }
     if acc is not None:
         data["val-core/copy3/acc/mean@1"] = acc
     return {"step": step, "data": data}
@@ -57,12 +74,26 @@ def test_windows_split_the_run_into_early_and_late_phases():
 
 def test_summary_ratios_are_per_seed_recipe_over_ours_then_averaged():
     def line(strategy, seed, whole, late, acc):
-        return {"strategy": strategy, "seed": seed, "generated_per_trained": whole, "rounds_mean": 1.0,
-                "partial_steps": 0, "final_accuracy": acc, "train_s": 1.0,
-                "late": {"generated_per_trained": late}, "early": {"generated_per_trained": 2.0}}
+        return {
+            "strategy": strategy,
+            "seed": seed,
+            "generated_per_trained": whole,
+            "rounds_mean": 1.0,
+            "partial_steps": 0,
+            "final_accuracy": acc,
+            "train_s": 1.0,
+            "late": {"generated_per_trained": late},
+            "early": {"generated_per_trained": 2.0},
+        }
 
-    rows = summarize([line("recipe_barrier_discard", 0, 16.0, 100.0, 0.8), line("default", 0, 8.0, 25.0, 0.9),
-                      line("recipe_barrier_discard", 1, 12.0, 60.0, 0.9), line("default", 1, 12.0, 30.0, 0.9)])
+    rows = summarize(
+        [
+            line("recipe_barrier_discard", 0, 16.0, 100.0, 0.8),
+            line("default", 0, 8.0, 25.0, 0.9),
+            line("recipe_barrier_discard", 1, 12.0, 60.0, 0.9),
+            line("default", 1, 12.0, 30.0, 0.9),
+        ]
+    )
     ours = next(row for row in rows if row["strategy"] == "default")
     assert ours["x_fewer_whole"] == 1.5 and ours["x_fewer_late"] == 3.0
     assert ours["accuracy_minus_recipe"] == 0.05
@@ -72,8 +103,9 @@ def test_the_accuracy_guard_pairs_seeds_and_reads_the_interval():
     from benchmarks.bench_local import ACCURACY_MARGIN, accuracy_test
 
     def lines(ours, previous):
-        return ([{"strategy": "predicted", "seed": s, "final_accuracy": a} for s, a in enumerate(ours)]
-                + [{"strategy": "default", "seed": s, "final_accuracy": a} for s, a in enumerate(previous)])
+        return [{"strategy": "predicted", "seed": s, "final_accuracy": a} for s, a in enumerate(ours)] + [
+            {"strategy": "default", "seed": s, "final_accuracy": a} for s, a in enumerate(previous)
+        ]
 
     same = accuracy_test(lines([0.80, 0.90, 0.85, 0.70], [0.81, 0.89, 0.86, 0.69]))
     assert same["seeds"] == [0, 1, 2, 3] and abs(same["mean"]) < 1e-12
@@ -89,21 +121,35 @@ def test_cost_tests_pair_seeds_against_the_default_and_every_peer(tmp_path, caps
     from benchmarks.bench_local import analyses, cost_test
 
     def line(strategy, seed, cost, acc):
-        return {"measurement": "sampler_run", "strategy": strategy, "seed": seed, "generated_per_trained": cost,
-                "final_accuracy": acc, "rounds_mean": 1.0, "partial_steps": 0, "train_s": 1.0,
-                "late": {"generated_per_trained": cost * 5}, "early": {"generated_per_trained": 2.0}}
+        return {
+            "measurement": "sampler_run",
+            "strategy": strategy,
+            "seed": seed,
+            "generated_per_trained": cost,
+            "final_accuracy": acc,
+            "rounds_mean": 1.0,
+            "partial_steps": 0,
+            "train_s": 1.0,
+            "late": {"generated_per_trained": cost * 5},
+            "early": {"generated_per_trained": 2.0},
+        }
 
-    lines = [line(name, seed, cost + seed / 10, 0.8 + seed / 100)
-             for name, cost in (("default", 5.0), ("greso", 5.5), ("logit_lookahead", 4.5),
-                                ("recipe_barrier_discard", 15.0))
-             for seed in range(4)]
+    lines = [
+        line(name, seed, cost + seed / 10, 0.8 + seed / 100)
+        for name, cost in (("default", 5.0), ("greso", 5.5), ("logit_lookahead", 4.5), ("recipe_barrier_discard", 15.0))
+        for seed in range(4)
+    ]
     test = cost_test(lines, "logit_lookahead", "greso")
     assert test["seeds"] == [0, 1, 2, 3] and test["mean"] == pytest.approx(-1.0)
     assert cost_test(lines[:1] + lines[4:5], "default", "greso") is None  # one pair: no test
     done = {(row["measurement"], row["treatment"], row["baseline"]) for row in analyses(lines)}
-    assert done == {("accuracy_test", "greso", "default"), ("accuracy_test", "logit_lookahead", "default"),
-                    ("cost_test", "default", "greso"), ("cost_test", "logit_lookahead", "default"),
-                    ("cost_test", "logit_lookahead", "greso")}  # peers and the recipe are baselines only
+    assert done == {
+        ("accuracy_test", "greso", "default"),
+        ("accuracy_test", "logit_lookahead", "default"),
+        ("cost_test", "default", "greso"),
+        ("cost_test", "logit_lookahead", "default"),
+        ("cost_test", "logit_lookahead", "greso"),
+    }  # peers and the recipe are baselines only
 
     # --merge reads chunks of seeds printed by earlier runs and tests them together.
     first, second = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
@@ -111,8 +157,11 @@ def test_cost_tests_pair_seeds_against_the_default_and_every_peer(tmp_path, caps
     second.write_text("\n".join(json.dumps(x) for x in lines[1::2]))
     assert main(["--merge", str(first), str(second)]) == 0
     merged = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
-    cost = next(x for x in merged if x["measurement"] == "cost_test" and x["baseline"] == "greso"
-                and x["treatment"] == "logit_lookahead")
+    cost = next(
+        x
+        for x in merged
+        if x["measurement"] == "cost_test" and x["baseline"] == "greso" and x["treatment"] == "logit_lookahead"
+    )
     assert cost["seeds"] == [0, 1, 2, 3] and cost["mean"] == pytest.approx(-1.0)
 
 
@@ -128,8 +177,24 @@ def test_merge_refuses_a_run_reported_twice_with_different_results(tmp_path):
 
 
 def test_overrides_change_every_run_and_are_recorded(capsys, tmp_path):
-    assert main(["--seeds", "0", "--steps", "2", "--strategies", "default", "greso", "--out", str(tmp_path),
-                 "--override", "local.task.heldout_size=9500"]) == 0
+    assert (
+        main(
+            [
+                "--seeds",
+                "0",
+                "--steps",
+                "2",
+                "--strategies",
+                "default",
+                "greso",
+                "--out",
+                str(tmp_path),
+                "--override",
+                "local.task.heldout_size=9500",
+            ]
+        )
+        == 0
+    )
     lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     runs = [line for line in lines if line["measurement"] == "sampler_run"]
     assert len(runs) == 2 and all(line["overrides"] == ["local.task.heldout_size=9500"] for line in runs)

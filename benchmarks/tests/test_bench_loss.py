@@ -24,8 +24,12 @@ def test_sync_probe_counts_reads_data_dependent_shapes_and_host_copies():
         torch.nonzero(x)
         x.tolist()
         x.numpy()
-    assert syncs == ["aten::_local_scalar_dense"] * 2 + ["aten::index", "aten::nonzero", "Tensor.tolist",
-                                                         "Tensor.numpy"]
+    assert syncs == ["aten::_local_scalar_dense"] * 2 + [
+        "aten::index",
+        "aten::nonzero",
+        "Tensor.tolist",
+        "Tensor.numpy",
+    ]
     with count_host_syncs() as syncs:
         y = (x * 2).exp().sum(dim=1)
         _ = x[torch.tensor([0, 1])], torch.where(x > 2, x, 0.0), y.reshape(-1)
@@ -48,7 +52,11 @@ def test_benchmark_prints_one_line_per_loss_and_size_with_the_ratios(capsys):
     rows = main(["--sizes", "4x16", "3x8", "--repeats", "2", "--warmup", "0"])
     lines = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith("{")]
     assert [(line["loss"], line["B"], line["L"]) for line in lines] == [
-        ("vanilla", 4, 16), ("dapo", 4, 16), ("vanilla", 3, 8), ("dapo", 3, 8)]
+        ("vanilla", 4, 16),
+        ("dapo", 4, 16),
+        ("vanilla", 3, 8),
+        ("dapo", 3, 8),
+    ]
     for line in lines:
         assert {"commit", "torch", "device", "time_ms", "peak_mib", "host_syncs"} <= set(line)
         assert line["device"] == "cpu" and line["time_ms"] > 0 and line["peak_mib"] > 0

@@ -23,10 +23,19 @@ def sharp_rollout(tmp_path_factory):
     """A tiny policy taught a few of :data:`PROMPTS`' answers by a few supervised steps, so that pass rates differ
     widely between prompts; one rollout samples 2,000 responses per prompt."""
     task = make_task("copy3", heldout_size=200, seed=0)
-    model, tokenizer, _, _ = load_or_build(ModelConfig(), max_positions=16, seed=1,
-                                           cache_dir=tmp_path_factory.mktemp("cache"))
-    rollout = Rollout(model, tokenizer, task, n=2000, temperature=0.8, max_response_length=3,
-                      overlong=OverlongConfig(overlong_reward_penalty=False), device=torch.device("cpu"))
+    model, tokenizer, _, _ = load_or_build(
+        ModelConfig(), max_positions=16, seed=1, cache_dir=tmp_path_factory.mktemp("cache")
+    )
+    rollout = Rollout(
+        model,
+        tokenizer,
+        task,
+        n=2000,
+        temperature=0.8,
+        max_response_length=3,
+        overlong=OverlongConfig(overlong_reward_penalty=False),
+        device=torch.device("cpu"),
+    )
     taught = torch.as_tensor(PROMPTS[:4])
     inputs = torch.cat([rollout.train_prompts[taught], rollout.train_answers[taught]], dim=1)
     optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)

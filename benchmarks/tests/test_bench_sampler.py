@@ -10,10 +10,27 @@ from benchmarks.bench_sampler import STRATEGIES, Scenario, StreamingRefill, main
 from benchmarks.sampler_report import check_targets, format_table
 
 TINY = Scenario(num_prompts=64, group_size=4, train_batch_size=8, steps=6)
-ALL_MIXED = Scenario(num_prompts=64, group_size=16, train_batch_size=8, steps=3, start_logit_mean=0.0,
-                     start_logit_std=0.0, logit_gain=0.0)  # every pass rate 0.5: uniform groups are ~1 in 30000
-HEADLINE = ("generated_per_trained", "oracle_share", "rounds_mean", "rounds_max", "multi_round_share",
-            "gen_time_mean", "partial_steps", "shortfall_groups", "carried_share", "fewer_than_recipe")
+ALL_MIXED = Scenario(
+    num_prompts=64,
+    group_size=16,
+    train_batch_size=8,
+    steps=3,
+    start_logit_mean=0.0,
+    start_logit_std=0.0,
+    logit_gain=0.0,
+)  # every pass rate 0.5: uniform groups are ~1 in 30000
+HEADLINE = (
+    "generated_per_trained",
+    "oracle_share",
+    "rounds_mean",
+    "rounds_max",
+    "multi_round_share",
+    "gen_time_mean",
+    "partial_steps",
+    "shortfall_groups",
+    "carried_share",
+    "fewer_than_recipe",
+)
 
 
 def _dropped(metrics):
@@ -84,8 +101,15 @@ def test_streaming_refill_respects_the_in_flight_bound_and_drains_surplus():
 
 
 def test_streaming_on_hopeless_data_ends_each_step_partial_instead_of_looping():
-    hopeless = Scenario(num_prompts=16, group_size=4, train_batch_size=4, steps=2, start_logit_mean=40.0,
-                        start_logit_std=0.0, logit_gain=0.0)
+    hopeless = Scenario(
+        num_prompts=16,
+        group_size=4,
+        train_batch_size=4,
+        steps=2,
+        start_logit_mean=40.0,
+        start_logit_std=0.0,
+        logit_gain=0.0,
+    )
     baseline = StreamingRefill(hopeless, seed=0)
     for step in range(hopeless.steps):
         baseline.run_step(step)
@@ -95,8 +119,22 @@ def test_streaming_on_hopeless_data_ends_each_step_partial_instead_of_looping():
 
 def test_main_prints_one_json_line_per_strategy_and_writes_the_result(tmp_path, capsys):
     out = tmp_path / "bench.json"
-    main(["--seeds", "0", "--steps", "3", "--train-batch-size", "4", "--group-size", "4", "--num-prompts", "32",
-          "--out", str(out)])
+    main(
+        [
+            "--seeds",
+            "0",
+            "--steps",
+            "3",
+            "--train-batch-size",
+            "4",
+            "--group-size",
+            "4",
+            "--num-prompts",
+            "32",
+            "--out",
+            str(out),
+        ]
+    )
     lines = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith("{")]
     assert [line["measurement"] for line in lines] == list(STRATEGIES)
     for line in lines:

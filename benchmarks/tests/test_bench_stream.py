@@ -26,12 +26,17 @@ def _naive(cost: RooflineCost, running: int, context: int, iterations: int) -> f
 
 
 @settings(max_examples=60, deadline=None)
-@given(running=st.integers(1, 40_000), context=st.integers(0, 10**8), iterations=st.integers(0, 300),
-       replicas=st.integers(1, 64))
+@given(
+    running=st.integers(1, 40_000),
+    context=st.integers(0, 10**8),
+    iterations=st.integers(0, 300),
+    replicas=st.integers(1, 64),
+)
 def test_decode_time_is_the_exact_sum_of_its_iterations(running, context, iterations, replicas):
     cost = RooflineCost(replicas=replicas)
     assert cost.decode_time(running, context, iterations) == pytest.approx(
-        _naive(cost, running, context, iterations), rel=1e-9, abs=1e-12)
+        _naive(cost, running, context, iterations), rel=1e-9, abs=1e-12
+    )
 
 
 def test_decode_is_memory_bound_in_the_tail_and_compute_bound_past_the_ridge():
@@ -45,21 +50,46 @@ def test_decode_is_memory_bound_in_the_tail_and_compute_bound_past_the_ridge():
 
 @pytest.mark.parametrize("strategy", STRATEGIES)
 def test_every_strategy_trains_full_batches_and_reports_its_metrics(strategy, capsys):
-    scenario = StreamScenario(num_prompts=300, train_batch_size=8, group_size=4, steps=6, max_response_length=512,
-                              median_length=60.0, prompt_tokens=16, max_num_seqs=8)
+    scenario = StreamScenario(
+        num_prompts=300,
+        train_batch_size=8,
+        group_size=4,
+        steps=6,
+        max_response_length=512,
+        median_length=60.0,
+        prompt_tokens=16,
+        max_num_seqs=8,
+    )
     result = bench_stream.run(strategy, scenario, seed=1, cost=RooflineCost(replicas=2), warmup=1, echo=print)
     assert result["steps"] == 5 and len(result["gen_s"]) == 5 and all(t > 0 for t in result["gen_s"])
     assert result["trained_tokens_per_step"] > 0 and result["tokens_per_trained"] >= 1.0
-    oldest = {"verl_async": 7, "dapo_stream_carry": 1, "dapo_stream_carry_2x": 1,
-              "dapo_rounds_carry": 1}.get(strategy, 0)  # 8-step spans
+    oldest = {"verl_async": 7, "dapo_stream_carry": 1, "dapo_stream_carry_2x": 1, "dapo_rounds_carry": 1}.get(
+        strategy, 0
+    )  # 8-step spans
     assert 0 <= result["token_age_max"] <= oldest
     assert "step 6/6" in capsys.readouterr().out
 
 
 def test_the_command_line_appends_one_line_per_strategy_and_seed(tmp_path, capsys):
     out = tmp_path / "bench.jsonl"
-    assert bench_stream.main(["--steps", "3", "--warmup", "1", "--seeds", "0", "--strategies", "verl_sync",
-                              "dapo_stream", "--out", str(out)]) == 0
+    assert (
+        bench_stream.main(
+            [
+                "--steps",
+                "3",
+                "--warmup",
+                "1",
+                "--seeds",
+                "0",
+                "--strategies",
+                "verl_sync",
+                "dapo_stream",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     lines = [json.loads(line) for line in out.read_text().splitlines()]
     assert [(line["strategy"], line["seed"]) for line in lines] == [("verl_sync", 0), ("dapo_stream", 0)]
     assert "s/step" in capsys.readouterr().out
@@ -69,8 +99,26 @@ def test_the_command_line_appends_one_line_per_strategy_and_seed(tmp_path, capsy
 
 def test_the_small_scenario_runs_four_prompts_a_step_and_the_report_refuses_mixed_scenarios(tmp_path):
     out = tmp_path / "small.jsonl"
-    assert bench_stream.main(["--scenario", "small", "--steps", "3", "--warmup", "1", "--seeds", "0",
-                              "--strategies", "verl_sync", "dapo_rounds_carry", "--out", str(out)]) == 0
+    assert (
+        bench_stream.main(
+            [
+                "--scenario",
+                "small",
+                "--steps",
+                "3",
+                "--warmup",
+                "1",
+                "--seeds",
+                "0",
+                "--strategies",
+                "verl_sync",
+                "dapo_rounds_carry",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     lines = [json.loads(line) for line in out.read_text().splitlines()]
     assert [line["scenario"]["train_batch_size"] for line in lines] == [4, 4]
     assert all(line["cost"]["replicas"] == 1 for line in lines)
@@ -81,17 +129,26 @@ def test_the_small_scenario_runs_four_prompts_a_step_and_the_report_refuses_mixe
 
 def _line(strategy, seed, time, tokens):
     """One run's line as bench_stream writes it, with the fields the report reads."""
-    return {"strategy": strategy, "seed": seed, "gen_s_per_step": time, "tokens_per_trained": tokens,
-            "waves_per_step": 1.0, "token_age_max": 0}
+    return {
+        "strategy": strategy,
+        "seed": seed,
+        "gen_s_per_step": time,
+        "tokens_per_trained": tokens,
+        "waves_per_step": 1.0,
+        "token_age_max": 0,
+    }
 
 
 def test_the_report_applies_the_declared_bar_to_each_candidate():
     lines = []
     for seed, jitter in enumerate((0.0, 1.0, -1.0)):
-        lines += [_line("verl_sync", seed, 600 + jitter, 3.0), _line("verl_async", seed, 300 + jitter, 2.0),
-                  _line("dapo_stream", seed, 280 + jitter, 2.0),  # 0.47x sync, below async, fewer tokens
-                  _line("dapo_stream_carry", seed, 310 + 2 * jitter, 1.5),  # slower than async
-                  _line("dapo_stream_carry_2x", seed, 250 + jitter, 3.5)]  # more tokens than sync
+        lines += [
+            _line("verl_sync", seed, 600 + jitter, 3.0),
+            _line("verl_async", seed, 300 + jitter, 2.0),
+            _line("dapo_stream", seed, 280 + jitter, 2.0),  # 0.47x sync, below async, fewer tokens
+            _line("dapo_stream_carry", seed, 310 + 2 * jitter, 1.5),  # slower than async
+            _line("dapo_stream_carry_2x", seed, 250 + jitter, 3.5),
+        ]  # more tokens than sync
     text = bench_stream.report(lines)
     assert "seeds 0-2 (3)" in text and "| dapo_stream | 280.0 | 0.467 [" in text
     assert "dapo_stream: meets the bar" in text
@@ -103,9 +160,12 @@ def test_the_report_applies_the_declared_bar_to_each_candidate():
 def test_the_small_scenario_judges_every_dapo_configuration_on_tokens_alone():
     lines = []
     for seed, jitter in enumerate((0.0, 0.1, -0.1)):
-        lines += [_line("verl_sync", seed, 15 + jitter, 2.0), _line("verl_async", seed, 5 + jitter, 1.4),
-                  _line("dapo_rounds", seed, 13 + jitter, 3.0 + jitter),  # more tokens than verl's sync buffer
-                  _line("dapo_rounds_carry", seed, 14 + jitter, 1.5 + jitter)]  # fewer, though slower than async
+        lines += [
+            _line("verl_sync", seed, 15 + jitter, 2.0),
+            _line("verl_async", seed, 5 + jitter, 1.4),
+            _line("dapo_rounds", seed, 13 + jitter, 3.0 + jitter),  # more tokens than verl's sync buffer
+            _line("dapo_rounds_carry", seed, 14 + jitter, 1.5 + jitter),
+        ]  # fewer, though slower than async
     text = bench_stream.report(lines, "small")
     assert "dapo_rounds: does not meet the 4-prompt criterion" in text
     assert "dapo_rounds_carry: meets the 4-prompt criterion" in text

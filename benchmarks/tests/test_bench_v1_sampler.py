@@ -61,7 +61,10 @@ def test_bench_v1_sampler_with_training_time_shows_the_prefetched_round_overlapp
     # A training step as long as the slowest generation: the prefetched round is finished when the next step samples,
     # so separate_async waits for less generation than the same buffer in sync mode, on groups one step old.
     assert summaries["dapo_separate"]["gen_time_mean"]["mean"] < summaries["dapo_default"]["gen_time_mean"]["mean"]
-    assert summaries["dapo_separate"]["off_policy_share"]["mean"] > 0 == summaries["dapo_default"]["off_policy_share"][
-        "mean"]
+    assert (
+        summaries["dapo_separate"]["off_policy_share"]["mean"]
+        > 0
+        == summaries["dapo_default"]["off_policy_share"]["mean"]
+    )
     assert result["train_budgets"] == 1.0
     clear_all()

@@ -17,7 +17,8 @@ def test_roles_come_from_the_command_lines_ray_and_vllm_give_their_processes():
     assert role_of("ray::AgentLoopWorkerTQ.generate_sequences") == "agent_loop"
     assert role_of("ray::vLLMHttpServer.generate") == "vllm_server"
     assert role_of("/venv/bin/python -B -c from multiprocessing.spawn import spawn_main; spawn_main(...)") == (
-        "vllm_engine_core")
+        "vllm_engine_core"
+    )
     assert role_of("VLLM::Worker") == "vllm_worker" and role_of("VLLM::EngineCore") == "vllm_engine_core"
     assert role_of("python -m verl.trainer.main_ppo a=b") == "verl_driver"
     assert role_of("ray::TaskRunnerV1.run") == "trainer_driver"
@@ -31,14 +32,25 @@ def _write(path, samples):
 
 def test_cpu_by_role_sums_each_process_growth_inside_the_window_by_its_last_named_role(tmp_path):
     path = tmp_path / "cpu.jsonl"
-    _write(path, [
-        (10.0, {"1": [5.0, "ray::IDLE"], "2": [1.0, "python -B -c from multiprocessing.spawn x"]}),
-        (11.0, {"1": [5.5, "ray::AgentLoopWorkerTQ.run"], "2": [1.8, "python -B -c from multiprocessing.spawn x"],
-                "3": [0.0, "ray::RewardLoopWorker.x"]}),
-        (12.0, {"1": [6.5, "ray::IDLE"], "2": [2.0, "python -B -c from multiprocessing.spawn x"],
-                "3": [0.25, ""]}),  # pid 3 ended: an empty command line keeps the role it had
-        (13.0, {"1": [9.0, "ray::AgentLoopWorkerTQ.run"]}),
-    ])
+    _write(
+        path,
+        [
+            (10.0, {"1": [5.0, "ray::IDLE"], "2": [1.0, "python -B -c from multiprocessing.spawn x"]}),
+            (
+                11.0,
+                {
+                    "1": [5.5, "ray::AgentLoopWorkerTQ.run"],
+                    "2": [1.8, "python -B -c from multiprocessing.spawn x"],
+                    "3": [0.0, "ray::RewardLoopWorker.x"],
+                },
+            ),
+            (
+                12.0,
+                {"1": [6.5, "ray::IDLE"], "2": [2.0, "python -B -c from multiprocessing.spawn x"], "3": [0.25, ""]},
+            ),  # pid 3 ended: an empty command line keeps the role it had
+            (13.0, {"1": [9.0, "ray::AgentLoopWorkerTQ.run"]}),
+        ],
+    )
     assert cpu_by_role(path) == {"agent_loop": 4.0, "vllm_engine_core": 1.0, "reward": 0.25}
     assert cpu_by_role(path, 11.0, 12.0) == pytest.approx({"agent_loop": 1.0, "vllm_engine_core": 0.2, "reward": 0.25})
     with pytest.raises(ValueError, match="no sample between 20.0 and 30.0"):
@@ -67,10 +79,19 @@ def test_the_sampler_records_this_process_burning_cpu_and_stops_with_its_block(t
 def test_an_orphaned_sampler_stops_by_itself(tmp_path):
     # A parent killed outright (SIGKILL) cannot stop its sampler; the sampler notices it was orphaned and exits.
     path = tmp_path / "cpu.jsonl"
-    parent = subprocess.Popen([sys.executable, "-c", (
-        "import subprocess, sys, time; "
-        f"c = subprocess.Popen([sys.executable, '-m', 'benchmarks.cpu_profile', {str(path)!r}, '0.05']); "
-        "print(c.pid, flush=True); time.sleep(60)")], stdout=subprocess.PIPE, text=True)
+    parent = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            (
+                "import subprocess, sys, time; "
+                f"c = subprocess.Popen([sys.executable, '-m', 'benchmarks.cpu_profile', {str(path)!r}, '0.05']); "
+                "print(c.pid, flush=True); time.sleep(60)"
+            ),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     child = int(parent.stdout.readline())
     time.sleep(0.5)
     parent.kill()

@@ -33,7 +33,7 @@ def test_canonical_order_ignores_the_order_responses_arrived_in(gen):
 
 def _kept(responses, lengths, *, real, n):
     keep = padded_rows_to_keep(responses, lengths, real=real, n=n)
-    return [[tuple(responses[i, : lengths[i]].tolist()) for i in keep[j * n:(j + 1) * n]] for j in range(real // n)]
+    return [[tuple(responses[i, : lengths[i]].tolist()) for i in keep[j * n : (j + 1) * n]] for j in range(real // n)]
 
 
 @pytest.mark.parametrize("pad", [1, 4])  # within prompt 0's rows, and spanning prompts 0 and 1
@@ -55,6 +55,12 @@ def test_padded_rollout_keeps_n_samples_per_prompt_whatever_order_identical_requ
         again = _kept(shuffled_responses, shuffled_lengths, real=real, n=n)
         assert [sorted(group) for group in again] == [sorted(group) for group in kept]
     # Each prompt keeps only its own samples.
-    own = {j: {tuple(responses[r, : lengths[r]].tolist()) for r in range(real + pad)
-               if (r if r < real else copies[r - real]) // n == j} for j in range(prompts)}
+    own = {
+        j: {
+            tuple(responses[r, : lengths[r]].tolist())
+            for r in range(real + pad)
+            if (r if r < real else copies[r - real]) // n == j
+        }
+        for j in range(prompts)
+    }
     assert all(set(group) <= own[j] for j, group in enumerate(kept))

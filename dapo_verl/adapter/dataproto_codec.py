@@ -55,13 +55,17 @@ class DataProtoCodec:
 
     def encode(self, data: DataProto) -> dict[str, Any]:
         tensors = {key: value.detach().cpu() for key, value in data.batch.items()} if data.batch is not None else {}
-        non_tensors = {key: [_plain(v, f"{key}[{i}]") for i, v in enumerate(values)]
-                       for key, values in data.non_tensor_batch.items()}
+        non_tensors = {
+            key: [_plain(v, f"{key}[{i}]") for i, v in enumerate(values)]
+            for key, values in data.non_tensor_batch.items()
+        }
         return {"tensors": tensors, "non_tensors": non_tensors, "meta_info": _plain(data.meta_info, "meta_info")}
 
     def decode(self, encoded: dict[str, Any]) -> DataProto:
         tensors: dict[str, torch.Tensor] = dict(encoded["tensors"])
-        non_tensors = {key: _object_array([_restore(v) for v in values])
-                       for key, values in encoded["non_tensors"].items()}
-        return DataProto.from_dict(tensors=tensors or None, non_tensors=non_tensors,
-                                   meta_info=_restore(encoded["meta_info"]))
+        non_tensors = {
+            key: _object_array([_restore(v) for v in values]) for key, values in encoded["non_tensors"].items()
+        }
+        return DataProto.from_dict(
+            tensors=tensors or None, non_tensors=non_tensors, meta_info=_restore(encoded["meta_info"])
+        )

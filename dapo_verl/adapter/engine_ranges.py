@@ -39,25 +39,46 @@ _WHEN = "vLLM refuses it only when verl starts the engine, minutes into the run,
 VLLM_NUMBERS: dict[str, tuple[str, bool, Callable[[float], bool], str, str]] = {
     # vLLM argument: (rollout key verl passes as it, integer?, vLLM's range, the range in words, a valid value)
     # vllm/config/cache.py:68  gpu_memory_utilization: float = Field(default=0.92, gt=0, le=1)
-    "gpu_memory_utilization": ("gpu_memory_utilization", False, lambda v: 0 < v <= 1,
-                               "0 < gpu_memory_utilization <= 1 (the share of each GPU's memory vLLM may take)",
-                               "a share in (0, 1], e.g. 0.8 (the paper recipes' value)"),
+    "gpu_memory_utilization": (
+        "gpu_memory_utilization",
+        False,
+        lambda v: 0 < v <= 1,
+        "0 < gpu_memory_utilization <= 1 (the share of each GPU's memory vLLM may take)",
+        "a share in (0, 1], e.g. 0.8 (the paper recipes' value)",
+    ),
     # vllm/config/scheduler.py:63  max_num_seqs: int = Field(default=DEFAULT_MAX_NUM_SEQS, ge=1)
-    "max_num_seqs": ("max_num_seqs", True, lambda v: v >= 1,
-                     "max_num_seqs >= 1, an integer (sequences per scheduler step)",
-                     "an integer >= 1, e.g. 256 (verl's default)"),
+    "max_num_seqs": (
+        "max_num_seqs",
+        True,
+        lambda v: v >= 1,
+        "max_num_seqs >= 1, an integer (sequences per scheduler step)",
+        "an integer >= 1, e.g. 256 (verl's default)",
+    ),
     # vllm/config/scheduler.py:49  max_num_batched_tokens: int = Field(default=..., ge=1)
-    "max_num_batched_tokens": ("max_num_batched_tokens", True, lambda v: v >= 1,
-                               "max_num_batched_tokens >= 1, an integer (tokens per scheduler step)",
-                               "an integer >= max_num_seqs, e.g. 8192 (verl's default)"),
+    "max_num_batched_tokens": (
+        "max_num_batched_tokens",
+        True,
+        lambda v: v >= 1,
+        "max_num_batched_tokens >= 1, an integer (tokens per scheduler step)",
+        "an integer >= max_num_seqs, e.g. 8192 (verl's default)",
+    ),
     # vllm/config/parallel.py:124  tensor_parallel_size: int = Field(default=1, ge=1)
-    "tensor_parallel_size": ("tensor_model_parallel_size", True, lambda v: v >= 1,
-                             "tensor_parallel_size >= 1, an integer (GPUs per engine)",
-                             "an integer >= 1, e.g. 1, or 4 as in the paper recipes"),
+    "tensor_parallel_size": (
+        "tensor_model_parallel_size",
+        True,
+        lambda v: v >= 1,
+        "tensor_parallel_size >= 1, an integer (GPUs per engine)",
+        "an integer >= 1, e.g. 1, or 4 as in the paper recipes",
+    ),
     # vllm/config/parallel.py:129  data_parallel_size: int = Field(default=1, ge=1); verl sizes a replica as
     # tensor x data x pipeline GPUs (verl/workers/rollout/replica.py:107), so 0 fails before vLLM sees it
-    "data_parallel_size": ("data_parallel_size", True, lambda v: v >= 1,
-                           "data_parallel_size >= 1, an integer (engines per replica)", "1 (verl's default)"),
+    "data_parallel_size": (
+        "data_parallel_size",
+        True,
+        lambda v: v >= 1,
+        "data_parallel_size >= 1, an integer (engines per replica)",
+        "1 (verl's default)",
+    ),
 }
 """vLLM's numeric ranges, per engine argument verl passes (see the comments for vLLM's source)."""
 
@@ -96,17 +117,30 @@ def engine_problems(config: DictConfig) -> list[Problem]:
         for where, value, cli in [(f"{_ROLLOUT}.{key}", rollout.get(key), False), *_overridden(given, argument)]:
             number = _number(value, integer, cli)
             if number is None:
-                problems.append(Problem(where, f"{where}={value!r} is not {'an integer' if integer else 'a number'}; "
-                                               f"vLLM's range is {range_text}, and {_WHEN}. Set {where} to {fix}."))
+                problems.append(
+                    Problem(
+                        where,
+                        f"{where}={value!r} is not {'an integer' if integer else 'a number'}; "
+                        f"vLLM's range is {range_text}, and {_WHEN}. Set {where} to {fix}.",
+                    )
+                )
             elif not admits(number):
-                problems.append(Problem(where, f"{where}={value!r} is outside vLLM's range {range_text}; {_WHEN}. "
-                                               f"Set {where} to {fix}."))
+                problems.append(
+                    Problem(
+                        where, f"{where}={value!r} is outside vLLM's range {range_text}; {_WHEN}. Set {where} to {fix}."
+                    )
+                )
     for argument, (key, known) in VLLM_CHOICES.items():
         for where, value, _ in [(f"{_ROLLOUT}.{key}", rollout.get(key), False), *_overridden(given, argument)]:
             if value is not None and value not in known:
-                problems.append(Problem(where, f"{where}={value!r} is not one of vLLM's {argument} values "
-                                               f"({', '.join(known)}); `vllm serve` exits on it when verl starts "
-                                               f"the engine. Set {where} to one of them."))
+                problems.append(
+                    Problem(
+                        where,
+                        f"{where}={value!r} is not one of vLLM's {argument} values "
+                        f"({', '.join(known)}); `vllm serve` exits on it when verl starts "
+                        f"the engine. Set {where} to one of them.",
+                    )
+                )
     for where, value, _ in _overridden(given, "max_model_len"):
         problems += _length_problems(where, value, rollout, given=True)
     return problems + _budget_problems(rollout, given, {p.key for p in problems})
@@ -117,8 +151,11 @@ def _given(overrides: DictConfig) -> dict[str, tuple[str, Any]]:
     drops them; vLLM's command line reads ``gpu-memory-utilization`` as ``gpu_memory_utilization``."""
     plain = OmegaConf.to_container(overrides, resolve=True)
     assert isinstance(plain, dict)  # a DictConfig's container is a dict
-    return {str(name).replace("-", "_"): (f"{_OVERRIDES}.{name!s}", value) for name, value in plain.items()
-            if value is not None}
+    return {
+        str(name).replace("-", "_"): (f"{_OVERRIDES}.{name!s}", value)
+        for name, value in plain.items()
+        if value is not None
+    }
 
 
 def _overridden(given: Mapping[str, tuple[str, Any]], argument: str) -> list[tuple[str, Any, bool]]:
@@ -157,16 +194,26 @@ def _length_problems(key: str, value: Any, rollout: DictConfig, *, given: bool) 
     if given and isinstance(value, str):
         text, value = value, _readable_length(value)
         if value is None:
-            return [Problem(key, f"{key}={text!r} is not a length vLLM's command line reads (an integer, 32k = "
-                                 f"32,000, 32K = 32,768, or auto); `vllm serve` exits on it when verl starts the "
-                                 f"engine. Set {key} to an integer >= prompt_length + response_length, or drop it.")]
+            return [
+                Problem(
+                    key,
+                    f"{key}={text!r} is not a length vLLM's command line reads (an integer, 32k = "
+                    f"32,000, 32K = 32,768, or auto); `vllm serve` exits on it when verl starts the "
+                    f"engine. Set {key} to an integer >= prompt_length + response_length, or drop it.",
+                )
+            ]
         if value == -1:
             return []  # auto: the model's context length
     lengths = _lengths(rollout)
     if isinstance(value, bool) or not isinstance(value, int):
-        return [Problem(key, f"{key}={value!r} is not an integer; verl compares it with the model's context length "
-                             f"at start-up and fails. Set {key} to an integer >= prompt_length + response_length, or "
-                             f"null for the model's context length.")]
+        return [
+            Problem(
+                key,
+                f"{key}={value!r} is not an integer; verl compares it with the model's context length "
+                f"at start-up and fails. Set {key} to an integer >= prompt_length + response_length, or "
+                f"null for the model's context length.",
+            )
+        ]
     if lengths is None or value >= sum(lengths):
         return []
     prompt, response = lengths
@@ -175,10 +222,15 @@ def _length_problems(key: str, value: Any, rollout: DictConfig, *, given: bool) 
     # max_model_len - len(prompt)), and a ValueError when max_model_len - len(prompt) < 1; vLLM itself stops a
     # sequence at its max_model_len (vllm/v1/core/sched/utils.py:113) and refuses a longer prompt
     who = "vLLM stops each sequence" if given else "verl caps each response"
-    return [Problem(key, f"{key}={value} is below prompt_length + response_length = {prompt} + {response} = "
-                         f"{prompt + response} tokens; {who} at {value} tokens of prompt and response, cutting "
-                         f"responses short of response_length={response} without a word, and fails on {fails}. "
-                         f"Set {key} >= {prompt + response}, or null for the model's context length.")]
+    return [
+        Problem(
+            key,
+            f"{key}={value} is below prompt_length + response_length = {prompt} + {response} = "
+            f"{prompt + response} tokens; {who} at {value} tokens of prompt and response, cutting "
+            f"responses short of response_length={response} without a word, and fails on {fails}. "
+            f"Set {key} >= {prompt + response}, or null for the model's context length.",
+        )
+    ]
 
 
 def _readable_length(text: str) -> int | None:
@@ -228,7 +280,12 @@ def _budget_problems(rollout: DictConfig, given: Mapping[str, tuple[str, Any]], 
     if budget >= sequences:
         return []
     # vllm/config/scheduler.py:263  if self.max_num_batched_tokens < self.max_num_seqs: raise ValueError(...)
-    return [Problem(tokens_key, f"{tokens_key}={tokens!r}{raised} is below {seqs_key}={seqs!r}; vLLM's range is "
-                                f"max_num_batched_tokens >= max_num_seqs (each sequence of a scheduler step takes "
-                                f"at least one token of its budget), and {_WHEN}. Set {tokens_key} >= {sequences:g} "
-                                f"or {seqs_key} <= {budget:g}.")]
+    return [
+        Problem(
+            tokens_key,
+            f"{tokens_key}={tokens!r}{raised} is below {seqs_key}={seqs!r}; vLLM's range is "
+            f"max_num_batched_tokens >= max_num_seqs (each sequence of a scheduler step takes "
+            f"at least one token of its budget), and {_WHEN}. Set {tokens_key} >= {sequences:g} "
+            f"or {seqs_key} <= {budget:g}.",
+        )
+    ]

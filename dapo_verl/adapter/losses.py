@@ -64,12 +64,12 @@ def compute_policy_loss_dapo(
     from verl.trainer.ppo.core_algos import agg_loss
 
     clip = clip_settings(config)
-    loss_mat, diagnostics = clipped_surrogate_with_diagnostics(log_prob, old_log_prob, advantages, response_mask,
-                                                               **clip)  # (B, L), one ratio for both
+    loss_mat, diagnostics = clipped_surrogate_with_diagnostics(
+        log_prob, old_log_prob, advantages, response_mask, **clip
+    )  # (B, L), one ratio for both
     if rollout_is_weights is not None:
         loss_mat = loss_mat * rollout_is_weights
-    loss = agg_loss(loss_mat=loss_mat, loss_mask=response_mask, loss_agg_mode=loss_agg_mode,
-                    **config.global_batch_info)
+    loss = agg_loss(loss_mat=loss_mat, loss_mask=response_mask, loss_agg_mode=loss_agg_mode, **config.global_batch_info)
     stats = dict(zip(diagnostics, torch.stack(list(diagnostics.values())).tolist()))  # one device sync
     metrics = {
         "actor/pg_clipfrac": stats["clip_upper_fraction"] + stats["clip_lower_fraction"],

@@ -64,11 +64,19 @@ from dapo_verl.adapter.preflight_verl import (
 )
 from dapo_verl.preflight import ConfigRefused, KnownKeys, Problem, one_line
 
-__all__ = ["DAPO_ENTRY", "VERL_ENTRY", "Findings", "check_verl_config", "compose_and_check", "load_verl_checks",
-           "verl_config_problems"]
+__all__ = [
+    "DAPO_ENTRY",
+    "VERL_ENTRY",
+    "Findings",
+    "check_verl_config",
+    "compose_and_check",
+    "load_verl_checks",
+    "verl_config_problems",
+]
 
 DAPO_ENTRY = "dapo_verl.main"
 VERL_ENTRY = "verl.trainer.main_ppo"
+
 
 @dataclass
 class Findings:
@@ -106,8 +114,9 @@ def load_verl_checks() -> None:
         import verl.utils.config  # noqa: F401
 
 
-def compose_and_check(compose: Callable[[], DictConfig], *, entry_module: str,
-                      unset_env_is_problem: bool = True) -> tuple[DictConfig, Findings]:
+def compose_and_check(
+    compose: Callable[[], DictConfig], *, entry_module: str, unset_env_is_problem: bool = True
+) -> tuple[DictConfig, Findings]:
     """Compose (:func:`dapo_verl.preflight.compose_config_dir` or the like) and check; report every problem at once.
 
     When the overrides themselves are refused, the rest of the config (composed without them) is checked too, so
@@ -142,8 +151,14 @@ def verl_config_problems(config: DictConfig, *, entry_module: str, unset_env_is_
     plain, unset, broken = _resolvable(config)
     findings.unset = [f"{key} (reads ${variable})" for key, variable in unset]
     if unset_env_is_problem:
-        findings.problems += [Problem(key, f"{key} reads the environment variable {variable}, which is not set; the "
-                                           f"run cannot resolve it. Export {variable}.") for key, variable in unset]
+        findings.problems += [
+            Problem(
+                key,
+                f"{key} reads the environment variable {variable}, which is not set; the "
+                f"run cannot resolve it. Export {variable}.",
+            )
+            for key, variable in unset
+        ]
     findings.problems += broken
     dapo_run = entry_module == DAPO_ENTRY
     groups: list[tuple[str, Callable[[DictConfig], list[Problem]]]] = [
@@ -161,24 +176,32 @@ def verl_config_problems(config: DictConfig, *, entry_module: str, unset_env_is_
     return findings
 
 
-def _run_groups(groups: Sequence[tuple[str, Callable[[DictConfig], list[Problem]]]], plain: DictConfig,
-                findings: Findings) -> None:
+def _run_groups(
+    groups: Sequence[tuple[str, Callable[[DictConfig], list[Problem]]]], plain: DictConfig, findings: Findings
+) -> None:
     for name, check in groups:
         seen = {p.key for p in findings.problems}
         try:
             found = check(plain)
         except Exception as err:  # a config shaped unlike any verl config (a section set to a number, ...)
-            found = [Problem(name, f"The check of {name} could not read the config ({type(err).__name__}: "
-                                   f"{one_line(err)[:200]}); a section it reads is missing or is not a section. "
-                                   f"Compare the config with `python -m dapo_verl.main --cfg job`.")]
+            found = [
+                Problem(
+                    name,
+                    f"The check of {name} could not read the config ({type(err).__name__}: "
+                    f"{one_line(err)[:200]}); a section it reads is missing or is not a section. "
+                    f"Compare the config with `python -m dapo_verl.main --cfg job`.",
+                )
+            ]
         findings.problems += [p for p in found if not _reported(p, seen)]
         findings.checked.append(name)
 
 
 def _reported(problem: Problem, seen: set[str]) -> bool:
     """Whether ``problem`` repeats one already found: the same key, or a section's error about a key found in it."""
-    return any(key == problem.key or (key.startswith(problem.key + ".") and key.rsplit(".", 1)[1] in problem.message)
-               for key in seen)
+    return any(
+        key == problem.key or (key.startswith(problem.key + ".") and key.rsplit(".", 1)[1] in problem.message)
+        for key in seen
+    )
 
 
 # -- resolving ----------------------------------------------------------------------------------------------
@@ -207,8 +230,13 @@ def _resolvable(config: DictConfig) -> tuple[DictConfig, list[tuple[str, str]], 
                 unset.append((key, variable.group(1)))
                 OmegaConf.update(copy, key, f"<unset ${variable.group(1)}>", merge=False)
             else:
-                broken.append(Problem(key, f"{key}={value!r} cannot be resolved ({one_line(err)[:200]}). Fix the "
-                                           f"interpolation or set the value directly."))
+                broken.append(
+                    Problem(
+                        key,
+                        f"{key}={value!r} cannot be resolved ({one_line(err)[:200]}). Fix the "
+                        f"interpolation or set the value directly.",
+                    )
+                )
     if broken:
         return copy, unset, broken
     return OmegaConf.create(OmegaConf.to_container(copy, resolve=True, throw_on_missing=False)), unset, broken

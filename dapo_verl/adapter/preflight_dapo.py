@@ -27,8 +27,17 @@ from dapo_verl.config import (
 )
 from dapo_verl.preflight import KnownKeys, Problem, one_line
 
-__all__ = ["V1_CHECKPOINT_CALLBACK", "V1_SAMPLER", "clip_higher_warning", "component_settings",
-           "dapo_entry_problems", "dapo_settings", "data_keys", "entry_problems", "reward_and_filter"]
+__all__ = [
+    "V1_CHECKPOINT_CALLBACK",
+    "V1_SAMPLER",
+    "clip_higher_warning",
+    "component_settings",
+    "dapo_entry_problems",
+    "dapo_settings",
+    "data_keys",
+    "entry_problems",
+    "reward_and_filter",
+]
 
 V1_SAMPLER = ("pkg://dapo_verl.adapter.v1_sampler", "DapoReplayBuffer")
 V1_CHECKPOINT_CALLBACK = "dapo_verl.adapter.v1_sampler.DapoCheckpointCallback"
@@ -67,8 +76,10 @@ def component_settings(config: DictConfig) -> list[Problem]:
     from dapo_verl.adapter.reward import reward_settings
 
     parts: list[tuple[bool, Callable[[], Any]]] = [
-        (_get(config, "actor_rollout_ref.actor.policy_loss.loss_mode") == "dapo",
-         lambda: read_verl_section(LossConfig, config)),
+        (
+            _get(config, "actor_rollout_ref.actor.policy_loss.loss_mode") == "dapo",
+            lambda: read_verl_section(LossConfig, config),
+        ),
         (_get(config, "algorithm.adv_estimator") == "dapo", lambda: read_verl_section(AdvantageConfig, config)),
         (_get(config, "reward.reward_manager.name") == "dapo_verl", lambda: reward_settings(config)),
     ]
@@ -90,29 +101,50 @@ def dapo_entry_problems(config: DictConfig, dapo: DapoConfig) -> list[Problem]:
     reward_model = config.reward.get("reward_model", {}) or {}
     colocated = reward_model.get("enable", False) and not reward_model.get("enable_resource_pool", False)
     if dapo.sampler.enable and colocated:
-        problems.append(Problem("reward.reward_model.enable", (
-            "reward.reward_model.enable=true with reward.reward_model.enable_resource_pool=false: a colocated reward "
-            "model scores responses only after generation, so dynamic sampling cannot read "
-            f"algorithm.filter_groups.metric={dapo.sampler.metric} while it samples. Give the reward model its own "
-            "GPUs (reward.reward_model.enable_resource_pool=true), use a rule-based reward, or set "
-            "algorithm.filter_groups.enable=false.")))
+        problems.append(
+            Problem(
+                "reward.reward_model.enable",
+                (
+                    "reward.reward_model.enable=true with reward.reward_model.enable_resource_pool=false: a "
+                    "colocated reward model scores responses only after generation, so dynamic sampling cannot read "
+                    f"algorithm.filter_groups.metric={dapo.sampler.metric} while it samples. Give the reward model "
+                    "its own GPUs (reward.reward_model.enable_resource_pool=true), use a rule-based reward, or set "
+                    "algorithm.filter_groups.enable=false."
+                ),
+            )
+        )
     n = config.actor_rollout_ref.rollout.n
     if isinstance(n, bool) or not isinstance(n, int) or n < 2:
-        problems.append(Problem("actor_rollout_ref.rollout.n", (
-            f"actor_rollout_ref.rollout.n={n!r}: group-normalised advantages need >= 2 responses per prompt. Set "
-            f"actor_rollout_ref.rollout.n (the paper uses 16).")))
+        problems.append(
+            Problem(
+                "actor_rollout_ref.rollout.n",
+                (
+                    f"actor_rollout_ref.rollout.n={n!r}: group-normalised advantages need >= 2 responses per "
+                    "prompt. Set actor_rollout_ref.rollout.n (the paper uses 16)."
+                ),
+            )
+        )
     if config.algorithm.adv_estimator == "remax":
-        problems.append(Problem("algorithm.adv_estimator", (
-            "algorithm.adv_estimator=remax needs a greedy baseline rollout per prompt, which the batch replenisher "
-            "does not produce. Use adv_estimator=dapo or grpo.")))
+        problems.append(
+            Problem(
+                "algorithm.adv_estimator",
+                (
+                    "algorithm.adv_estimator=remax needs a greedy baseline rollout per prompt, which the batch "
+                    "replenisher does not produce. Use adv_estimator=dapo or grpo."
+                ),
+            )
+        )
     return problems
 
 
 def clip_higher_warning(config: DictConfig, dapo: DapoConfig) -> None:
     """Warn once when clip-higher cannot act under the config's batching (it is not an error)."""
     actor = config.actor_rollout_ref.actor
-    reason = clip_higher_inert_reason(train_batch_size=dapo.sampler.train_batch_size,
-                                      ppo_mini_batch_size=actor.ppo_mini_batch_size, ppo_epochs=actor.ppo_epochs)
+    reason = clip_higher_inert_reason(
+        train_batch_size=dapo.sampler.train_batch_size,
+        ppo_mini_batch_size=actor.ppo_mini_batch_size,
+        ppo_epochs=actor.ppo_epochs,
+    )
     if reason and dapo.loss.clip_ratio_high != dapo.loss.clip_ratio_low:
         warnings.warn(reason, stacklevel=3)
 
@@ -130,18 +162,29 @@ def _v1_sampler_problems(config: DictConfig) -> list[Problem]:
     problems = []
     sampler = (config.trainer.get("v1", {}) or {}).get("sampler", {}).get("custom_sampler") or {}
     if (sampler.get("path"), sampler.get("name")) != V1_SAMPLER:
-        problems.append(Problem("trainer.v1.sampler.custom_sampler", (
-            f"trainer.v1.sampler.custom_sampler is {{path: {sampler.get('path')}, name: {sampler.get('name')}}}; "
-            f"python -m dapo_verl.main runs dapo_verl's batch replenisher as v1's sampler ({{path: {V1_SAMPLER[0]}, "
-            f"name: {V1_SAMPLER[1]}}}, as dapo/base.yaml sets). To use verl's built-in filter_groups instead, run "
-            f"python -m verl.trainer.main_ppo with loss_mode=dapo.")))
+        problems.append(
+            Problem(
+                "trainer.v1.sampler.custom_sampler",
+                (
+                    f"trainer.v1.sampler.custom_sampler is {{path: {sampler.get('path')}, name: "
+                    f"{sampler.get('name')}}}; python -m dapo_verl.main runs dapo_verl's batch replenisher as v1's "
+                    f"sampler ({{path: {V1_SAMPLER[0]}, name: {V1_SAMPLER[1]}}}, as dapo/base.yaml sets). To use "
+                    "verl's built-in filter_groups instead, run python -m verl.trainer.main_ppo with loss_mode=dapo."
+                ),
+            )
+        )
     if config.trainer.get("checkpoint_callback_class") != V1_CHECKPOINT_CALLBACK:
-        problems.append(Problem("trainer.checkpoint_callback_class", (
-            f"trainer.checkpoint_callback_class={config.trainer.get('checkpoint_callback_class')!r}: without "
-            f"{V1_CHECKPOINT_CALLBACK} the sampler's state (prompt history, carried groups, counters) is not saved "
-            f"and a resumed run would repeat or lose groups. Keep dapo/base.yaml's value.")))
+        problems.append(
+            Problem(
+                "trainer.checkpoint_callback_class",
+                (
+                    f"trainer.checkpoint_callback_class={config.trainer.get('checkpoint_callback_class')!r}: without "
+                    f"{V1_CHECKPOINT_CALLBACK} the sampler's state (prompt history, carried groups, counters) is not "
+                    "saved and a resumed run would repeat or lose groups. Keep dapo/base.yaml's value."
+                ),
+            )
+        )
     return problems
-
 
 
 def data_keys(config: DictConfig) -> list[Problem]:
@@ -150,12 +193,22 @@ def data_keys(config: DictConfig) -> list[Problem]:
     for key in _POSITIVE_DATA_KEYS:
         value = _get(config, key)
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            problems.append(Problem(key, f"{key}={value!r} must be a positive integer; verl's data loader and "
-                                         f"trainer size batches and sequences by it. Set {key} to a whole number."))
+            problems.append(
+                Problem(
+                    key,
+                    f"{key}={value!r} must be a positive integer; verl's data loader and "
+                    f"trainer size batches and sequences by it. Set {key} to a whole number.",
+                )
+            )
     gen = _get(config, "data.gen_batch_size")
     if gen is not None and (isinstance(gen, bool) or not isinstance(gen, int) or gen < 1):
-        problems.append(Problem("data.gen_batch_size", f"data.gen_batch_size={gen!r} must be a positive integer or "
-                                                       f"null (train_batch_size). Set it to a number of prompts."))
+        problems.append(
+            Problem(
+                "data.gen_batch_size",
+                f"data.gen_batch_size={gen!r} must be a positive integer or "
+                f"null (train_batch_size). Set it to a number of prompts.",
+            )
+        )
     return problems
 
 
@@ -170,13 +223,30 @@ def _reward_kwargs(config: DictConfig) -> list[Problem]:
     if _get(config, "reward.reward_manager.name") != "dapo_verl" or not isinstance(kwargs, DictConfig):
         return []
     prefix = "reward.reward_kwargs."
-    known = KnownKeys.of({"reward": {"reward_kwargs": {
-        **{key[len(prefix):]: None for key, _ in iter_verl_fields(OverlongConfig) if key.startswith(prefix)},
-        **dict.fromkeys(_VERL_REWARD_KWARGS)}}})
-    return [Problem(prefix + name, f"{prefix}{name} is not read by the dapo_verl reward manager, so the run would "
-                                   f"ignore it; {known.hint(prefix + name)} It reads "
-                                   f"{', '.join(sorted(k[len(prefix):] for k in known.leaves))}.")
-            for name in kwargs if prefix + name not in known]
+    known = KnownKeys.of(
+        {
+            "reward": {
+                "reward_kwargs": {
+                    **{
+                        key[len(prefix) :]: None
+                        for key, _ in iter_verl_fields(OverlongConfig)
+                        if key.startswith(prefix)
+                    },
+                    **dict.fromkeys(_VERL_REWARD_KWARGS),
+                }
+            }
+        }
+    )
+    return [
+        Problem(
+            prefix + name,
+            f"{prefix}{name} is not read by the dapo_verl reward manager, so the run would "
+            f"ignore it; {known.hint(prefix + name)} It reads "
+            f"{', '.join(sorted(k[len(prefix) :] for k in known.leaves))}.",
+        )
+        for name in kwargs
+        if prefix + name not in known
+    ]
 
 
 def _filter_metric(config: DictConfig) -> list[Problem]:
@@ -187,7 +257,13 @@ def _filter_metric(config: DictConfig) -> list[Problem]:
     custom = _get(config, "reward.custom_reward_function.path") or _get(config, "custom_reward_function.path")
     if manager != "dapo_verl" or custom or metric in (*_REPORTED_BY_DAPO_VERL, *_SHAPED) or metric is None:
         return []
-    return [Problem("algorithm.filter_groups.metric", (
-        f"algorithm.filter_groups.metric={metric!r} is not a value the dapo_verl reward manager reports (it reports "
-        f"{', '.join(_REPORTED_BY_DAPO_VERL)} with verl's default score function), so dynamic sampling would fail "
-        f"at its first batch. Set algorithm.filter_groups.metric=acc (raw correctness)."))]
+    return [
+        Problem(
+            "algorithm.filter_groups.metric",
+            (
+                f"algorithm.filter_groups.metric={metric!r} is not a value the dapo_verl reward manager reports (it "
+                f"reports {', '.join(_REPORTED_BY_DAPO_VERL)} with verl's default score function), so dynamic sampling "
+                "would fail at its first batch. Set algorithm.filter_groups.metric=acc (raw correctness)."
+            ),
+        )
+    ]

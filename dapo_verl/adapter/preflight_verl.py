@@ -65,10 +65,14 @@ def registered_names(config: DictConfig) -> list[Problem]:
         close = difflib.get_close_matches(str(value), known, n=1, cutoff=0.5)
         hint = f" Did you mean {close[0]}?" if close else ""
         shown = " is not set" if value is None else f"={value!r} is not registered in verl"
-        problems.append(Problem(key, f"{key}{shown} (known: {', '.join(known)}); verl looks it up at start-up and "
-                                     f"fails.{hint} Set {key} to one of the known names."))
+        problems.append(
+            Problem(
+                key,
+                f"{key}{shown} (known: {', '.join(known)}); verl looks it up at start-up and "
+                f"fails.{hint} Set {key} to one of the known names.",
+            )
+        )
     return problems
-
 
 
 @dataclass(frozen=True)
@@ -96,22 +100,33 @@ def _section(name: str) -> str:
 
 
 _KNOWN_ERRORS = (
-    _KnownError(re.compile(r"Please set at least one of '([\w.]+)\.(\w+)' or '[\w.]+_per_gpu'"),
-                key=lambda m: f"{_section(m[1])}.{m[2]}_per_gpu",
-                fix=lambda m: f"Set {_section(m[1])}.{m[2]}_per_gpu (e.g. 4), or actor_rollout_ref.actor."
-                              "use_dynamic_bsz=true with ppo_max_token_len_per_gpu.",
-                settle=lambda m, _: 1),
-    _KnownError(re.compile(r"You have set both '([\w.]+)\.(\w+)' AND"),
-                key=lambda m: f"{_section(m[1])}.{m[2]}",
-                fix=lambda m: f"Remove {_section(m[1])}.{m[2]} (deprecated), or set {_section(m[1])}.{m[2]}_per_gpu"
-                              f"=null to keep it.",
-                settle=lambda m, _: None),
-    _KnownError(re.compile(r"real_train_batch_size \(\d+\) must be divisible by minimal possible batch size \((\d+)\)"),
-                key=lambda m: "data.train_batch_size",
-                fix=lambda m: f"verl splits each step's responses evenly across data-parallel ranks: set "
-                              f"data.train_batch_size and actor_rollout_ref.rollout.n so that their product is a "
-                              f"multiple of {m[1]}.",
-                settle=lambda m, config: int(_get(config, "data.train_batch_size")) * int(m[1])),
+    _KnownError(
+        re.compile(r"Please set at least one of '([\w.]+)\.(\w+)' or '[\w.]+_per_gpu'"),
+        key=lambda m: f"{_section(m[1])}.{m[2]}_per_gpu",
+        fix=lambda m: (
+            f"Set {_section(m[1])}.{m[2]}_per_gpu (e.g. 4), or actor_rollout_ref.actor."
+            "use_dynamic_bsz=true with ppo_max_token_len_per_gpu."
+        ),
+        settle=lambda m, _: 1,
+    ),
+    _KnownError(
+        re.compile(r"You have set both '([\w.]+)\.(\w+)' AND"),
+        key=lambda m: f"{_section(m[1])}.{m[2]}",
+        fix=lambda m: (
+            f"Remove {_section(m[1])}.{m[2]} (deprecated), or set {_section(m[1])}.{m[2]}_per_gpu=null to keep it."
+        ),
+        settle=lambda m, _: None,
+    ),
+    _KnownError(
+        re.compile(r"real_train_batch_size \(\d+\) must be divisible by minimal possible batch size \((\d+)\)"),
+        key=lambda m: "data.train_batch_size",
+        fix=lambda m: (
+            f"verl splits each step's responses evenly across data-parallel ranks: set "
+            f"data.train_batch_size and actor_rollout_ref.rollout.n so that their product is a "
+            f"multiple of {m[1]}."
+        ),
+        settle=lambda m, config: int(_get(config, "data.train_batch_size")) * int(m[1]),
+    ),
 )
 
 
@@ -157,8 +172,9 @@ def validate_config_problems(config: DictConfig) -> list[Problem]:
             validate_config(config=scratch, use_reference_policy=need_reference_policy(scratch), use_critic=False)
             return problems
         except Exception as err:  # verl raises AssertionError, ValueError or Hydra's InstantiationException
-            problem = _class_problem("actor_rollout_ref.actor", err, known,
-                                     prefix="verl's validate_config refuses the config")
+            problem = _class_problem(
+                "actor_rollout_ref.actor", err, known, prefix="verl's validate_config refuses the config"
+            )
             found = _known_error(_verl_message(err))
             if found is None or any(p.key == problem.key for p in problems):
                 note = " verl's validate_config stops at this error: run the check again once it is fixed."
@@ -174,8 +190,13 @@ def config_classes(config: DictConfig) -> list[Problem]:
     from verl.utils.config import omega_conf_to_dataclass
 
     known = KnownKeys.of(config)
-    sections = ["actor_rollout_ref.actor", "actor_rollout_ref.rollout", "actor_rollout_ref.rollout.checkpoint_engine",
-                "algorithm", *(["actor_rollout_ref.ref"] if need_reference_policy(config) else [])]
+    sections = [
+        "actor_rollout_ref.actor",
+        "actor_rollout_ref.rollout",
+        "actor_rollout_ref.rollout.checkpoint_engine",
+        "algorithm",
+        *(["actor_rollout_ref.ref"] if need_reference_policy(config) else []),
+    ]
     problems = []
     for section in ["actor_rollout_ref.model", *sections]:
         node = OmegaConf.select(config, section)
@@ -198,8 +219,10 @@ def _typed_problem(section: str, node: DictConfig, known: KnownKeys) -> Problem 
     try:
         cls = getattr(importlib.import_module(module), name)
     except (ImportError, AttributeError) as err:
-        return Problem(f"{section}._target_", f"{section}._target_={node._target_!r} cannot be imported ({err}). "
-                                              f"Keep the config's _target_.")
+        return Problem(
+            f"{section}._target_",
+            f"{section}._target_={node._target_!r} cannot be imported ({err}). Keep the config's _target_.",
+        )
     if not is_dataclass(cls):
         return None
     try:
@@ -209,13 +232,14 @@ def _typed_problem(section: str, node: DictConfig, known: KnownKeys) -> Problem 
     return None
 
 
-_UNKNOWN_FIELD = re.compile(r"Key '(\w+)' not in '(\w+)'"
-                            r"|(\w+)\.__init__\(\) got an unexpected keyword argument '(\w+)'")
+_UNKNOWN_FIELD = re.compile(
+    r"Key '(\w+)' not in '(\w+)'"
+    r"|(\w+)\.__init__\(\) got an unexpected keyword argument '(\w+)'"
+)
 _FULL_KEY = re.compile(r"full_key: ([\w.]+)")
 
 
-def _class_problem(section: str, err: BaseException, known: KnownKeys, *,
-                   prefix: str = "") -> Problem:
+def _class_problem(section: str, err: BaseException, known: KnownKeys, *, prefix: str = "") -> Problem:
     """One line for an error of verl's config classes: an unknown key with the closest known one, else verl's text."""
     text = _verl_message(err)
     full, found = _FULL_KEY.search(one_line(err)), _known_error(text)
@@ -223,12 +247,16 @@ def _class_problem(section: str, err: BaseException, known: KnownKeys, *,
     key = key if key.startswith(section) or "." in key else f"{section}.{key}"
     unknown = _UNKNOWN_FIELD.search(one_line(err))
     if unknown:
-        field_name, cls = (unknown.group(1), unknown.group(2)) if unknown.group(1) else (unknown.group(4),
-                                                                                         unknown.group(3))
+        field_name, cls = (
+            (unknown.group(1), unknown.group(2)) if unknown.group(1) else (unknown.group(4), unknown.group(3))
+        )
         key = key if key.endswith(f".{field_name}") else f"{key}.{field_name}"
         others = KnownKeys(known.leaves - {key}, known.nodes - {key}, known.values)
-        return Problem(key, f"{key} is not a field of verl's {cls}, which verl builds from {key.rsplit('.', 1)[0]} at "
-                            f"start-up and which refuses unknown keys; {others.hint(key)} Remove it or correct it.")
+        return Problem(
+            key,
+            f"{key} is not a field of verl's {cls}, which verl builds from {key.rsplit('.', 1)[0]} at "
+            f"start-up and which refuses unknown keys; {others.hint(key)} Remove it or correct it.",
+        )
     return Problem(key, f"{prefix or f'verl refuses {section} when it builds its config class'}: {text}")
 
 

@@ -34,7 +34,8 @@ def _same(existing: Any, ours: Any) -> bool:
     if existing is ours:
         return True
     return (getattr(existing, "__module__", None), getattr(existing, "__qualname__", None)) == (
-        ours.__module__, ours.__qualname__,
+        ours.__module__,
+        ours.__qualname__,
     )
 
 

@@ -80,7 +80,7 @@ class DapoRewardManager(RewardManagerBase):
         """Score one response; returns verl's ``{"reward_score": float, "reward_extra_info": dict}``."""
         item = data[-1:][0]  # multi-sequence outputs: the last sequence carries the reward, as in verl
         response_ids = item.batch["responses"]
-        length = int(item.batch["attention_mask"][-response_ids.shape[-1]:].sum())
+        length = int(item.batch["attention_mask"][-response_ids.shape[-1] :].sum())
         text = await self.loop.run_in_executor(
             None, lambda: self.tokenizer.decode(response_ids[:length], skip_special_tokens=True)
         )
@@ -90,10 +90,15 @@ class DapoRewardManager(RewardManagerBase):
         extra.setdefault("acc", score)
         penalty = 0.0
         if self.overlong.overlong_reward_penalty:
-            penalty = float(overlong_penalty(
-                torch.tensor([length]), self.max_response_length, self.overlong.overlong_tokens,
-                self.overlong.overlong_penalty_factor, schedule=self.overlong.overlong_schedule,
-            )[0])
+            penalty = float(
+                overlong_penalty(
+                    torch.tensor([length]),
+                    self.max_response_length,
+                    self.overlong.overlong_tokens,
+                    self.overlong.overlong_penalty_factor,
+                    schedule=self.overlong.overlong_schedule,
+                )[0]
+            )
         eos = getattr(self.tokenizer, "eos_token_id", None)
         ended = length > 0 and eos is not None and int(response_ids[length - 1]) == eos
         extra.update(
@@ -112,8 +117,9 @@ class DapoRewardManager(RewardManagerBase):
             "extra_info": item.non_tensor_batch.get("extra_info", {}),
         }
         if self.reward_router_address is not None:
-            kwargs.update(reward_router_address=self.reward_router_address,
-                          reward_model_tokenizer=self.reward_model_tokenizer)
+            kwargs.update(
+                reward_router_address=self.reward_router_address, reward_model_tokenizer=self.reward_model_tokenizer
+            )
         if self.is_async_reward_score:
             return await self.compute_score(**kwargs)
         return await self.loop.run_in_executor(None, lambda: self.compute_score(**kwargs))

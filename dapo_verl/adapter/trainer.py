@@ -74,18 +74,26 @@ class DapoRayTrainer(RayPPOTrainer):
 
         self.dapo_config = DapoConfig.from_verl(self.config)
         if self.dapo_config.sampler.streaming:
-            raise ValueError("algorithm.filter_groups.streaming=true needs verl's v1 trainer (trainer.use_v1=true, "
-                             "trainer_mode sync or colocate_async): this trainer's generate_sequences returns whole "
-                             "rounds, so there is nothing to stream or abort. Set streaming=false or use_v1=true.")
+            raise ValueError(
+                "algorithm.filter_groups.streaming=true needs verl's v1 trainer (trainer.use_v1=true, "
+                "trainer_mode sync or colocate_async): this trainer's generate_sequences returns whole "
+                "rounds, so there is nothing to stream or abort. Set streaming=false or use_v1=true."
+            )
         self._collate = collate_fn or default_collate_fn
-        self.sampler = BatchReplenisher(self.dapo_config.sampler, len(self.train_dataset), self._generate_groups,
-                                        codec=_GroupCodec(), shuffle=bool(self.config.data.get("shuffle", True)))
+        self.sampler = BatchReplenisher(
+            self.dapo_config.sampler,
+            len(self.train_dataset),
+            self._generate_groups,
+            codec=_GroupCodec(),
+            shuffle=bool(self.config.data.get("shuffle", True)),
+        )
         self._pending: tuple[DataProto, dict[str, float]] | None = None
         self._padding_responses = 0
         self._step_metrics: dict[str, float] = {}
         epochs = max(int(self.config.trainer.total_epochs), 1)
         total = self.config.trainer.total_training_steps or (
-            len(self.train_dataset) // self.dapo_config.sampler.train_batch_size * epochs)
+            len(self.train_dataset) // self.dapo_config.sampler.train_batch_size * epochs
+        )
         self.total_training_steps = int(total)
         with open_dict(self.config):
             self.config.actor_rollout_ref.actor.optim.total_training_steps = self.total_training_steps
@@ -94,8 +102,11 @@ class DapoRayTrainer(RayPPOTrainer):
             # fit loops over range(epoch, total_epochs) while StepStream ends one iteration per data pass; the run
             # still ends at total_training_steps, so the epoch loop must never run out first.
             self.config.trainer.total_epochs = max(epochs, self.total_training_steps + 1)
-        logger.info("dapo_verl: %d training steps; the sampler visits the %d prompts as often as needed.",
-                    self.total_training_steps, len(self.train_dataset))
+        logger.info(
+            "dapo_verl: %d training steps; the sampler visits the %d prompts as often as needed.",
+            self.total_training_steps,
+            len(self.train_dataset),
+        )
 
     def init_workers(self) -> None:
         super().init_workers()
@@ -120,9 +131,12 @@ class DapoRayTrainer(RayPPOTrainer):
                 if padding:
                     payloads.append(no_op_groups(payloads[0], padding))
                     prompt_ids += [prompt_ids[0]] * padding
-                metrics = {**sampled.metrics, "timing_s/dapo_sampling": time.perf_counter() - start,
-                           "dapo/rollout/padding_responses": self._padding_responses,
-                           "dapo/rollout/padding_groups": padding}
+                metrics = {
+                    **sampled.metrics,
+                    "timing_s/dapo_sampling": time.perf_counter() - start,
+                    "dapo/rollout/padding_responses": self._padding_responses,
+                    "dapo/rollout/padding_groups": padding,
+                }
                 self._pending = (DataProto.concat(payloads), metrics)
                 self._stop_if_exhausted()
                 return self._collate([self.train_dataset[i] for i in prompt_ids])
@@ -138,9 +152,12 @@ class DapoRayTrainer(RayPPOTrainer):
         included) once the sampler reports the prompt pool exhausted. ``fit`` reads ``total_training_steps`` right
         after taking the batch."""
         if self.dapo_config.sampler.stop_when_exhausted and self.sampler.pool_exhausted:
-            logger.info("dapo_verl: step %d is the last: %.0f%% of the prompt pool is exhausted "
-                        "(algorithm.filter_groups.stop_when_exhausted).", self.global_steps,
-                        100 * self.sampler.stream.history.exhausted_fraction)
+            logger.info(
+                "dapo_verl: step %d is the last: %.0f%% of the prompt pool is exhausted "
+                "(algorithm.filter_groups.stop_when_exhausted).",
+                self.global_steps,
+                100 * self.sampler.stream.history.exhausted_fraction,
+            )
             self.total_training_steps = self.global_steps
 
     def _group_multiple(self) -> int:
@@ -188,8 +205,9 @@ class DapoRayTrainer(RayPPOTrainer):
         # verl's agent-loop manager splits the rows evenly over its workers and refuses a remainder
         # (DataProto.chunk); pad with copies of the first rows, as verl's _validate does, and keep n responses
         # per prompt (see padded_rows_to_keep).
-        request, pad = pad_dataproto_to_divisor(gen_batch.repeat(repeat_times=n, interleave=True),
-                                                _agent_loop_workers(manager, self.config))
+        request, pad = pad_dataproto_to_divisor(
+            gen_batch.repeat(repeat_times=n, interleave=True), _agent_loop_workers(manager, self.config)
+        )
         generated = manager.generate_sequences(request)
         if pad:
             real = len(request) - pad
@@ -210,9 +228,16 @@ class DapoRayTrainer(RayPPOTrainer):
         groups = []
         for j, prompt_id in enumerate(prompt_ids):
             rows = canonical_group_rows(responses, lengths, start=j * n, size=n)  # prompt j's n responses
-            groups.append(GroupResult(prompt_id=int(prompt_id), metric=metric[rows], response_lengths=lengths[rows],
-                                      truncated=truncated[rows], scores=scores[rows],
-                                      payload=output.select_idxs(rows)))
+            groups.append(
+                GroupResult(
+                    prompt_id=int(prompt_id),
+                    metric=metric[rows],
+                    response_lengths=lengths[rows],
+                    truncated=truncated[rows],
+                    scores=scores[rows],
+                    payload=output.select_idxs(rows),
+                )
+            )
         return groups
 
     def _metric_values(self, output: DataProto) -> torch.Tensor:
@@ -220,8 +245,11 @@ class DapoRayTrainer(RayPPOTrainer):
         if key in output.non_tensor_batch:
             return torch.as_tensor(np.asarray(output.non_tensor_batch[key], dtype=np.float64))
         if key in _SHAPED_METRICS:
-            logger.warning("algorithm.filter_groups.metric=%s filters on the shaped reward: groups that are all "
-                           "wrong but differ in length pass the filter. Prefer metric=acc.", key)
+            logger.warning(
+                "algorithm.filter_groups.metric=%s filters on the shaped reward: groups that are all "
+                "wrong but differ in length pass the filter. Prefer metric=acc.",
+                key,
+            )
             return output.batch["rm_scores"].sum(dim=-1).to(torch.float64)
         raise ValueError(
             f"algorithm.filter_groups.metric={key!r} is not in the rollout output (available: "
@@ -298,7 +326,7 @@ def _agent_loop_workers(manager: Any, config: Any) -> int:
 
 def _response_lengths(output: DataProto) -> torch.Tensor:
     responses = output.batch["responses"]
-    return output.batch["attention_mask"][:, -responses.shape[-1]:].sum(dim=-1)
+    return output.batch["attention_mask"][:, -responses.shape[-1] :].sum(dim=-1)
 
 
 def padded_rows_to_keep(responses: torch.Tensor, lengths: torch.Tensor, *, real: int, n: int) -> torch.Tensor:
@@ -319,6 +347,7 @@ def padded_rows_to_keep(responses: torch.Tensor, lengths: torch.Tensor, *, real:
     Returns:
         (real,) int64 row indices, n per prompt, prompts in order.
     """
+
     def digest(row: int) -> bytes:
         return hashlib.blake2b(responses[row, : int(lengths[row])].numpy().tobytes(), digest_size=8).digest()
 

@@ -21,7 +21,7 @@ def response_truncation(batch: DataProto, eos_token_id: int | list[int] | None) 
     responses = batch.batch["responses"]  # (B, L)
     mask = batch.batch.get("response_mask", None)
     if mask is None:
-        mask = batch.batch["attention_mask"][:, -responses.shape[-1]:]
+        mask = batch.batch["attention_mask"][:, -responses.shape[-1] :]
     lengths = mask.sum(dim=-1).long()  # (B,)
     last = responses.gather(1, (lengths - 1).clamp_min(0).unsqueeze(-1)).squeeze(-1)  # (B,)
     eos_ids = [] if eos_token_id is None else ([eos_token_id] if isinstance(eos_token_id, int) else eos_token_id)
@@ -38,7 +38,7 @@ def apply_overlong_filtering(batch: DataProto, eos_token_id: int | list[int] | N
     """
     responses = batch.batch["responses"]
     if "response_mask" not in batch.batch:
-        batch.batch["response_mask"] = batch.batch["attention_mask"][:, -responses.shape[-1]:].clone()
+        batch.batch["response_mask"] = batch.batch["attention_mask"][:, -responses.shape[-1] :].clone()
     truncated = response_truncation(batch, eos_token_id)
     batch.batch["response_mask"] = mask_truncated_responses(batch.batch["response_mask"], truncated)
     return {"dapo/overlong/filtered_fraction": float(truncated.float().mean()) if truncated.numel() else 0.0}
@@ -54,7 +54,7 @@ def no_op_groups(group: DataProto, count: int) -> DataProto:
     """
     pad = DataProto.concat([group] * count)
     pad = pad.select_idxs(torch.arange(len(pad)))  # own tensors: zeroing below must not touch ``group``
-    pad.batch["attention_mask"][:, -pad.batch["responses"].shape[-1]:] = 0  # verl derives response_mask from it
+    pad.batch["attention_mask"][:, -pad.batch["responses"].shape[-1] :] = 0  # verl derives response_mask from it
     for key in ("response_mask", "rm_scores", "token_level_scores", "rollout_log_probs"):
         if key in pad.batch.keys():  # noqa: SIM118 (TensorDict refuses `in` on itself)
             pad.batch[key] = torch.zeros_like(pad.batch[key])

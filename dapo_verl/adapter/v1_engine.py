@@ -60,11 +60,16 @@ class AgentLoopEngine:
     streaming = True
     """Groups finish one at a time."""
 
-    def __init__(self, submit: Callable[[Sequence[int]], list[str]],
-                 read: Callable[[Sequence[int], Sequence[str], dict[str, dict]], list[GroupResult]], *,
-                 group_size: int, poll_interval: float,
-                 abort_replicas: tuple[Callable[..., object], Callable[[], object]] | None = None,
-                 abort_wait_s: float = ABORT_WAIT_S) -> None:
+    def __init__(
+        self,
+        submit: Callable[[Sequence[int]], list[str]],
+        read: Callable[[Sequence[int], Sequence[str], dict[str, dict]], list[GroupResult]],
+        *,
+        group_size: int,
+        poll_interval: float,
+        abort_replicas: tuple[Callable[..., object], Callable[[], object]] | None = None,
+        abort_wait_s: float = ABORT_WAIT_S,
+    ) -> None:
         self._submit, self._read = submit, read
         self.abort_wait_s = abort_wait_s
         self.group_size = group_size
@@ -88,9 +93,11 @@ class AgentLoopEngine:
             if request.resume is None:
                 continue
             if not self.resumes_partials or not isinstance(request.resume.payload, GroupKeys):
-                raise ValueError(f"request {request.request_id} continues an aborted group of prompt "
-                                 f"{request.prompt_id}, but verl's sync client does not continue aborted requests; "
-                                 f"only colocate_async does. This is a dapo_verl bug.")
+                raise ValueError(
+                    f"request {request.request_id} continues an aborted group of prompt "
+                    f"{request.prompt_id}, but verl's sync client does not continue aborted requests; "
+                    f"only colocate_async does. This is a dapo_verl bug."
+                )
             self._inflight[request.resume.payload.uid] = request
         if fresh:
             uids = self._submit([r.prompt_id for r in fresh])
@@ -114,8 +121,12 @@ class AgentLoopEngine:
         if running and self._abort_replicas is not None:
             abort, resume = self._abort_replicas
             abort(reject_request=True)  # late arrivals return aborted instead of parking (module docstring)
-            listing = wait_terminal(running, self.poll_interval, timeout_s=self.abort_wait_s,
-                                    waiting_for="the aborted requests of a sync step")
+            listing = wait_terminal(
+                running,
+                self.poll_interval,
+                timeout_s=self.abort_wait_s,
+                waiting_for="the aborted requests of a sync step",
+            )
             resume()
         partial = [(self._inflight[uid], self._partial(uid, before, listing)) for uid in running]
         self._inflight.clear()
@@ -137,5 +148,10 @@ class AgentLoopEngine:
         finished = len({session_of(k)[0] for k in before if k.split("_", 1)[0] == uid and k != uid})
         tokens = sum(int(after[k].get("response_len", 0)) for k in keys)
         payload = GroupKeys(uid, tuple(keys), tuple(dict(after[k]) for k in keys))
-        return PartialGroup(prompt_id=self._inflight[uid].prompt_id, tokens=tokens, finished=finished,
-                            group_size=self.group_size, payload=payload)
+        return PartialGroup(
+            prompt_id=self._inflight[uid].prompt_id,
+            tokens=tokens,
+            finished=finished,
+            group_size=self.group_size,
+            payload=payload,
+        )

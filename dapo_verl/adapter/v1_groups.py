@@ -68,8 +68,9 @@ def session_of(key: str) -> tuple[int, int]:
     return int(session), int(output)
 
 
-def wait_terminal(uids: Sequence[str], poll_interval: float, *, timeout_s: float | None = None,
-                  waiting_for: str = "generation") -> dict[str, dict]:
+def wait_terminal(
+    uids: Sequence[str], poll_interval: float, *, timeout_s: float | None = None, waiting_for: str = "generation"
+) -> dict[str, dict]:
     """Poll TransferQueue until every prompt in ``uids`` is finished or failed; return the ``train`` listing.
 
     Args:
@@ -95,12 +96,14 @@ def wait_terminal(uids: Sequence[str], poll_interval: float, *, timeout_s: float
                 f"{len(pending)} of {len(uids)} prompts were not published as finished or failed within "
                 f"{timeout_s:g} s of waiting for {waiting_for} (statuses, up to 8: {statuses}). verl's agent loop "
                 f"publishes a prompt once every response of it returned; one that never returns is stuck in the "
-                f"agent loop or the rollout server: see their logs.")
+                f"agent loop or the rollout server: see their logs."
+            )
         time.sleep(poll_interval)
 
 
-def read_round(prompt_ids: Sequence[int], uids: Sequence[str], listing: dict[str, dict], *, metric: str,
-               response_length: int) -> list[GroupResult]:
+def read_round(
+    prompt_ids: Sequence[int], uids: Sequence[str], listing: dict[str, dict], *, metric: str, response_length: int
+) -> list[GroupResult]:
     """The round's groups, one per prompt id, in order, from the ``listing`` :func:`wait_terminal` returned.
 
     The round is read with one listing, indexed by prompt key once, and one ``kv_batch_get`` of every session's
@@ -126,8 +129,10 @@ def read_round(prompt_ids: Sequence[int], uids: Sequence[str], listing: dict[str
     for prompt_id, uid in zip(prompt_ids, uids):
         keys = sorted(trajectories[uid], key=session_of)
         if listing[uid].get("status") == "failure" or not keys:
-            raise RuntimeError(f"verl's agent loop failed for prompt {prompt_id} (uid {uid}); see the agent-loop "
-                               f"worker's log. dapo_verl does not train on failed groups.")
+            raise RuntimeError(
+                f"verl's agent loop failed for prompt {prompt_id} (uid {uid}); see the agent-loop "
+                f"worker's log. dapo_verl does not train on failed groups."
+            )
         final: dict[int, str] = {}
         for key in keys:  # the last output of each session carries the session's reward (multi-turn loops)
             final[session_of(key)[0]] = key
@@ -135,12 +140,23 @@ def read_round(prompt_ids: Sequence[int], uids: Sequence[str], listing: dict[str
     finals = [key for _, last in sessions for key in last]
     values = tq.kv_batch_get(keys=finals, partition_id="train", select_fields=["extra_fields", "rm_scores"])
     read = dict(zip(finals, zip(values["extra_fields"], values["rm_scores"], strict=True), strict=True))
-    return [_group(prompt_id, uid, keys, last, read, listing, metric=metric, response_length=response_length)
-            for prompt_id, uid, (keys, last) in zip(prompt_ids, uids, sessions)]
+    return [
+        _group(prompt_id, uid, keys, last, read, listing, metric=metric, response_length=response_length)
+        for prompt_id, uid, (keys, last) in zip(prompt_ids, uids, sessions)
+    ]
 
 
-def _group(prompt_id: int, uid: str, keys: list[str], finals: list[str], read: dict[str, tuple[Any, torch.Tensor]],
-           listing: dict[str, dict], *, metric: str, response_length: int) -> GroupResult:
+def _group(
+    prompt_id: int,
+    uid: str,
+    keys: list[str],
+    finals: list[str],
+    read: dict[str, tuple[Any, torch.Tensor]],
+    listing: dict[str, dict],
+    *,
+    metric: str,
+    response_length: int,
+) -> GroupResult:
     """One prompt's group from its trajectory ``keys``, the last output of each session (``finals``) and what was
     read of them."""
     values, scores, truncated = [], [], []
@@ -151,14 +167,18 @@ def _group(prompt_id: int, uid: str, keys: list[str], finals: list[str], read: d
             raise ValueError(
                 f"algorithm.filter_groups.metric={metric!r} is not in the reward's extra info (available: "
                 f"{sorted(info)}); the reward manager must report it per response. Use acc with "
-                f"reward.reward_manager.name=dapo_verl.")
+                f"reward.reward_manager.name=dapo_verl."
+            )
         values.append(float(info[metric]))
         scores.append(float(rm.sum()))
         length = int(listing[key].get("response_len", 0))
         truncated.append(bool(info.get("truncated", length >= response_length)))
     lengths = [int(listing[k].get("response_len", 0)) for k in finals]
     return GroupResult(
-        prompt_id=int(prompt_id), metric=torch.tensor(values, dtype=torch.float64),
-        response_lengths=torch.tensor(lengths), truncated=torch.tensor(truncated), scores=torch.tensor(scores),
+        prompt_id=int(prompt_id),
+        metric=torch.tensor(values, dtype=torch.float64),
+        response_lengths=torch.tensor(lengths),
+        truncated=torch.tensor(truncated),
+        scores=torch.tensor(scores),
         payload=GroupKeys(uid, tuple(keys), tuple(dict(listing[k]) for k in keys)),
     )

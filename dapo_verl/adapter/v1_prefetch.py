@@ -92,17 +92,23 @@ class PrefetchedRound:
         current = set(uids)
         self._verdicts = {uid: v for uid, v in self._verdicts.items() if uid in current}
         listing = train_listing()
-        unread = [(p, u) for p, u in zip(prompt_ids, uids)
-                  if u not in self._verdicts and listing.get(u, {}).get("status") == "finished"]
+        unread = [
+            (p, u)
+            for p, u in zip(prompt_ids, uids)
+            if u not in self._verdicts and listing.get(u, {}).get("status") == "finished"
+        ]
         if unread:
             assert self._replenisher is not None
-            groups = read_round([p for p, _ in unread], [u for _, u in unread], listing,
-                                metric=self._replenisher.config.metric,
-                                response_length=int(self.trainer.config.actor_rollout_ref.rollout.response_length))
+            groups = read_round(
+                [p for p, _ in unread],
+                [u for _, u in unread],
+                listing,
+                metric=self._replenisher.config.metric,
+                response_length=int(self.trainer.config.actor_rollout_ref.rollout.response_length),
+            )
             for (_, uid), group in zip(unread, groups):
                 self._verdicts[uid] = is_kept(group, filtering=self._replenisher.config.enable)
         return sum(self._verdicts.values())
-
 
     def _take_inflight(self, prompt_ids: Sequence[int]) -> list[str] | None:
         """The prompt keys of the prefetched round if ``prompt_ids`` is it (the replenisher generates its plan
@@ -111,11 +117,12 @@ class PrefetchedRound:
             return None
         planned, uids = self._inflight
         if tuple(prompt_ids) != planned:
-            raise RuntimeError(f"The sampler generated prompts {list(prompt_ids)[:8]}... before its planned round "
-                               f"{list(planned)[:8]}..., which is already generating. This is a dapo_verl bug.")
+            raise RuntimeError(
+                f"The sampler generated prompts {list(prompt_ids)[:8]}... before its planned round "
+                f"{list(planned)[:8]}..., which is already generating. This is a dapo_verl bug."
+            )
         self._inflight = None
         return uids
-
 
     def _resume_inflight(self, uids: list[str]) -> None:
         """Follow the prefetched round saved with the checkpoint (its prompt keys ``uids``).

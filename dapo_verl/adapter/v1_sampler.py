@@ -96,17 +96,31 @@ class DapoReplayBuffer(PrefetchedRound, ReplayBufferAsync):
     true).
     """
 
-    def __init__(self, trainer_mode: str, trainer_config: Any, max_off_policy_threshold: int | None = None,
-                 max_off_policy_strategy: str = "drop", sampler_kwargs: Any = None, refill_fn: Any = None) -> None:
+    def __init__(
+        self,
+        trainer_mode: str,
+        trainer_config: Any,
+        max_off_policy_threshold: int | None = None,
+        max_off_policy_strategy: str = "drop",
+        sampler_kwargs: Any = None,
+        refill_fn: Any = None,
+    ) -> None:
         poll = float((sampler_kwargs or {}).get("poll_interval", _DEFAULT_POLL_S))
-        super().__init__(trainer_mode=trainer_mode, trainer_config=trainer_config,
-                         max_off_policy_threshold=max_off_policy_threshold,
-                         max_off_policy_strategy=max_off_policy_strategy, sampler_kwargs=sampler_kwargs,
-                         poll_interval=poll, refill_fn=refill_fn)
+        super().__init__(
+            trainer_mode=trainer_mode,
+            trainer_config=trainer_config,
+            max_off_policy_threshold=max_off_policy_threshold,
+            max_off_policy_strategy=max_off_policy_strategy,
+            sampler_kwargs=sampler_kwargs,
+            poll_interval=poll,
+            refill_fn=refill_fn,
+        )
         trainer = getattr(refill_fn, "__self__", None)
         if trainer is None:
-            raise TypeError("DapoReplayBuffer needs verl's refill_fn (the trainer's bound _add_prompts_to_generate); "
-                            "set it as trainer.v1.sampler.custom_sampler in the config, not by hand.")
+            raise TypeError(
+                "DapoReplayBuffer needs verl's refill_fn (the trainer's bound _add_prompts_to_generate); "
+                "set it as trainer.v1.sampler.custom_sampler in the config, not by hand."
+            )
         self.trainer = trainer
         # Read now: verl's v1 trainer later forces data.gen_batch_size=1 in its config (TB _init_dataloader)
         # for its own one-prompt refills; the replenisher's rounds keep the recipe's gen_batch_size.
@@ -146,12 +160,14 @@ class DapoReplayBuffer(PrefetchedRound, ReplayBufferAsync):
                     f"Step {global_steps}: on_shortfall=partial found no informative group in "
                     f"algorithm.filter_groups.max_num_gen_batches={rounds} rounds, so there is nothing to train "
                     f"(every group was all-correct or all-wrong). Raise max_num_gen_batches, check the reward, or "
-                    f"use on_shortfall=error to stop with the sampler's figures.")
+                    f"use on_shortfall=error to stop with the sampler's figures."
+                )
             updates = getattr(self.trainer, "parameter_sync_step", 1)
             raise RuntimeError(
                 f"Step {global_steps}: nothing left to serve for another of its {updates} updates; "
                 f"on_shortfall=partial found fewer groups than updates. Lower "
-                f"trainer.v1.separate_async.parameter_sync_step or use on_shortfall=error.")
+                f"trainer.v1.separate_async.parameter_sync_step or use on_shortfall=error."
+            )
         self._served_in_step += 1
         served, self._step_groups = self._step_groups[:batch_size], self._step_groups[batch_size:]
         payloads: list[GroupKeys] = [g.payload for g in served]
@@ -173,8 +189,9 @@ class DapoReplayBuffer(PrefetchedRound, ReplayBufferAsync):
         infos = [(getattr(e, "data", e) or {}).get("reward_extra_info", {}) for e in extras]
         if not all("overlong_penalty" in info for info in infos):
             return {}
-        return overlong_metrics({name: np.array([info[name] for info in infos]) for name in ("overlong_penalty",
-                                                                                           "truncated")})
+        return overlong_metrics(
+            {name: np.array([info[name] for info in infos]) for name in ("overlong_penalty", "truncated")}
+        )
 
     # -- one training step -------------------------------------------------------------------------------
 
@@ -187,8 +204,10 @@ class DapoReplayBuffer(PrefetchedRound, ReplayBufferAsync):
             self._clear_orphans(keep=set(inflight))
             self._resume_inflight(inflight)
         if self._step_groups:
-            raise RuntimeError(f"Step {self._served_step} left {len(self._step_groups)} groups unserved; verl's "
-                               f"trainer asked for fewer than train_batch_size. This is a dapo_verl bug.")
+            raise RuntimeError(
+                f"Step {self._served_step} left {len(self._step_groups)} groups unserved; verl's "
+                f"trainer asked for fewer than train_batch_size. This is a dapo_verl bug."
+            )
         self._step_uids = []
         # verl re-generates a checkpointed in-flight prompt from scratch, so a checkpointed step leaves none in flight
         settle = self._engine is not None and self._engine.resumes_partials and self._checkpoint_follows(global_steps)
@@ -212,9 +231,12 @@ class DapoReplayBuffer(PrefetchedRound, ReplayBufferAsync):
             # The trainer has already decided whether this step is the last, so the next one is: it still gets
             # the final checkpoint and validation.
             self.trainer.total_training_steps = min(self.trainer.total_training_steps, global_steps + 1)
-            logger.info("dapo_verl: step %d will be the last: %.0f%% of the prompt pool is exhausted "
-                        "(algorithm.filter_groups.stop_when_exhausted).", global_steps + 1,
-                        100 * replenisher.stream.history.exhausted_fraction)
+            logger.info(
+                "dapo_verl: step %d will be the last: %.0f%% of the prompt pool is exhausted "
+                "(algorithm.filter_groups.stop_when_exhausted).",
+                global_steps + 1,
+                100 * replenisher.stream.history.exhausted_fraction,
+            )
         if self._prefetch and global_steps < int(getattr(self.trainer, "total_training_steps", 0) or 0):
             prompt_ids = replenisher.plan_next_round()
             if prompt_ids:
@@ -268,8 +290,13 @@ class DapoReplayBuffer(PrefetchedRound, ReplayBufferAsync):
             return self._replenisher
         config = self.trainer.config
         generate = self._generate_groups if not self.dapo.sampler.streaming else self._streaming_engine()
-        self._replenisher = BatchReplenisher(self.dapo.sampler, len(self.trainer.train_dataset), generate,
-                                             codec=GroupKeysCodec(), shuffle=bool(config.data.get("shuffle", True)))
+        self._replenisher = BatchReplenisher(
+            self.dapo.sampler,
+            len(self.trainer.train_dataset),
+            generate,
+            codec=GroupKeysCodec(),
+            shuffle=bool(config.data.get("shuffle", True)),
+        )
         if global_steps > 1:
             self._restore(global_steps)
         return self._replenisher
@@ -279,10 +306,18 @@ class DapoReplayBuffer(PrefetchedRound, ReplayBufferAsync):
         generating in colocate_async; in sync the engine aborts it on the replicas and it is discarded."""
         rollout = self.trainer.config.actor_rollout_ref.rollout
         replicas = self.trainer.checkpoint_manager
-        aborts = None if self.trainer_mode == "colocate_async" else (replicas.abort_replicas,
-                                                                     replicas.resume_generation_replicas)
-        self._engine = AgentLoopEngine(self._submit_step, self._read_groups, group_size=int(rollout.n),
-                                       poll_interval=self.poll_interval, abort_replicas=aborts)
+        aborts = (
+            None
+            if self.trainer_mode == "colocate_async"
+            else (replicas.abort_replicas, replicas.resume_generation_replicas)
+        )
+        self._engine = AgentLoopEngine(
+            self._submit_step,
+            self._read_groups,
+            group_size=int(rollout.n),
+            poll_interval=self.poll_interval,
+            abort_replicas=aborts,
+        )
         return self._engine
 
     def _submit_step(self, prompt_ids: Sequence[int]) -> list[str]:
@@ -290,11 +325,17 @@ class DapoReplayBuffer(PrefetchedRound, ReplayBufferAsync):
         self._step_uids.extend(uids)
         return uids
 
-    def _read_groups(self, prompt_ids: Sequence[int], uids: Sequence[str], listing: dict[str, dict]
-                     ) -> list[GroupResult]:
+    def _read_groups(
+        self, prompt_ids: Sequence[int], uids: Sequence[str], listing: dict[str, dict]
+    ) -> list[GroupResult]:
         assert self._replenisher is not None
-        return read_round(prompt_ids, uids, listing, metric=self._replenisher.config.metric,
-                          response_length=int(self.trainer.config.actor_rollout_ref.rollout.response_length))
+        return read_round(
+            prompt_ids,
+            uids,
+            listing,
+            metric=self._replenisher.config.metric,
+            response_length=int(self.trainer.config.actor_rollout_ref.rollout.response_length),
+        )
 
     def _generate_groups(self, prompt_ids: Sequence[int]) -> list[GroupResult]:
         """Submit ``prompt_ids`` to verl's agent loop and wait for their groups (the replenisher's callback).
@@ -355,7 +396,8 @@ class DapoReplayBuffer(PrefetchedRound, ReplayBufferAsync):
             raise FileNotFoundError(
                 f"Resuming at step {global_steps} from {folder}, which has no {SAMPLER_STATE_FILE}: it was not written "
                 f"by dapo_verl's sampler, so carried groups and prompt history cannot be restored. Resume from a "
-                f"dapo_verl checkpoint or set trainer.resume_mode=disable.")
+                f"dapo_verl checkpoint or set trainer.resume_mode=disable."
+            )
         assert self._replenisher is not None
         state = load_state(path)
         self._replenisher.load_state_dict(state)
@@ -391,9 +433,9 @@ def _resume_folder(config: Any, step: int) -> str:
 class DapoCheckpointCallback(CheckpointCallback):
     """``trainer.checkpoint_callback_class``: saves :class:`DapoReplayBuffer`'s state with each checkpoint."""
 
-    def on_save(self, trainer: Any, global_step: int, checkpoint_dir: str, async_save: bool = False,
-                **kwargs: Any) -> None:
+    def on_save(
+        self, trainer: Any, global_step: int, checkpoint_dir: str, async_save: bool = False, **kwargs: Any
+    ) -> None:
         buffer = getattr(trainer, "replay_buffer", None)
         if isinstance(buffer, DapoReplayBuffer):
             buffer.save_state(checkpoint_dir)
-

@@ -17,18 +17,21 @@ def check_streaming(trainer_mode: str, sampler: SamplerConfig) -> None:
         return
     key = "algorithm.filter_groups.streaming"
     if trainer_mode == "separate_async":
-        raise ValueError(f"{key}=true is not available in trainer.v1.trainer_mode=separate_async: there the next "
-                         f"step's first round generates while this step trains (prefetch), and streaming is "
-                         f"built for sync and colocate_async. Set {key}=false or use another trainer mode.")
+        raise ValueError(
+            f"{key}=true is not available in trainer.v1.trainer_mode=separate_async: there the next "
+            f"step's first round generates while this step trains (prefetch), and streaming is "
+            f"built for sync and colocate_async. Set {key}=false or use another trainer mode."
+        )
     if trainer_mode == "colocate_async" and sampler.surplus != SurplusPolicy.CARRY:
-        raise ValueError(f"{key}=true with algorithm.filter_groups.surplus={sampler.surplus} in colocate_async: "
-                         f"verl continues every request still generating after the weight update, so what the "
-                         f"batch does not need cannot be discarded there. Set surplus=carry (what verl's own "
-                         f"colocate_async does), or use trainer_mode=sync to discard it.")
+        raise ValueError(
+            f"{key}=true with algorithm.filter_groups.surplus={sampler.surplus} in colocate_async: "
+            f"verl continues every request still generating after the weight update, so what the "
+            f"batch does not need cannot be discarded there. Set surplus=carry (what verl's own "
+            f"colocate_async does), or use trainer_mode=sync to discard it."
+        )
 
 
-def check_off_policy_span(trainer_mode: str, sampler: SamplerConfig, threshold: int | None, *,
-                          prefetch: bool) -> None:
+def check_off_policy_span(trainer_mode: str, sampler: SamplerConfig, threshold: int | None, *, prefetch: bool) -> None:
     """Refuse settings under which a served group could span more policy versions than verl allows.
 
     verl counts a group's span as ``global_steps - (step it was submitted in) + 1`` and, in its async modes,
@@ -48,6 +51,8 @@ def check_off_policy_span(trainer_mode: str, sampler: SamplerConfig, threshold: 
     if prefetch:
         parts.append("1 (the round generated while the previous step trained)")
         fixes.append("set trainer.v1.sampler.sampler_kwargs.prefetch=false")
-    raise ValueError(f"trainer.v1.sampler.max_off_policy_threshold={threshold}, but dapo_verl's sampler can serve "
-                     f"groups spanning {span} policy versions in {trainer_mode}: {' + '.join(parts)}. "
-                     f"{'; or '.join(fixes).capitalize()}.")
+    raise ValueError(
+        f"trainer.v1.sampler.max_off_policy_threshold={threshold}, but dapo_verl's sampler can serve "
+        f"groups spanning {span} policy versions in {trainer_mode}: {' + '.join(parts)}. "
+        f"{'; or '.join(fixes).capitalize()}."
+    )

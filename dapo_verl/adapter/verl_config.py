@@ -57,7 +57,9 @@ def _extend(base: type, section: str, name: str, validate, doc: str) -> type:
         validate(self)
 
     cls = dataclasses.make_dataclass(
-        name, _section_fields(section), bases=(base,),
+        name,
+        _section_fields(section),
+        bases=(base,),
         namespace={"__post_init__": __post_init__, "__doc__": doc, "__module__": __name__},
     )
     return cls
@@ -73,10 +75,16 @@ def _validate_filter_groups(config: Any) -> None:
 
 
 DapoAlgoConfig = _extend(
-    AlgoConfig, "algorithm", "DapoAlgoConfig", _validate_algorithm,
+    AlgoConfig,
+    "algorithm",
+    "DapoAlgoConfig",
+    _validate_algorithm,
     "verl's AlgoConfig plus adv_epsilon, group_token_mean and overlong_filtering (see dapo_verl.config).",
 )
 DapoFilterGroupsConfig = _extend(
-    FilterGroupsConfig, "algorithm.filter_groups", "DapoFilterGroupsConfig", _validate_filter_groups,
+    FilterGroupsConfig,
+    "algorithm.filter_groups",
+    "DapoFilterGroupsConfig",
+    _validate_filter_groups,
     "verl's FilterGroupsConfig plus the dynamic-sampling replenisher's keys (see dapo_verl.config.SamplerConfig).",
 )

@@ -92,9 +92,7 @@ def check_same_shape(name_a: str, a: Tensor, name_b: str, b: Tensor, *, hint: st
         ValueError: naming both shapes and ``hint`` (how to fix it).
     """
     if a.shape != b.shape:
-        raise ValueError(
-            f"{name_a} has shape {tuple(a.shape)} but {name_b} has shape {tuple(b.shape)}; {hint}"
-        )
+        raise ValueError(f"{name_a} has shape {tuple(a.shape)} but {name_b} has shape {tuple(b.shape)}; {hint}")
 
 
 def check_same_device(name_a: str, a: Tensor, name_b: str, b: Tensor) -> None:

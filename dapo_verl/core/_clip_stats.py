@@ -44,11 +44,13 @@ def clip_statistics(terms: RatioTerms, tok: TokenInputs, clip: Clip) -> dict[str
         per_token = count.clamp_min(1).to(ratio.dtype)
         fractions = torch.stack([upper, lower, dual, kept]) / per_token  # (4,)
         flat_mask = mask_float.reshape(-1)
-        ratio_stats = torch.stack([
-            torch.dot(ratio.reshape(-1), flat_mask) / per_token,  # mean
-            torch.add(ratio, 1 - mask_float, alpha=_ABOVE_EVERY_RATIO).amin(),  # min: padding lifted out of reach
-            (ratio * mask_float).amax(),  # max: ratios are > 0, padding is 0
-        ])
+        ratio_stats = torch.stack(
+            [
+                torch.dot(ratio.reshape(-1), flat_mask) / per_token,  # mean
+                torch.add(ratio, 1 - mask_float, alpha=_ABOVE_EVERY_RATIO).amin(),  # min: padding lifted out of reach
+                (ratio * mask_float).amax(),  # max: ratios are > 0, padding is 0
+            ]
+        )
         ratio_stats = torch.where(count > 0, ratio_stats, 1.0)  # (3,)
         approx_kl = -torch.dot(log_ratio.reshape(-1), flat_mask) / per_token
         probabilities = _clipped_probabilities(tok.old_logp, signed < 0, upper_hit, kept_hit)
@@ -64,12 +66,26 @@ def _clipped_probabilities(old_logp: Tensor, positive: Tensor, upper_hit: Tensor
     old_prob = old_logp.detach().clamp(max=0.0).exp()  # (B, L)
     zero = old_prob.new_zeros(())
     upper_prob, kept_prob = torch.where(upper_hit, old_prob, zero), torch.where(kept_hit, old_prob, zero)  # (B, L)
-    counts = torch.stack([torch.count_nonzero(positive), torch.count_nonzero(upper_hit),
-                          torch.count_nonzero(kept_hit)]).to(old_prob.dtype)  # (3,)
+    counts = torch.stack(
+        [torch.count_nonzero(positive), torch.count_nonzero(upper_hit), torch.count_nonzero(kept_hit)]
+    ).to(old_prob.dtype)  # (3,)
     return [counts[0], counts[1], upper_prob.sum(), upper_prob.amax(), counts[2], kept_prob.sum(), kept_prob.amax()]
 
 
-DIAGNOSTICS = ("clip_upper_fraction", "clip_lower_fraction", "dual_clip_fraction", "clip_higher_kept_fraction",
-                "ratio_mean", "ratio_min", "ratio_max", "approx_kl", "positive_advantage_tokens", "clip_upper_tokens",
-                "clip_upper_old_prob_sum", "clip_upper_old_prob_max", "clip_higher_kept_tokens",
-                "clip_higher_kept_old_prob_sum", "clip_higher_kept_old_prob_max")
+DIAGNOSTICS = (
+    "clip_upper_fraction",
+    "clip_lower_fraction",
+    "dual_clip_fraction",
+    "clip_higher_kept_fraction",
+    "ratio_mean",
+    "ratio_min",
+    "ratio_max",
+    "approx_kl",
+    "positive_advantage_tokens",
+    "clip_upper_tokens",
+    "clip_upper_old_prob_sum",
+    "clip_upper_old_prob_max",
+    "clip_higher_kept_tokens",
+    "clip_higher_kept_old_prob_sum",
+    "clip_higher_kept_old_prob_max",
+)

@@ -150,8 +150,9 @@ def _raise_for_invalid_values(tok: TokenInputs, advantages: Tensor | None) -> No
     check_finite("advantages", advantages.detach(), where=valid, fix="Check the reward and advantage computation.")
 
 
-def evaluate(tok: TokenInputs, advantages: Tensor | None,
-             compute: Callable[[bool], tuple[_T, Tensor, list[DeviceCheck]]]) -> _T:
+def evaluate(
+    tok: TokenInputs, advantages: Tensor | None, compute: Callable[[bool], tuple[_T, Tensor, list[DeviceCheck]]]
+) -> _T:
     """Run ``compute(mask_first=False)`` and check it in one readback; redo it masking first if padding holds NaN.
 
     ``compute`` returns its result, a flag set when a NaN or inf reached it (:func:`has_nan_or_inf`, or the
@@ -170,7 +171,7 @@ def evaluate(tok: TokenInputs, advantages: Tensor | None,
         result, _, checks = compute(True)
         run_device_checks(checks)
         return result
-    for hit, check in zip(hits[len(first) + 1:], checks):
+    for hit, check in zip(hits[len(first) + 1 :], checks):
         if hit:
             check.fail()
     return result
@@ -196,6 +197,7 @@ def _infinite_log_probs(tok: TokenInputs) -> DeviceCheck:
                     f"{name} is {values[index].item()} at index {index}, a valid token; a log-prob there must be "
                     f"finite (-inf is a token the policy cannot produce, so it cannot have been sampled; +inf is no "
                     f"log-prob), and the clamped ratio would hide it. Check the forward pass and the log-prob gather, "
-                    f"or mask the token out.")
+                    f"or mask the token out."
+                )
 
     return DeviceCheck(flag, fail)

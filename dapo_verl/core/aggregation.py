@@ -66,8 +66,13 @@ def token_mask(mask: object, like: Tensor, *, dtype: torch.dtype) -> tuple[Tenso
         deferred check that a non-bool mask holds only 0 and 1 (run it with the caller's other checks).
     """
     mask = check_tensor("mask", mask, ndim=2, shape_doc="(B, L)")
-    check_same_shape("logp", like, "mask", mask, hint="all per-token inputs must be (B, L). Slice the response "
-                     "the same way for both.")
+    check_same_shape(
+        "logp",
+        like,
+        "mask",
+        mask,
+        hint="all per-token inputs must be (B, L). Slice the response the same way for both.",
+    )
     check_same_device("logp", like, "mask", mask)
     mask_float = mask.to(dtype)  # (B, L)
     if mask.dtype == torch.bool:
@@ -107,15 +112,19 @@ def divisor(
     """
     if value is None:
         return local.clamp_min(1).to(dtype), []
-    fix = (f"Pass the number of {whole} of the whole mini-batch (every micro-batch and data-parallel rank), or "
-           f"None to divide by this call's own count.")
+    fix = (
+        f"Pass the number of {whole} of the whole mini-batch (every micro-batch and data-parallel rank), or "
+        f"None to divide by this call's own count."
+    )
     if isinstance(value, Tensor):
         if value.dtype == torch.bool or value.is_complex():
             raise TypeError(f"{name} has dtype {value.dtype} but must be a real number. {fix}")
         check_real_data(name, value)  # a meta tensor: no count to read
         if value.numel() != 1:
-            raise ValueError(f"{name} has shape {tuple(value.shape)} but must be a single number (an int or a "
-                             f"one-element tensor). {fix}")
+            raise ValueError(
+                f"{name} has shape {tuple(value.shape)} but must be a single number (an int or a "
+                f"one-element tensor). {fix}"
+            )
         count = value.reshape(()).to(device=local.device, dtype=torch.float64)
         shown = count
     else:
@@ -190,8 +199,14 @@ def aggregate_loss(
     dtype = loss_mat.dtype if loss_mat.is_floating_point() else torch.float32
     mask_bool, mask_float, checks = token_mask(mask, loss_mat, dtype=dtype)
     masked = torch.where(mask_bool, loss_mat, torch.zeros((), dtype=loss_mat.dtype, device=loss_mat.device))
-    loss, count_checks = masked_aggregate(masked, mask_float, mode, group_index=group_index,
-                                          num_valid_tokens=num_valid_tokens, num_sequences=num_sequences)
+    loss, count_checks = masked_aggregate(
+        masked,
+        mask_float,
+        mode,
+        group_index=group_index,
+        num_valid_tokens=num_valid_tokens,
+        num_sequences=num_sequences,
+    )
     run_device_checks(checks + count_checks)
     return loss
 
@@ -218,15 +233,22 @@ def masked_aggregate(
     mode = _aggregation(mode)
     if mode is LossAggregation.TOKEN_MEAN_GLOBAL:
         local = torch.count_nonzero(mask_float)
-        tokens, checks = divisor(num_valid_tokens, "num_valid_tokens", local, dtype=masked.dtype,
-                                 counted="valid tokens", whole="valid tokens")
+        tokens, checks = divisor(
+            num_valid_tokens,
+            "num_valid_tokens",
+            local,
+            dtype=masked.dtype,
+            counted="valid tokens",
+            whole="valid tokens",
+        )
         return masked.sum() / tokens, checks
     tokens_per_row = mask_float.sum(dim=1)  # (B,)
     if mode is LossAggregation.TOKEN_MEAN_GROUP:
         return _group_token_mean(masked, tokens_per_row, group_index), []
     local = torch.count_nonzero(tokens_per_row)
-    rows, checks = divisor(num_sequences, "num_sequences", local, dtype=masked.dtype, counted="non-empty responses",
-                           whole="responses")
+    rows, checks = divisor(
+        num_sequences, "num_sequences", local, dtype=masked.dtype, counted="non-empty responses", whole="responses"
+    )
     if mode is LossAggregation.SEQ_MEAN_TOKEN_SUM:
         return masked.sum() / rows, checks
     return (masked.sum(dim=1) / tokens_per_row.clamp_min(1)).sum() / rows, checks
@@ -236,9 +258,7 @@ def _aggregation(mode: LossAggregation | str) -> LossAggregation:
     try:
         return LossAggregation(mode)
     except ValueError:
-        raise ValueError(
-            f"Unknown loss aggregation {mode!r}. Known: {[m.value for m in LossAggregation]}."
-        ) from None
+        raise ValueError(f"Unknown loss aggregation {mode!r}. Known: {[m.value for m in LossAggregation]}.") from None
 
 
 def _group_token_mean(masked: Tensor, tokens_per_row: Tensor, group_index: Tensor | None) -> Tensor:
@@ -282,4 +302,3 @@ def group_token_mean_weights(mask: Tensor, group_index: Tensor, *, dtype: torch.
     num_groups = (group_tokens > 0).sum().clamp_min(1)
     per_group = torch.where(group_tokens > 0, 1.0 / group_tokens.clamp_min(1), torch.zeros_like(group_tokens))
     return per_group[ids] * (bool_mask.shape[0] / num_groups)
-

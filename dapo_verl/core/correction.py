@@ -35,8 +35,9 @@ from dapo_verl.core._ratio import LOG_RATIO_CLAMP, token_inputs
 __all__ = ["truncated_importance_weights"]
 
 
-def truncated_importance_weights(old_logp: Tensor, rollout_logp: Tensor, mask: Tensor, *,
-                                 threshold: float = 2.0) -> Tensor:
+def truncated_importance_weights(
+    old_logp: Tensor, rollout_logp: Tensor, mask: Tensor, *, threshold: float = 2.0
+) -> Tensor:
     """Token-level TIS weights ``min(exp(old_logp - rollout_logp), threshold)``, 0 on padding (module docstring).
 
     Args:
@@ -52,20 +53,31 @@ def truncated_importance_weights(old_logp: Tensor, rollout_logp: Tensor, mask: T
         TypeError, ValueError: for inputs that are not (B, L) tensors of the same shape and device, a mask that is
         not 0/1, a non-finite log-prob on a response token, or a threshold that is not a positive finite number.
     """
-    if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not (
-            math.isfinite(threshold) and threshold > 0):
-        raise ValueError(f"threshold={threshold!r}: the upper bound of the importance weights must be a positive "
-                         f"finite number; verl's default rollout_is_threshold is 2.0.")
+    if (
+        isinstance(threshold, bool)
+        or not isinstance(threshold, (int, float))
+        or not (math.isfinite(threshold) and threshold > 0)
+    ):
+        raise ValueError(
+            f"threshold={threshold!r}: the upper bound of the importance weights must be a positive "
+            f"finite number; verl's default rollout_is_threshold is 2.0."
+        )
     old_logp = check_tensor("old_logp", old_logp, ndim=2, shape_doc="(B, L)")
     rollout_logp = check_tensor("rollout_logp", rollout_logp, ndim=2, shape_doc="(B, L)")
-    check_same_shape("old_logp", old_logp, "rollout_logp", rollout_logp,
-                     hint="both must be (B, L) log-probs of the same response tokens.")
+    check_same_shape(
+        "old_logp",
+        old_logp,
+        "rollout_logp",
+        rollout_logp,
+        hint="both must be (B, L) log-probs of the same response tokens.",
+    )
     check_same_device("old_logp", old_logp, "rollout_logp", rollout_logp)
     tok = token_inputs(old_logp, rollout_logp, mask)  # dtypes and the mask; old_logp plays logp's part
     run_device_checks(tok.checks)  # the mask holds only 0 and 1
     for name, tensor in (("old_logp", tok.logp), ("rollout_logp", tok.old_logp)):
-        check_finite(name, tensor, where=tok.mask,
-                     fix="log-probs of response tokens must be finite; padding may hold anything.")
+        check_finite(
+            name, tensor, where=tok.mask, fix="log-probs of response tokens must be finite; padding may hold anything."
+        )
     log_ratio = torch.where(tok.mask, tok.logp.detach() - tok.old_logp, 0.0).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
     weights = torch.exp(log_ratio) * tok.mask_float
     return weights.clamp(max=float(threshold)).detach()

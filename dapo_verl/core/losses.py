@@ -88,14 +88,25 @@ class ClippedSurrogate(NamedTuple):
 
 
 def _check_clip(clip_low: float, clip_high: float, clip_ratio_c: float | None) -> Clip:
-    clip_low = check_number("clip_low", clip_low, minimum=0.0, maximum=1.0,
-                            fix="Use a width in [0, 1], e.g. 0.2 (paper §3.1, clip_ratio_low).")
-    clip_high = check_number("clip_high", clip_high, minimum=0.0,
-                             fix="Use a non-negative width, e.g. 0.28 (paper §3.1, clip_ratio_high).")
+    clip_low = check_number(
+        "clip_low",
+        clip_low,
+        minimum=0.0,
+        maximum=1.0,
+        fix="Use a width in [0, 1], e.g. 0.2 (paper §3.1, clip_ratio_low).",
+    )
+    clip_high = check_number(
+        "clip_high", clip_high, minimum=0.0, fix="Use a non-negative width, e.g. 0.28 (paper §3.1, clip_ratio_high)."
+    )
     if clip_ratio_c is not None:
-        clip_ratio_c = check_number("clip_ratio_c", clip_ratio_c, minimum=1.0, min_inclusive=False,
-                                    fix="Dual clip needs clip_ratio_c > 1 (as in verl); the published DAPO run "
-                                        "uses 10. Pass None to disable it.")
+        clip_ratio_c = check_number(
+            "clip_ratio_c",
+            clip_ratio_c,
+            minimum=1.0,
+            min_inclusive=False,
+            fix="Dual clip needs clip_ratio_c > 1 (as in verl); the published DAPO run "
+            "uses 10. Pass None to disable it.",
+        )
         clip_ratio_c = min(clip_ratio_c, _LARGEST_RATIO)
     # A bound above the largest ratio the log-ratio clamp allows never binds; held there, it stays representable in
     # float32 (1 + 1e308 is not), and every loss and fraction is the same as with the bound as given.
@@ -203,7 +214,13 @@ def clipped_surrogate_loss_matrix(
         TypeError, ValueError: as :func:`dapo_loss`.
     """
     return clipped_surrogate_with_diagnostics(
-        logp, old_logp, advantages, mask, clip_low=clip_low, clip_high=clip_high, clip_ratio_c=clip_ratio_c,
+        logp,
+        old_logp,
+        advantages,
+        mask,
+        clip_low=clip_low,
+        clip_high=clip_high,
+        clip_ratio_c=clip_ratio_c,
         diagnostics=False,
     ).loss_matrix
 
@@ -298,8 +315,14 @@ def dapo_loss(
     def compute(mask_first: bool) -> tuple[Tensor, Tensor, list[DeviceCheck]]:
         terms = ratio_terms(tok, adv, mask_first=mask_first)
         loss_mat = _surrogate(terms, clip)  # (B, L)
-        loss, count_checks = masked_aggregate(loss_mat, tok.mask_float, aggregation, group_index=group_index,
-                                              num_valid_tokens=num_valid_tokens, num_sequences=None)
+        loss, count_checks = masked_aggregate(
+            loss_mat,
+            tok.mask_float,
+            aggregation,
+            group_index=group_index,
+            num_valid_tokens=num_valid_tokens,
+            num_sequences=None,
+        )
         not_finite, checks = _loss_checks(tok, terms, loss_mat)
         return loss, not_finite, checks + count_checks
 

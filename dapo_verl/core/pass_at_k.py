@@ -62,8 +62,9 @@ def pass_at_k(correct: Tensor, k: int) -> Tensor:
         raise TypeError(f"correct must be a (P, n) tensor of 0/1 outcomes, got {type(correct).__name__}.")
     check_real_data("correct", correct)
     if correct.ndim != 2:
-        raise ValueError(f"correct has shape {tuple(correct.shape)} but must be (P, n): one row of outcomes per "
-                         "prompt.")
+        raise ValueError(
+            f"correct has shape {tuple(correct.shape)} but must be (P, n): one row of outcomes per prompt."
+        )
     n = correct.shape[1]
     if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= n:
         raise ValueError(f"k={k!r} must be an integer in [1, n] = [1, {n}]; draw at most as many responses as sampled.")

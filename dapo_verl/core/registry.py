@@ -72,9 +72,7 @@ class Registry(Generic[T]):
         try:
             return self._entries[name]
         except (KeyError, TypeError):
-            raise ValueError(
-                f"Unknown {self._kind} {name!r}. Known: {sorted(self._entries)}. {self._how}"
-            ) from None
+            raise ValueError(f"Unknown {self._kind} {name!r}. Known: {sorted(self._entries)}. {self._how}") from None
 
     def names(self) -> list[str]:
         """Sorted registered names."""

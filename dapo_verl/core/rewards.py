@@ -98,8 +98,12 @@ def _check_overlong_args(max_response_length: int, overlong_tokens: int, overlon
             f"must fit inside the response budget. Set overlong_tokens <= {max_response_length} (the paper uses "
             f"4096 of 20480)."
         )
-    check_number("overlong_penalty_factor", overlong_penalty_factor, minimum=0.0,
-                 fix="Use a non-negative factor (the paper uses 1.0); 0 disables the penalty.")
+    check_number(
+        "overlong_penalty_factor",
+        overlong_penalty_factor,
+        minimum=0.0,
+        fix="Use a non-negative factor (the paper uses 1.0); 0 disables the penalty.",
+    )
 
 
 def _check_lengths(response_lengths: object) -> Tensor:
@@ -168,15 +172,18 @@ def _checked_schedule(name: str, fraction: Tensor, shares: object) -> Tensor:
     fix = f"Fix the function registered with @register_overlong_schedule({name!r})."
     if not isinstance(shares, Tensor) or shares.shape != fraction.shape:
         shape = tuple(shares.shape) if isinstance(shares, Tensor) else type(shares).__name__
-        raise TypeError(f"overlong schedule {name!r} returned {shape} for buffer fractions of shape "
-                        f"{tuple(fraction.shape)}; a schedule maps each fraction to one value, elementwise. {fix}")
+        raise TypeError(
+            f"overlong schedule {name!r} returned {shape} for buffer fractions of shape "
+            f"{tuple(fraction.shape)}; a schedule maps each fraction to one value, elementwise. {fix}"
+        )
     bad = ~torch.isfinite(shares) | (shares < 0) | (shares > 1) | ((fraction == 0) & (shares != 0))  # (N,)
     if bool(bad.any()):
         index = int(bad.nonzero()[0])
         raise ValueError(
             f"overlong schedule {name!r} returned {shares[index].item()} for buffer fraction "
             f"{fraction[index].item():g} (response {index}); a schedule must map [0, 1] to finite values in [0, 1] "
-            f"with 0 at 0 -- no penalty before the buffer -- or it changes every shaped reward. {fix}")
+            f"with 0 at 0 -- no penalty before the buffer -- or it changes every shaped reward. {fix}"
+        )
     return shares
 
 
@@ -273,8 +280,7 @@ def mask_truncated_responses(mask: Tensor, truncated: Tensor) -> Tensor:
     truncated = check_tensor("truncated", truncated, ndim=1, shape_doc="(B,)")
     if truncated.shape[0] != mask.shape[0]:
         raise ValueError(
-            f"truncated has {truncated.shape[0]} entries but mask has {mask.shape[0]} rows; pass one flag per "
-            f"response."
+            f"truncated has {truncated.shape[0]} entries but mask has {mask.shape[0]} rows; pass one flag per response."
         )
     keep = ~truncated.to(device=mask.device, dtype=torch.bool)
     return mask * keep.unsqueeze(-1).to(mask.dtype)  # (B, L)

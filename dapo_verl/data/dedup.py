@@ -104,9 +104,11 @@ def _parse_text(text: str, where: str) -> tuple[str, str, bool]:
     """(prompt, raw problem, built) for a stored text: keep a DAPO-template message, wrap a raw problem."""
     raw = split_dapo_prompt(text)
     if raw is None and (text.startswith(DAPO_PROMPT_PREFIX) or text.endswith(DAPO_PROMPT_SUFFIX)):
-        raise ValueError(f"{where}: the text has only part of the DAPO prompt template (the instruction or the "
-                         "reminder, not both), so it is neither a DAPO prompt nor a raw problem. Store either the "
-                         "exact template or the bare problem.")
+        raise ValueError(
+            f"{where}: the text has only part of the DAPO prompt template (the instruction or the "
+            "reminder, not both), so it is neither a DAPO prompt nor a raw problem. Store either the "
+            "exact template or the bare problem."
+        )
     if not (text if raw is None else raw).strip():
         raise ValueError(f"{where}: the problem text is empty. Drop that row from the input file.")
     return (text, raw, False) if raw is not None else (dapo_prompt(text), text, True)
@@ -123,8 +125,10 @@ def unscorable_reason(ground_truth: str) -> str | None:
     """
     text = ground_truth.strip()  # math_dapo strips the normalised answer
     if not text:
-        return (f"is blank ({len(ground_truth)} whitespace character(s)): math_dapo normalises it to '', which only "
-                "an empty answer matches")
+        return (
+            f"is blank ({len(ground_truth)} whitespace character(s)): math_dapo normalises it to '', which only "
+            "an empty answer matches"
+        )
     if "\n" in text:
         return "spans two lines: math_dapo reads the answer from one line"
     control = _CONTROL.search(text)
@@ -137,8 +141,10 @@ def _check_ground_truth(ground_truth: str, where: str) -> None:
     reason = unscorable_reason(ground_truth)
     if reason is not None:
         shown = repr(ground_truth) if len(ground_truth) <= 60 else repr(ground_truth[:60]) + "..."
-        raise ValueError(f"{where}: reward_model.ground_truth {shown} {reason}, so no response can be scored right "
-                         "against it. Fix or drop that row in the input file.")
+        raise ValueError(
+            f"{where}: reward_model.ground_truth {shown} {reason}, so no response can be scored right "
+            "against it. Fix or drop that row in the input file."
+        )
 
 
 class _Counts:
@@ -161,18 +167,24 @@ class _Counts:
         return len(self.answers[problem_key]) > 1
 
 
-def _check_same_problem(first: tuple[int, str, str], row: SourceRow, problem_key: str, answer_key: str,
-                        dataset: str) -> None:
+def _check_same_problem(
+    first: tuple[int, str, str], row: SourceRow, problem_key: str, answer_key: str, dataset: str
+) -> None:
     """Rows sharing an ``extra_info.index`` must be one problem (``--dedup-key uuid``); else raise naming both."""
     first_row, first_problem, first_answer = first
     if (first_problem, first_answer) == (problem_key, answer_key):
         return
-    what, a, b = ("problem text", first_problem, problem_key) if first_problem != problem_key else (
-        "answer", first_answer, answer_key)
-    raise ValueError(f"{dataset}: rows {first_row} and {row.row} share extra_info.index {row.source_id!r} but differ "
-                     f"in their {what} ({a[:60]!r} vs {b[:60]!r}); --dedup-key uuid would keep one and drop the other "
-                     "problem. Give each problem its own identifier, or use --dedup-key prompt (the default) or "
-                     "prompt_answer.")
+    what, a, b = (
+        ("problem text", first_problem, problem_key)
+        if first_problem != problem_key
+        else ("answer", first_answer, answer_key)
+    )
+    raise ValueError(
+        f"{dataset}: rows {first_row} and {row.row} share extra_info.index {row.source_id!r} but differ "
+        f"in their {what} ({a[:60]!r} vs {b[:60]!r}); --dedup-key uuid would keep one and drop the other "
+        "problem. Give each problem its own identifier, or use --dedup-key prompt (the default) or "
+        "prompt_answer."
+    )
 
 
 def _row_key(key: DedupKey, problem_key: str, answer_key: str, row: SourceRow, where: str) -> str | tuple[str, str]:
@@ -181,13 +193,16 @@ def _row_key(key: DedupKey, problem_key: str, answer_key: str, row: SourceRow, w
     if key is DedupKey.PROMPT_ANSWER:
         return problem_key, answer_key
     if row.source_id is None:
-        raise ValueError(f"{where}: dedup key 'uuid' needs extra_info.index, which this row lacks. "
-                         "Use --dedup-key prompt (or prompt_answer) for files without identifiers.")
+        raise ValueError(
+            f"{where}: dedup key 'uuid' needs extra_info.index, which this row lacks. "
+            "Use --dedup-key prompt (or prompt_answer) for files without identifiers."
+        )
     return row.source_id
 
 
-def deduplicate(rows: Iterable[SourceRow], *, key: DedupKey, conflicts: ConflictPolicy,
-                dataset: str = "input") -> tuple[list[Problem], DedupStats]:
+def deduplicate(
+    rows: Iterable[SourceRow], *, key: DedupKey, conflicts: ConflictPolicy, dataset: str = "input"
+) -> tuple[list[Problem], DedupStats]:
     """Keep the first row of every distinct ``key``, in file order, and count duplicates under every key.
 
     Args:
@@ -237,18 +252,26 @@ def deduplicate(rows: Iterable[SourceRow], *, key: DedupKey, conflicts: Conflict
     return _finish(kept, copies, counts, key=key, conflicts=conflicts, dataset=dataset)
 
 
-def _finish(kept: list[Problem], copies: list[int], counts: _Counts, *, key: DedupKey, conflicts: ConflictPolicy,
-            dataset: str) -> tuple[list[Problem], DedupStats]:
+def _finish(
+    kept: list[Problem], copies: list[int], counts: _Counts, *, key: DedupKey, conflicts: ConflictPolicy, dataset: str
+) -> tuple[list[Problem], DedupStats]:
     conflicting = [k for k in counts.answers if counts.is_conflicting(k)]
     for problem_key in conflicting[:3]:
-        logger.warning("%s: problem %r has %d different ground truths %s", dataset, problem_key[:80],
-                       len(counts.answers[problem_key]), sorted(counts.answers[problem_key]))
+        logger.warning(
+            "%s: problem %r has %d different ground truths %s",
+            dataset,
+            problem_key[:80],
+            len(counts.answers[problem_key]),
+            sorted(counts.answers[problem_key]),
+        )
     keep = [conflicts is ConflictPolicy.KEEP or not counts.is_conflicting(p.problem_key) for p in kept]
     out = [p for p, k in zip(kept, keep) if k]
     out_copies = [c for c, k in zip(copies, keep) if k]
     if not out:
-        raise ValueError(f"{dataset}: no rows left after deduplication (key={key.value}, conflicts={conflicts.value}); "
-                         f"{counts.rows} rows were read. Check the input file, or use --conflicts keep.")
+        raise ValueError(
+            f"{dataset}: no rows left after deduplication (key={key.value}, conflicts={conflicts.value}); "
+            f"{counts.rows} rows were read. Check the input file, or use --conflicts keep."
+        )
     stats = DedupStats(
         rows_in=counts.rows,
         unique_prompts=len(counts.answers),

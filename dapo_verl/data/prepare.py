@@ -92,8 +92,9 @@ def _choice(name: str, value: str, enum: type[DedupKey] | type[ConflictPolicy]) 
     try:
         return enum(value)
     except ValueError:
-        raise ValueError(f"{name}={value!r} is not one of {[m.value for m in enum]}. Pick one of those "
-                         f"(--{name.replace('_', '-')}).") from None
+        raise ValueError(
+            f"{name}={value!r} is not one of {[m.value for m in enum]}. Pick one of those (--{name.replace('_', '-')})."
+        ) from None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -126,19 +127,25 @@ class PrepareOptions:
         for name in ("train_data_source", "aime_data_source"):
             value = getattr(self, name)
             if not isinstance(value, str) or not is_math_dapo_data_source(value):
-                raise ValueError(f"{name}={value!r} is not scored by math_dapo in verl's default_compute_score, so "
-                                 f"rewards would fail with NotImplementedError. Use one of "
-                                 f"{list(MATH_DAPO_DATA_SOURCES)} or a name starting with 'aime'.")
+                raise ValueError(
+                    f"{name}={value!r} is not scored by math_dapo in verl's default_compute_score, so "
+                    f"rewards would fail with NotImplementedError. Use one of "
+                    f"{list(MATH_DAPO_DATA_SOURCES)} or a name starting with 'aime'."
+                )
         if isinstance(self.aime_repeat, bool) or not isinstance(self.aime_repeat, int) or self.aime_repeat < 0:
-            raise ValueError(f"aime_repeat={self.aime_repeat!r} must be an integer >= 0 (0 writes no repeated file). "
-                             "Use 32 for the avg@32 file of BytedTsinghua-SIA/AIME-2024.")
+            raise ValueError(
+                f"aime_repeat={self.aime_repeat!r} must be an integer >= 0 (0 writes no repeated file). "
+                "Use 32 for the avg@32 file of BytedTsinghua-SIA/AIME-2024."
+            )
         if self.aime_repeat > MAX_AIME_REPEAT:
-            raise ValueError(f"aime_repeat={self.aime_repeat:,} is above {MAX_AIME_REPEAT}: the file would hold every "
-                             f"AIME problem {self.aime_repeat:,} times (30 x {self.aime_repeat:,} = "
-                             f"{AIME_2024_PROBLEMS * self.aime_repeat:,} rows, built in memory) and validation would "
-                             f"generate a response for each row at every evaluation, while avg@{MAX_AIME_REPEAT} "
-                             f"already has 1/32 of avg@1's sampling error. Use --aime-repeat 32 (the paper's "
-                             f"avg@32) or at most {MAX_AIME_REPEAT}.")
+            raise ValueError(
+                f"aime_repeat={self.aime_repeat:,} is above {MAX_AIME_REPEAT}: the file would hold every "
+                f"AIME problem {self.aime_repeat:,} times (30 x {self.aime_repeat:,} = "
+                f"{AIME_2024_PROBLEMS * self.aime_repeat:,} rows, built in memory) and validation would "
+                f"generate a response for each row at every evaluation, while avg@{MAX_AIME_REPEAT} "
+                f"already has 1/32 of avg@1's sampling error. Use --aime-repeat 32 (the paper's "
+                f"avg@32) or at most {MAX_AIME_REPEAT}."
+            )
 
 
 def _to_table(problems: list[Problem], *, data_source: str, split: str) -> pa.Table:
@@ -166,8 +173,9 @@ def prepare_train(path: str | os.PathLike[str], options: PrepareOptions) -> tupl
     """
     source = open_source(path, "DAPO-Math-17k (--dapo-math)")
     logger.info("reading %d rows from %s", source.num_rows, source.path)
-    problems, stats = deduplicate(source.rows(), key=options.dedup_key, conflicts=options.conflicts,
-                                  dataset=f"{source.path} (DAPO-Math-17k)")
+    problems, stats = deduplicate(
+        source.rows(), key=options.dedup_key, conflicts=options.conflicts, dataset=f"{source.path} (DAPO-Math-17k)"
+    )
     return _to_table(problems, data_source=options.train_data_source, split="train"), stats
 
 
@@ -186,12 +194,16 @@ def prepare_aime(path: str | os.PathLike[str], options: PrepareOptions) -> tuple
     """
     source = open_source(path, "AIME 2024 (--aime)")
     dataset = f"{source.path} (AIME)"
-    rows = (r._replace(ground_truth=str(int(r.ground_truth))) if _INTEGER.fullmatch(r.ground_truth.strip()) else r
-            for r in source.rows())
+    rows = (
+        r._replace(ground_truth=str(int(r.ground_truth))) if _INTEGER.fullmatch(r.ground_truth.strip()) else r
+        for r in source.rows()
+    )
     problems, stats = deduplicate(rows, key=DedupKey.PROMPT, conflicts=ConflictPolicy.KEEP, dataset=dataset)
     if stats.conflicting_prompts:
-        raise ValueError(f"{dataset}: {stats.conflicting_prompts} problem(s) appear with different answers; a "
-                         "validation set must have one answer per problem. Fix the file (see the warnings above).")
+        raise ValueError(
+            f"{dataset}: {stats.conflicting_prompts} problem(s) appear with different answers; a "
+            "validation set must have one answer per problem. Fix the file (see the warnings above)."
+        )
     if stats.rows_out != AIME_2024_PROBLEMS:
         logger.warning("%s: %d unique problems, AIME 2024 has %d", dataset, stats.rows_out, AIME_2024_PROBLEMS)
     return _to_table(problems, data_source=options.aime_data_source, split="test"), stats
@@ -217,8 +229,13 @@ class PreparedData:
     """Rows in each written parquet file, keyed like ``files``."""
 
 
-def prepare_data(*, out_dir: str | os.PathLike[str], dapo_math: str | os.PathLike[str] | None = None,
-                 aime: str | os.PathLike[str] | None = None, options: PrepareOptions | None = None) -> PreparedData:
+def prepare_data(
+    *,
+    out_dir: str | os.PathLike[str],
+    dapo_math: str | os.PathLike[str] | None = None,
+    aime: str | os.PathLike[str] | None = None,
+    options: PrepareOptions | None = None,
+) -> PreparedData:
     """Convert the given local files and write them, checked by :func:`check_verl_schema`, into ``out_dir``.
 
     Args:
@@ -253,14 +270,16 @@ def prepare_data(*, out_dir: str | os.PathLike[str], dapo_math: str | os.PathLik
         try:
             check_verl_schema(table)
         except ValueError as err:
-            raise ValueError(f"{files[name].name} would not be a valid verl dataset, so nothing was written: "
-                             f"{err}") from None
+            raise ValueError(
+                f"{files[name].name} would not be a valid verl dataset, so nothing was written: {err}"
+            ) from None
     inputs = {"train": dapo_math, "aime": aime, "aime_repeated": aime}
     return _write_outputs(tables, files, train_stats, aime_stats, options, inputs)
 
 
-def _output_files(out: Path, *, dapo_math: str | os.PathLike[str] | None, aime: str | os.PathLike[str] | None,
-                  options: PrepareOptions) -> dict[str, Path]:
+def _output_files(
+    out: Path, *, dapo_math: str | os.PathLike[str] | None, aime: str | os.PathLike[str] | None, options: PrepareOptions
+) -> dict[str, Path]:
     """The files :func:`prepare_data` writes, keyed like ``PreparedData.files``.
 
     Raises:
@@ -274,19 +293,29 @@ def _output_files(out: Path, *, dapo_math: str | os.PathLike[str] | None, aime: 
         if options.aime_repeat:
             files["aime_repeated"] = out / repeated_aime_file(options.aime_repeat)
     files["report"] = out / REPORT_FILE
-    inputs = {flag: Path(path).expanduser() for flag, path in (("--dapo-math", dapo_math), ("--aime", aime))
-              if path is not None}
+    inputs = {
+        flag: Path(path).expanduser()
+        for flag, path in (("--dapo-math", dapo_math), ("--aime", aime))
+        if path is not None
+    }
     for flag, source in inputs.items():
         for target in files.values():
             if os.path.realpath(target) == os.path.realpath(source):  # never raises, even on a link loop
-                raise ValueError(f"--out {out} would overwrite the input {source} ({flag}) with its {target.name}. "
-                                 f"Pass another --out, or move the input elsewhere.")
+                raise ValueError(
+                    f"--out {out} would overwrite the input {source} ({flag}) with its {target.name}. "
+                    f"Pass another --out, or move the input elsewhere."
+                )
     return files
 
 
-def _write_outputs(tables: dict[str, pa.Table], files: dict[str, Path], train_stats: DedupStats | None,
-                   aime_stats: DedupStats | None, options: PrepareOptions,
-                   inputs: dict[str, Any]) -> PreparedData:
+def _write_outputs(
+    tables: dict[str, pa.Table],
+    files: dict[str, Path],
+    train_stats: DedupStats | None,
+    aime_stats: DedupStats | None,
+    options: PrepareOptions,
+    inputs: dict[str, Any],
+) -> PreparedData:
     """Write every output under a temporary name, check it, then rename them all into place."""
     out = files["report"].parent
     out.mkdir(parents=True, exist_ok=True)
@@ -348,8 +377,12 @@ def _manifest(prepared: PreparedData, inputs: dict[str, Any], earlier: dict[str,
     for name, rows in prepared.rows.items():
         stats = prepared.train if name == "train" else prepared.aime
         outputs[prepared.files[name].name] = {
-            "rows": rows, "input": str(Path(inputs[name]).expanduser()), "options": asdict(prepared.options),
-            "dedup": stats.as_dict() if stats else None, "written": written}
+            "rows": rows,
+            "input": str(Path(inputs[name]).expanduser()),
+            "options": asdict(prepared.options),
+            "dedup": stats.as_dict() if stats else None,
+            "written": written,
+        }
     return {"format": MANIFEST_FORMAT, "outputs": dict(sorted(outputs.items()))}
 
 
@@ -366,13 +399,23 @@ def _earlier_entries(path: Path) -> dict[str, Any]:
         if data.get("format") == MANIFEST_FORMAT:
             return dict(data["outputs"])
         rows, options = data["rows"], data["options"]  # the flat manifest written before per-file entries
-        return {Path(file).name: {"rows": rows.get(name), "input": None, "options": options,
-                                  "dedup": data.get("train" if name == "train" else "aime"), "written": None}
-                for name, file in data["files"].items() if name != "report"}
+        return {
+            Path(file).name: {
+                "rows": rows.get(name),
+                "input": None,
+                "options": options,
+                "dedup": data.get("train" if name == "train" else "aime"),
+                "written": None,
+            }
+            for name, file in data["files"].items()
+            if name != "report"
+        }
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
-        raise ValueError(f"{path} is not a prepare-data manifest ({' '.join(str(err).split())[:120]}); rewriting it "
-                         f"would lose what it records about the files beside it. Move it aside, or pass another "
-                         f"--out.") from None
+        raise ValueError(
+            f"{path} is not a prepare-data manifest ({' '.join(str(err).split())[:120]}); rewriting it "
+            f"would lose what it records about the files beside it. Move it aside, or pass another "
+            f"--out."
+        ) from None
 
 
 def _stats_lines(title: str, stats: DedupStats) -> list[str]:
@@ -402,6 +445,8 @@ def summary_lines(prepared: PreparedData) -> list[str]:
         source = prepared.options.aime_data_source
         lines.append(f"    metric with actor_rollout_ref.rollout.val_kwargs.n=32: val-core/{source}/acc/mean@32")
     lines.append("Wrote:")
-    lines += [f"    {path}  ({prepared.rows[name]:,} rows)" if name in prepared.rows else f"    {path}"
-              for name, path in prepared.files.items()]
+    lines += [
+        f"    {path}  ({prepared.rows[name]:,} rows)" if name in prepared.rows else f"    {path}"
+        for name, path in prepared.files.items()
+    ]
     return lines

@@ -49,18 +49,25 @@ MATH_DAPO_DATA_SOURCES = ("math_dapo", "math", "math_dapo_reasoning")
 """Names verl's ``default_compute_score`` routes to ``math_dapo`` (besides any name starting with ``aime``)."""
 
 _MESSAGE = pa.struct([("content", pa.string()), ("role", pa.string())])
-OUTPUT_SCHEMA = pa.schema([
-    ("data_source", pa.string()),
-    ("prompt", pa.list_(_MESSAGE)),
-    ("ability", pa.string()),
-    ("reward_model", pa.struct([("ground_truth", pa.string()), ("style", pa.string())])),
-    ("extra_info", pa.struct([
-        ("index", pa.int64()),
-        ("source_id", pa.string()),
-        ("raw_problem", pa.string()),
-        ("split", pa.string()),
-    ])),
-])
+OUTPUT_SCHEMA = pa.schema(
+    [
+        ("data_source", pa.string()),
+        ("prompt", pa.list_(_MESSAGE)),
+        ("ability", pa.string()),
+        ("reward_model", pa.struct([("ground_truth", pa.string()), ("style", pa.string())])),
+        (
+            "extra_info",
+            pa.struct(
+                [
+                    ("index", pa.int64()),
+                    ("source_id", pa.string()),
+                    ("raw_problem", pa.string()),
+                    ("split", pa.string()),
+                ]
+            ),
+        ),
+    ]
+)
 """The Arrow schema of every file this package writes (the DAPO-Math-17k layout, with an integer ``index``)."""
 
 
@@ -84,7 +91,7 @@ def split_dapo_prompt(text: str) -> str | None:
     if len(text) < len(DAPO_PROMPT_PREFIX) + len(DAPO_PROMPT_SUFFIX):
         return None
     if text.startswith(DAPO_PROMPT_PREFIX) and text.endswith(DAPO_PROMPT_SUFFIX):
-        return text[len(DAPO_PROMPT_PREFIX): len(text) - len(DAPO_PROMPT_SUFFIX)]
+        return text[len(DAPO_PROMPT_PREFIX) : len(text) - len(DAPO_PROMPT_SUFFIX)]
     return None
 
 
@@ -121,8 +128,12 @@ def _check_types(table: pa.Table, where: str) -> None:
     required = ("data_source", "prompt", "reward_model", "extra_info")
     missing = [name for name in required if name not in table.schema.names]
     if missing:
-        raise _fail(where, f"missing column(s) {missing}; verl's RLHFDataset and reward managers read data_source, "
-                           f"prompt, reward_model.ground_truth and extra_info (present: {table.schema.names})", fix)
+        raise _fail(
+            where,
+            f"missing column(s) {missing}; verl's RLHFDataset and reward managers read data_source, "
+            f"prompt, reward_model.ground_truth and extra_info (present: {table.schema.names})",
+            fix,
+        )
     types = {name: table.schema.field(name).type for name in table.schema.names}
     expected = {
         "data_source": pa.types.is_string(types["data_source"]),
@@ -148,23 +159,29 @@ def _check_values(table: pa.Table, where: str) -> None:
     fix = "Regenerate the file with `dapo-verl prepare-data`."
     lengths = pc.list_value_length(table["prompt"])
     if (row := _first_bad_row(pc.not_equal(lengths, 1))) is not None:
-        raise _fail(where, f"row {row}: prompt holds {lengths[row].as_py()} messages, expected exactly 1 user message",
-                    fix)
+        raise _fail(
+            where, f"row {row}: prompt holds {lengths[row].as_py()} messages, expected exactly 1 user message", fix
+        )
     messages = pc.list_flatten(table["prompt"])
     checks = {
         "prompt[0].role is not 'user'": pc.not_equal(pc.struct_field(messages, "role"), "user"),
         "prompt[0].content does not ask for the answer after 'Answer:'": pc.invert(
-            pc.match_substring(pc.struct_field(messages, "content"), "Answer:")),
+            pc.match_substring(pc.struct_field(messages, "content"), "Answer:")
+        ),
         "reward_model.ground_truth is null or empty": pc.equal(
-            pc.utf8_length(pc.struct_field(table["reward_model"], "ground_truth")), 0),
+            pc.utf8_length(pc.struct_field(table["reward_model"], "ground_truth")), 0
+        ),
     }
     for what, bad in checks.items():
         if (row := _first_bad_row(bad)) is not None:
             raise _fail(where, f"row {row}: {what}", fix)
     for name in pc.unique(pc.fill_null(table["data_source"], "")).to_pylist():
         if not is_math_dapo_data_source(name):
-            raise _fail(where, f"data_source {name!r} is not scored by math_dapo in verl's default_compute_score",
-                        f"Use one of {list(MATH_DAPO_DATA_SOURCES)} or a name starting with 'aime'.")
+            raise _fail(
+                where,
+                f"data_source {name!r} is not scored by math_dapo in verl's default_compute_score",
+                f"Use one of {list(MATH_DAPO_DATA_SOURCES)} or a name starting with 'aime'.",
+            )
 
 
 def check_verl_schema(data: pa.Table | str | os.PathLike[str]) -> int:

@@ -69,16 +69,25 @@ def _fail(path: Path, dataset: str, what: str, fix: str) -> ValueError:
 def _open_parquet(path: str | os.PathLike[str], dataset: str) -> tuple[Path, pq.ParquetFile]:
     path = Path(path).expanduser()
     if path.is_symlink() and not path.exists():
-        raise _fail(path, dataset, f"is a symbolic link to {os.readlink(path)!r}, which does not exist or leads back "
-                                   "to itself", "Pass the parquet file itself, or fix the link.")
+        raise _fail(
+            path,
+            dataset,
+            f"is a symbolic link to {os.readlink(path)!r}, which does not exist or leads back to itself",
+            "Pass the parquet file itself, or fix the link.",
+        )
     if not path.exists():
-        raise FileNotFoundError(f"{path}: no such file ({dataset}). Pass the path of a local copy; "
-                                f"nothing is downloaded.")
+        raise FileNotFoundError(
+            f"{path}: no such file ({dataset}). Pass the path of a local copy; nothing is downloaded."
+        )
     if not path.is_file():
         raise _fail(path, dataset, "is a directory, not a file", "Pass the .parquet file inside it.")
     if path.suffix.lower() != ".parquet":
-        raise _fail(path, dataset, f"has extension {path.suffix or '(none)'!r}, expected '.parquet'",
-                    "Pass the parquet file of the dataset (e.g. data/dapo-math-17k.parquet).")
+        raise _fail(
+            path,
+            dataset,
+            f"has extension {path.suffix or '(none)'!r}, expected '.parquet'",
+            "Pass the parquet file of the dataset (e.g. data/dapo-math-17k.parquet).",
+        )
     try:
         return path, pq.ParquetFile(path)
     except (pa.ArrowInvalid, OSError) as err:
@@ -113,8 +122,14 @@ class SourceTable:
             ids = self._optional_strings(batch, "id", start)
             abilities = self._optional_strings(batch, "ability", start)
             for offset, text in enumerate(texts):
-                yield SourceRow(start + offset, text, answers[offset], ids[offset], abilities[offset],
-                                styles[offset] if styles else None)
+                yield SourceRow(
+                    start + offset,
+                    text,
+                    answers[offset],
+                    ids[offset],
+                    abilities[offset],
+                    styles[offset] if styles else None,
+                )
             start += batch.num_rows
 
     def _verl_columns(self, batch: pa.RecordBatch, start: int) -> tuple[list[str], list[str], list[str | None] | None]:
@@ -126,8 +141,11 @@ class SourceTable:
             lengths = pc.list_value_length(prompt)
             if not pc.all(pc.equal(lengths, 1)).as_py():
                 row = int(pc.index(pc.not_equal(lengths, 1), True).as_py())
-                raise self._row_error(start + row, f"'prompt' holds {lengths[row].as_py()} messages",
-                                      "exactly one {role: 'user', content: ...} message")
+                raise self._row_error(
+                    start + row,
+                    f"'prompt' holds {lengths[row].as_py()} messages",
+                    "exactly one {role: 'user', content: ...} message",
+                )
             messages = pc.list_flatten(prompt)
             roles = pc.struct_field(messages, "role")
             if not pc.all(pc.equal(pc.fill_null(roles, ""), "user")).as_py():
@@ -153,8 +171,12 @@ class SourceTable:
         """The answers as strings (see the module docstring for floats and booleans)."""
         if pa.types.is_boolean(values.type):
             self._strings(values, start, what)  # a null is reported as such first
-            raise self._row_error(start, f"{what} is the boolean {values[0].as_py()}", "a math answer (a string or "
-                                  "an integer); math_dapo would compare 'true' or 'false' with the response's answer")
+            raise self._row_error(
+                start,
+                f"{what} is the boolean {values[0].as_py()}",
+                "a math answer (a string or "
+                "an integer); math_dapo would compare 'true' or 'false' with the response's answer",
+            )
         if not pa.types.is_floating(values.type):
             return self._strings(values, start, what)
         self._strings(values, start, what)  # nulls
@@ -165,8 +187,12 @@ class SourceTable:
             return str(int(value))
         text = repr(value)
         if not math.isfinite(value) or "e" in text:
-            raise self._row_error(row, f"{what} is the float {text}, which has no exact decimal form a model would "
-                                       "write (math_dapo compares answers as text)", "the answer stored as a string")
+            raise self._row_error(
+                row,
+                f"{what} is the float {text}, which has no exact decimal form a model would "
+                "write (math_dapo compares answers as text)",
+                "the answer stored as a string",
+            )
         return text
 
     def _python(self, values: pa.Array, start: int, what: str) -> list:
@@ -180,8 +206,11 @@ class SourceTable:
                 if raw is not None:
                     raw.decode("utf-8")
             except UnicodeDecodeError as err:
-                raise self._row_error(start + offset, f"{what} is not valid UTF-8 (byte 0x{raw[err.start]:02x} at "
-                                                      f"byte {err.start})", "UTF-8 text; re-encode the file") from None
+                raise self._row_error(
+                    start + offset,
+                    f"{what} is not valid UTF-8 (byte 0x{raw[err.start]:02x} at byte {err.start})",
+                    "UTF-8 text; re-encode the file",
+                ) from None
         raise AssertionError("to_pylist failed to decode, yet every value decodes")  # a bug in this function
 
     def _optional_strings(self, batch: pa.RecordBatch, role: str, batch_start: int) -> list[str | None]:
@@ -196,25 +225,39 @@ class SourceTable:
         return self._python(values, batch_start, name)
 
     def _row_error(self, row: int, what: str, expected: str) -> ValueError:
-        return _fail(self.path, self.dataset, f"row {row}: {what}, expected {expected}",
-                     "Fix or drop that row in the input file.")
+        return _fail(
+            self.path,
+            self.dataset,
+            f"row {row}: {what}, expected {expected}",
+            "Fix or drop that row in the input file.",
+        )
 
 
 def _verl_columns(path: Path, dataset: str, schema: pa.Schema) -> dict[str, str]:
     for name, expected in _VERL_EXPECTED.items():
         if name not in schema.names:
-            raise _fail(path, dataset, f"no column {name!r}, expected {expected}; columns present: {schema.names}",
-                        "Pass a file in verl's RL layout (as BytedTsinghua-SIA/DAPO-Math-17k) or a plain "
-                        "problem/answer table.")
+            raise _fail(
+                path,
+                dataset,
+                f"no column {name!r}, expected {expected}; columns present: {schema.names}",
+                "Pass a file in verl's RL layout (as BytedTsinghua-SIA/DAPO-Math-17k) or a plain problem/answer table.",
+            )
     prompt, reward_model = schema.field("prompt").type, schema.field("reward_model").type
-    message_ok = (pa.types.is_list(prompt) and pa.types.is_struct(prompt.value_type)
-                  and {"content", "role"} <= {f.name for f in prompt.value_type})
+    message_ok = (
+        pa.types.is_list(prompt)
+        and pa.types.is_struct(prompt.value_type)
+        and {"content", "role"} <= {f.name for f in prompt.value_type}
+    )
     if not (message_ok or pa.types.is_string(prompt)):
-        raise TypeError(f"{path}: column 'prompt' has type {prompt}, expected {_VERL_EXPECTED['prompt']} ({dataset}). "
-                        "Pass the original file, or convert the column.")
+        raise TypeError(
+            f"{path}: column 'prompt' has type {prompt}, expected {_VERL_EXPECTED['prompt']} ({dataset}). "
+            "Pass the original file, or convert the column."
+        )
     if not (pa.types.is_struct(reward_model) and reward_model.get_field_index("ground_truth") >= 0):
-        raise TypeError(f"{path}: column 'reward_model' has type {reward_model}, expected "
-                        f"{_VERL_EXPECTED['reward_model']} ({dataset}). Pass the original file.")
+        raise TypeError(
+            f"{path}: column 'reward_model' has type {reward_model}, expected "
+            f"{_VERL_EXPECTED['reward_model']} ({dataset}). Pass the original file."
+        )
     columns = {"text": "prompt", "answer": "reward_model"}
     extra_info = schema.field("extra_info").type if "extra_info" in schema.names else None
     if extra_info is not None and pa.types.is_struct(extra_info) and extra_info.get_field_index("index") >= 0:
@@ -242,15 +285,18 @@ def _check_values(path: Path, dataset: str, schema: pa.Schema, layout: SourceLay
         if "id" in columns:
             fields["extra_info.index"] = schema.field("extra_info").type.field("index").type
     else:
-        fields |= {columns[role]: schema.field(columns[role]).type for role in ("text", "answer", "id")
-                   if role in columns}
+        fields |= {
+            columns[role]: schema.field(columns[role]).type for role in ("text", "answer", "id") if role in columns
+        }
     if "ability" in columns:
         fields["ability"] = schema.field("ability").type
     for name, kind in fields.items():
         if pa.types.is_nested(kind):
-            raise TypeError(f"{path}: column {name!r} has type {kind}, expected one value per row (a string, or a "
-                            f"number for an answer or identifier) ({dataset}). Pass the original file, or convert "
-                            "the column.")
+            raise TypeError(
+                f"{path}: column {name!r} has type {kind}, expected one value per row (a string, or a "
+                f"number for an answer or identifier) ({dataset}). Pass the original file, or convert "
+                "the column."
+            )
 
 
 def open_source(path: str | os.PathLike[str], dataset: str) -> SourceTable:
@@ -276,10 +322,14 @@ def open_source(path: str | os.PathLike[str], dataset: str) -> SourceTable:
     else:
         found = next((names for names in _PLAIN_COLUMNS if {names[0], names[1]} <= set(schema.names)), None)
         if found is None:
-            raise _fail(path, dataset, f"no column 'prompt' (verl layout) and no problem/answer column pair "
-                                       f"{[names[:2] for names in _PLAIN_COLUMNS]}; columns present: {schema.names}",
-                        "Pass BytedTsinghua-SIA/DAPO-Math-17k, BytedTsinghua-SIA/AIME-2024, HuggingFaceH4/aime_2024 "
-                        "or Maxwell-Jia/AIME_2024 as parquet.")
+            raise _fail(
+                path,
+                dataset,
+                f"no column 'prompt' (verl layout) and no problem/answer column pair "
+                f"{[names[:2] for names in _PLAIN_COLUMNS]}; columns present: {schema.names}",
+                "Pass BytedTsinghua-SIA/DAPO-Math-17k, BytedTsinghua-SIA/AIME-2024, HuggingFaceH4/aime_2024 "
+                "or Maxwell-Jia/AIME_2024 as parquet.",
+            )
         layout, columns = SourceLayout.PROBLEM_ANSWER, {"text": found[0], "answer": found[1]}
         if found[2] in schema.names:
             columns["id"] = found[2]

@@ -38,8 +38,19 @@ from dapo_verl.local.powered_test import development_differences
 from dapo_verl.local.run_pool import AblationInterrupted, train_runs
 from dapo_verl.report import Report
 
-__all__ = ["DEFAULT_JOBS", "DEFAULT_SEEDS", "QUIET_LOGGERS", "AblationInterrupted", "AblationResult", "PlannedRun",
-           "Progress", "RunOutcome", "plan_runs", "run_ablation", "seed_list"]
+__all__ = [
+    "DEFAULT_JOBS",
+    "DEFAULT_SEEDS",
+    "QUIET_LOGGERS",
+    "AblationInterrupted",
+    "AblationResult",
+    "PlannedRun",
+    "Progress",
+    "RunOutcome",
+    "plan_runs",
+    "run_ablation",
+    "seed_list",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -51,12 +62,21 @@ DEFAULT_JOBS = 2
 """Runs trained at the same time, one torch thread each; on 2 cores 2 jobs finished 4 default runs in 78 s
 instead of 115 s (one job)."""
 
-_OWN_KEYS = {"data.seed": "--seeds or --seed-list", "trainer.default_local_dir": "--out",
-             "trainer.total_training_steps": "--steps"}
+_OWN_KEYS = {
+    "data.seed": "--seeds or --seed-list",
+    "trainer.default_local_dir": "--out",
+    "trainer.total_training_steps": "--steps",
+}
 """Keys the driver sets itself -> the option that sets them."""
 
-_RUN_LENGTH_KEYS = ("trainer.total_training_steps", "trainer.default_local_dir", "trainer.resume_mode",
-                    "trainer.resume_from_path", "trainer.save_freq", "local.cache_dir")
+_RUN_LENGTH_KEYS = (
+    "trainer.total_training_steps",
+    "trainer.default_local_dir",
+    "trainer.resume_mode",
+    "trainer.resume_from_path",
+    "trainer.save_freq",
+    "local.cache_dir",
+)
 """Keys in which a reused run's saved config.yaml may differ from the requested one (none changes a metric)."""
 
 QUIET_LOGGERS = ("dapo_verl.sampler.replenisher", "dapo_verl.local.train")
@@ -115,13 +135,21 @@ def seed_list(count: int | None, listed: Sequence[int] | None, default: int) -> 
     if listed is not None:
         return list(listed)
     if count is not None and count < 1:
-        raise ValueError(f"--seeds {count} is not a number of seeds; it must be at least 1 (--seeds N trains seeds "
-                         "0..N-1 in every arm). Pass e.g. --seeds 2, or --seed-list K [K ...].")
+        raise ValueError(
+            f"--seeds {count} is not a number of seeds; it must be at least 1 (--seeds N trains seeds "
+            "0..N-1 in every arm). Pass e.g. --seeds 2, or --seed-list K [K ...]."
+        )
     return list(range(default if count is None else count))
 
 
-def plan_runs(study: Study, seeds: Sequence[int], out_dir: str | Path, *, steps: int | None = None,
-              extra_overrides: Sequence[str] = ()) -> list[PlannedRun]:
+def plan_runs(
+    study: Study,
+    seeds: Sequence[int],
+    out_dir: str | Path,
+    *,
+    steps: int | None = None,
+    extra_overrides: Sequence[str] = (),
+) -> list[PlannedRun]:
     """Every (arm, seed) of ``study``, seed by seed.
 
     Args:
@@ -142,16 +170,27 @@ def plan_runs(study: Study, seeds: Sequence[int], out_dir: str | Path, *, steps:
     for override in extra_overrides:
         key = _key(override)
         if key in study.varied_keys:
-            raise ValueError(f"the override {override!r} sets {key}, which the {study.name} study varies between "
-                             f"its arms ({', '.join(a.name for a in study.arms)}); it would make the arms equal. "
-                             "Drop it, or run `dapo-verl train` for a single configuration.")
+            raise ValueError(
+                f"the override {override!r} sets {key}, which the {study.name} study varies between "
+                f"its arms ({', '.join(a.name for a in study.arms)}); it would make the arms equal. "
+                "Drop it, or run `dapo-verl train` for a single configuration."
+            )
         if key in _OWN_KEYS:
-            raise ValueError(f"the override {override!r} sets {key}, which dapo-verl ablate sets for each run; "
-                             f"use {_OWN_KEYS[key]} instead.")
+            raise ValueError(
+                f"the override {override!r} sets {key}, which dapo-verl ablate sets for each run; "
+                f"use {_OWN_KEYS[key]} instead."
+            )
     study = study.with_steps(steps)  # an arm that sets the run length gets ``steps`` in its own settings
-    return [PlannedRun(arm=arm, seed=seed, run_dir=Path(out_dir) / arm.name / f"seed{seed}",
-                       overrides=(*arm.overrides, *_length(arm, steps), *extra_overrides, f"data.seed={seed}"))
-            for seed in seeds for arm in study.arms]
+    return [
+        PlannedRun(
+            arm=arm,
+            seed=seed,
+            run_dir=Path(out_dir) / arm.name / f"seed{seed}",
+            overrides=(*arm.overrides, *_length(arm, steps), *extra_overrides, f"data.seed={seed}"),
+        )
+        for seed in seeds
+        for arm in study.arms
+    ]
 
 
 def _length(arm: Arm, steps: int | None) -> list[str]:
@@ -170,31 +209,49 @@ def _finished(planned: PlannedRun, spec: RunSpec) -> RunOutcome | None:
     saved = OmegaConf.to_container(OmegaConf.load(config), resolve=True)
     changed = changed_keys(saved, spec.cfg, ignore=_RUN_LENGTH_KEYS)  # type: ignore[arg-type]
     if changed:
-        raise ValueError(f"{planned.run_dir} holds a run of another configuration (differs in {', '.join(changed)}); "
-                         "an ablation never overwrites a run. Use another --out, or delete that directory to "
-                         "train it again.")
+        raise ValueError(
+            f"{planned.run_dir} holds a run of another configuration (differs in {', '.join(changed)}); "
+            "an ablation never overwrites a run. Use another --out, or delete that directory to "
+            "train it again."
+        )
     if not summary.exists():
         return None  # interrupted: dapo-verl train continues from its latest checkpoint
     done = json.loads(summary.read_text())
     total = spec.run.trainer.total_training_steps
     if done["steps"] > total:
-        raise ValueError(f"{planned.run_dir} already holds {done['steps']} steps but {total} were asked for; a "
-                         f"report would mix run lengths. Pass --steps {done['steps']} or use another --out.")
+        raise ValueError(
+            f"{planned.run_dir} already holds {done['steps']} steps but {total} were asked for; a "
+            f"report would mix run lengths. Pass --steps {done['steps']} or use another --out."
+        )
     if done["steps"] < total:
         return None  # dapo-verl train continues it from its last checkpoint
-    return RunOutcome(arm=planned.arm.name, seed=planned.seed, run_dir=planned.run_dir,
-                      final_accuracy=done["final_accuracy"], final_exact=done["final_exact"], steps=done["steps"],
-                      wall_s=done["wall_s"], reused=True)
+    return RunOutcome(
+        arm=planned.arm.name,
+        seed=planned.seed,
+        run_dir=planned.run_dir,
+        final_accuracy=done["final_accuracy"],
+        final_exact=done["final_exact"],
+        steps=done["steps"],
+        wall_s=done["wall_s"],
+        reused=True,
+    )
 
 
 def _log_levels() -> dict[str, int]:
     return {name: logging.getLogger(name).getEffectiveLevel() for name in ("dapo_verl", *QUIET_LOGGERS)}
 
 
-def run_ablation(study: Study, seeds: Sequence[int], out_dir: str | Path, *, steps: int | None = None,
-                 extra_overrides: Sequence[str] = (), jobs: int = DEFAULT_JOBS,
-                 on_run: Callable[[RunOutcome, int, int], None] | None = None,
-                 pool_with: Path | None = None) -> AblationResult:
+def run_ablation(
+    study: Study,
+    seeds: Sequence[int],
+    out_dir: str | Path,
+    *,
+    steps: int | None = None,
+    extra_overrides: Sequence[str] = (),
+    jobs: int = DEFAULT_JOBS,
+    on_run: Callable[[RunOutcome, int, int], None] | None = None,
+    pool_with: Path | None = None,
+) -> AblationResult:
     """Train every arm of ``study`` with every seed (reusing finished runs) and write the report.
 
     Args:
@@ -239,18 +296,25 @@ def run_ablation(study: Study, seeds: Sequence[int], out_dir: str | Path, *, ste
             done[(planned.arm.name, planned.seed)] = outcome
             _notify(on_run, outcome, len(done), len(plan))
     pending = [p for p in plan if (p.arm.name, p.seed) not in done]
-    logger.info("Ablation %s: %d runs, %d reused from %s, %d to train with %d job(s).", study.name, len(plan),
-                len(done), out_dir, len(pending), jobs)
+    logger.info(
+        "Ablation %s: %d runs, %d reused from %s, %d to train with %d job(s).",
+        study.name,
+        len(plan),
+        len(done),
+        out_dir,
+        len(pending),
+        jobs,
+    )
     Path(out_dir).mkdir(parents=True, exist_ok=True)  # an --out that cannot be made fails here, not in a worker
     for planned, fields in train_runs(pending, jobs, _log_levels()):
-        outcome = RunOutcome(arm=planned.arm.name, seed=planned.seed, run_dir=planned.run_dir, reused=False,
-                             **fields)
+        outcome = RunOutcome(arm=planned.arm.name, seed=planned.seed, run_dir=planned.run_dir, reused=False, **fields)
         done[(planned.arm.name, planned.seed)] = outcome
         _notify(on_run, outcome, len(done), len(plan))
     outcomes = [done[(p.arm.name, p.seed)] for p in plan]
     report, files = write_ablation_report(study, outcomes, Path(out_dir), pool_with=pool_with)
-    return AblationResult(study=study, outcomes=outcomes, report=report, files=files,
-                          wall_s=time.perf_counter() - started)
+    return AblationResult(
+        study=study, outcomes=outcomes, report=report, files=files, wall_s=time.perf_counter() - started
+    )
 
 
 def _check_out(out: Path) -> None:
@@ -262,13 +326,14 @@ def _check_out(out: Path) -> None:
     for path in (out, *out.parents):
         if path.exists() and not path.is_dir():
             where = "is a file" if path == out else f"lies in {path}, which is a file"
-            raise ValueError(f"--out {out} {where}; an ablation writes a directory of runs (<out>/<arm>/seed<k>) and "
-                             "its report. Pass a directory: a new one, or an earlier ablation's to continue it.")
+            raise ValueError(
+                f"--out {out} {where}; an ablation writes a directory of runs (<out>/<arm>/seed<k>) and "
+                "its report. Pass a directory: a new one, or an earlier ablation's to continue it."
+            )
         if path.exists():
             return
 
 
-def _notify(on_run: Callable[[RunOutcome, int, int], None] | None, outcome: RunOutcome, done: int,
-            total: int) -> None:
+def _notify(on_run: Callable[[RunOutcome, int, int], None] | None, outcome: RunOutcome, done: int, total: int) -> None:
     if on_run is not None:
         on_run(outcome, done, total)

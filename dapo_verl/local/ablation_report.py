@@ -31,8 +31,15 @@ from dapo_verl.report.plots import plot_arms
 from dapo_verl.report.summary import Spread, accuracy_keys, pass_at_k_keys
 from dapo_verl.state_io import write_text_atomically
 
-__all__ = ["CURVES_FILE", "SUMMARY_FILE", "Progress", "RunOutcome", "check_compare_out", "summary_markdown",
-           "write_ablation_report"]
+__all__ = [
+    "CURVES_FILE",
+    "SUMMARY_FILE",
+    "Progress",
+    "RunOutcome",
+    "check_compare_out",
+    "summary_markdown",
+    "write_ablation_report",
+]
 
 SUMMARY_FILE = "ablation.md"
 CURVES_FILE = "curves.png"
@@ -80,8 +87,9 @@ class Progress:
         clock: Seconds since some fixed point (``time.perf_counter``); elapsed time counts from construction.
     """
 
-    def __init__(self, write: Callable[[str], object], *, jobs: int = 1,
-                 clock: Callable[[], float] = time.perf_counter) -> None:
+    def __init__(
+        self, write: Callable[[str], object], *, jobs: int = 1, clock: Callable[[], float] = time.perf_counter
+    ) -> None:
         self.write, self.jobs, self.clock = write, jobs, clock
         self.started = clock()
         self.trained_s: list[float] = []
@@ -101,21 +109,29 @@ class Progress:
             estimate = sum(self.trained_s) / len(self.trained_s) * left / max(1, min(self.jobs, left))
             timing = f"{outcome.wall_s:.0f} s; elapsed {_clock(elapsed)}, about {_clock(estimate)} left"
         width = len(str(total))
-        self.write(f"[{done:>{width}}/{total}] {outcome.arm} seed {outcome.seed}: held-out accuracy "
-                   f"{fmt(outcome.final_accuracy)}, answer+EOS {fmt(outcome.final_exact)}, {timing}")
+        self.write(
+            f"[{done:>{width}}/{total}] {outcome.arm} seed {outcome.seed}: held-out accuracy "
+            f"{fmt(outcome.final_accuracy)}, answer+EOS {fmt(outcome.final_exact)}, {timing}"
+        )
 
 
 def _report_metrics(arms: Mapping[str, Sequence[RunLog]]) -> list[str]:
     """Held-out accuracy, answer-then-EOS, pass@k, the report's default metrics, then the share truncated."""
     available = sorted({key for runs in arms.values() for run in runs for key in run.metrics})
     exact = fnmatch.filter(available, "val-aux/*/exact/mean@*")
-    wanted = [*accuracy_keys(available), *exact, *pass_at_k_keys(available), *DEFAULT_METRICS,
-              "response_length/clip_ratio"]
+    wanted = [
+        *accuracy_keys(available),
+        *exact,
+        *pass_at_k_keys(available),
+        *DEFAULT_METRICS,
+        "response_length/clip_ratio",
+    ]
     return [key for key in dict.fromkeys(wanted) if key in available]
 
 
-def write_ablation_report(study: Study, outcomes: Sequence[RunOutcome], out: Path, *,
-                          pool_with: Path | None = None) -> tuple[Report, dict[str, Path]]:
+def write_ablation_report(
+    study: Study, outcomes: Sequence[RunOutcome], out: Path, *, pool_with: Path | None = None
+) -> tuple[Report, dict[str, Path]]:
     """Write the report files of an ablation into ``out`` (see the module docstring).
 
     Args:
@@ -144,8 +160,15 @@ def write_ablation_report(study: Study, outcomes: Sequence[RunOutcome], out: Pat
     report = write_report(report, out)
     files = dict(report.files)
     panels = [k for k in report.metrics if k.startswith("val-")] + [
-        k for k in ("actor/entropy", "response_length/mean", "actor/dapo/clip_upper_old_prob_mean",
-                    "actor/dapo/clip_upper_positive_share") if k in report.metrics]
+        k
+        for k in (
+            "actor/entropy",
+            "response_length/mean",
+            "actor/dapo/clip_upper_old_prob_mean",
+            "actor/dapo/clip_upper_positive_share",
+        )
+        if k in report.metrics
+    ]
     files["curves"] = plot_arms(arms, panels, out / CURVES_FILE, title=study.title)
     files["summary"] = out / SUMMARY_FILE
     write_text_atomically(files["summary"], summary_markdown(study, outcomes, report, primary, pooled))
@@ -170,9 +193,11 @@ def check_compare_out(out: Path) -> None:
     """
     report_json = out / JSON_FILE
     if report_json.is_file() and ((out / SUMMARY_FILE).exists() or _has_analysis(report_json)):
-        raise ValueError(f"--out {out} holds an ablation's report ({SUMMARY_FILE} beside it); this comparison would "
-                         f"overwrite {report_json}, and with it any paired test and power analysis of the ablation, "
-                         f"its report.md and plots. Choose another --out, e.g. --out {out / 'compare'}.")
+        raise ValueError(
+            f"--out {out} holds an ablation's report ({SUMMARY_FILE} beside it); this comparison would "
+            f"overwrite {report_json}, and with it any paired test and power analysis of the ablation, "
+            f"its report.md and plots. Choose another --out, e.g. --out {out / 'compare'}."
+        )
 
 
 # -- the summary table -----------------------------------------------------------------------------
@@ -208,8 +233,13 @@ def _columns(report: Report) -> list[tuple[str, str, str]]:
     return chosen
 
 
-def summary_markdown(study: Study, outcomes: Sequence[RunOutcome], report: Report,
-                     primary: PrimaryResult | None = None, pooled: PooledEstimate | None = None) -> str:
+def summary_markdown(
+    study: Study,
+    outcomes: Sequence[RunOutcome],
+    report: Report,
+    primary: PrimaryResult | None = None,
+    pooled: PooledEstimate | None = None,
+) -> str:
     """The ablation in Markdown: the primary test (if any), one row per arm (mean ± std (min–max) over seeds),
     per-seed accuracy, the arms.
 
@@ -223,8 +253,11 @@ def summary_markdown(study: Study, outcomes: Sequence[RunOutcome], report: Repor
     lines = [f"# {study.title}", ""]
     lines += primary.markdown() if primary is not None else []
     lines += pooled.markdown() if pooled is not None else []
-    lines += ["Mean ± sample std (min–max) over seeds. Final held-out values are the last evaluation; run means "
-              "average every logged step (see report.md).", ""]
+    lines += [
+        "Mean ± sample std (min–max) over seeds. Final held-out values are the last evaluation; run means "
+        "average every logged step (see report.md).",
+        "",
+    ]
     lines += _arm_table(study, outcomes, report)
     lines += ["", "Final held-out accuracy per seed (the same seed gives every arm the same initial model):", ""]
     lines += _seed_table(study, outcomes)
@@ -233,16 +266,21 @@ def summary_markdown(study: Study, outcomes: Sequence[RunOutcome], report: Repor
     lines += ["", "| arm | what | overrides |", "|---|---|---|"]
     lines += [f"| {a.name} | {a.description} | `{' '.join(a.overrides)}` |" for a in study.arms]
     walls = [o.wall_s for o in outcomes]
-    lines += ["", f"{len(outcomes)} runs of {max(o.steps for o in outcomes)} steps; run wall time "
-              f"{min(walls):.0f}–{max(walls):.0f} s, {sum(walls):.0f} s in all "
-              f"({sum(o.reused for o in outcomes)} reused from an earlier call)."]
+    lines += [
+        "",
+        f"{len(outcomes)} runs of {max(o.steps for o in outcomes)} steps; run wall time "
+        f"{min(walls):.0f}–{max(walls):.0f} s, {sum(walls):.0f} s in all "
+        f"({sum(o.reused for o in outcomes)} reused from an earlier call).",
+    ]
     return "\n".join(lines) + "\n"
 
 
 def _arm_table(study: Study, outcomes: Sequence[RunOutcome], report: Report) -> list[str]:
     columns = _columns(report)
-    lines = ["| arm | seeds | " + " | ".join(title for title, _, _ in columns) + " |",
-             "|---|---|" + "---|" * len(columns)]
+    lines = [
+        "| arm | seeds | " + " | ".join(title for title, _, _ in columns) + " |",
+        "|---|---|" + "---|" * len(columns),
+    ]
     for arm in study.arms:
         cells = [_spread_cell(getattr(report.row(key, arm.name), stat)) for _, key, stat in columns]
         runs = sum(o.arm == arm.name for o in outcomes)
@@ -269,8 +307,11 @@ def _paired_table(study: Study, outcomes: Sequence[RunOutcome]) -> list[str]:
         # accuracies are multiples of 1 / (evaluation prompts): round so float noise cannot break a tie
         diffs = [round(a - b, 6) for a, b in pairs if a is not None and b is not None]
         spread = Spread.of(diffs)
-        cell = "n/a" if spread.mean is None else f"{spread.mean:+.3f}" + (
-            "" if spread.std is None else f" ± {spread.std:.3f}")
+        cell = (
+            "n/a"
+            if spread.mean is None
+            else f"{spread.mean:+.3f}" + ("" if spread.std is None else f" ± {spread.std:.3f}")
+        )
         counts = f"{sum(d > 0 for d in diffs)} / {sum(d == 0 for d in diffs)} / {sum(d < 0 for d in diffs)}"
         lines.append(f"| {arm.name} | {before.name} | {cell} | {counts} |")
     return lines

@@ -46,10 +46,20 @@ __all__ = ["TrainBatch", "assemble_batch", "batch_metrics", "sequence_log_probs"
 
 logger = logging.getLogger(__name__)
 
-_CLIP_KEYS = ("clip_upper_fraction", "clip_lower_fraction", "dual_clip_fraction", "clip_higher_kept_fraction",
-              "ratio_mean")
-_PART_KEYS = ("positive_advantage_tokens", "clip_upper_tokens", "clip_upper_old_prob_sum", "clip_higher_kept_tokens",
-              "clip_higher_kept_old_prob_sum")
+_CLIP_KEYS = (
+    "clip_upper_fraction",
+    "clip_lower_fraction",
+    "dual_clip_fraction",
+    "clip_higher_kept_fraction",
+    "ratio_mean",
+)
+_PART_KEYS = (
+    "positive_advantage_tokens",
+    "clip_upper_tokens",
+    "clip_upper_old_prob_sum",
+    "clip_higher_kept_tokens",
+    "clip_higher_kept_old_prob_sum",
+)
 """Counts and sums of the core's diagnostics, logged as verl logs them: the mean over loss calls."""
 _MAX_KEYS = ("clip_upper_old_prob_max", "clip_higher_kept_old_prob_max")
 
@@ -98,29 +108,44 @@ def assemble_batch(groups: Sequence[GroupResult], prompts: Tensor, dapo: DapoCon
     tokens = torch.cat([g.payload["tokens"] for g in groups])  # (B, L)
     mask = torch.cat([g.payload["mask"] for g in groups])  # (B, L)
     if any(g.scores is None for g in groups):
-        raise ValueError("Every group needs scores (the shaped rewards) to compute advantages; the generate "
-                         "callback must fill GroupResult.scores.")
+        raise ValueError(
+            "Every group needs scores (the shaped rewards) to compute advantages; the generate "
+            "callback must fill GroupResult.scores."
+        )
     scores = torch.cat([g.scores for g in groups if g.scores is not None]).to(torch.float32)  # (B,)
     truncated = torch.cat([g.truncated for g in groups])  # (B,)
     index = torch.arange(len(groups)).repeat_interleave(size)  # (B,)
     if dapo.overlong.overlong_filtering:
         mask = mask_truncated_responses(mask, truncated)
-    advantages = group_advantages_by_index(scores, index, scale_by_std=dapo.advantage.norm_adv_by_std_in_grpo,
-                                           eps=dapo.advantage.adv_epsilon)
+    advantages = group_advantages_by_index(
+        scores, index, scale_by_std=dapo.advantage.norm_adv_by_std_in_grpo, eps=dapo.advantage.adv_epsilon
+    )
     if dapo.advantage.group_token_mean:
         advantages = advantages * group_token_mean_weights(mask, index, dtype=advantages.dtype)
     return TrainBatch(
         input_ids=torch.cat([prompts.repeat_interleave(size, dim=0), tokens], dim=1),  # (B, S + L)
-        mask=mask, advantages=advantages, scores=scores, acc=torch.cat([g.metric for g in groups]).bool(),
-        lengths=torch.cat([g.response_lengths for g in groups]), truncated=truncated, group_index=index,
+        mask=mask,
+        advantages=advantages,
+        scores=scores,
+        acc=torch.cat([g.metric for g in groups]).bool(),
+        lengths=torch.cat([g.response_lengths for g in groups]),
+        truncated=truncated,
+        group_index=index,
         group_size=size,
-        rollout_logp=(torch.cat([g.payload["rollout_logp"] for g in groups])
-                      if all("rollout_logp" in g.payload for g in groups) else None),
+        rollout_logp=(
+            torch.cat([g.payload["rollout_logp"] for g in groups])
+            if all("rollout_logp" in g.payload for g in groups)
+            else None
+        ),
     )
 
 
-def sequence_log_probs(model: PreTrainedModel, input_ids: Tensor, prompt_length: int, temperature: float,
-                       ) -> tuple[Tensor, Tensor]:
+def sequence_log_probs(
+    model: PreTrainedModel,
+    input_ids: Tensor,
+    prompt_length: int,
+    temperature: float,
+) -> tuple[Tensor, Tensor]:
     """Log-probs and entropies of the response tokens under ``model`` at ``temperature``.
 
     Args:
@@ -132,7 +157,7 @@ def sequence_log_probs(model: PreTrainedModel, input_ids: Tensor, prompt_length:
     Returns:
         ``(logp, entropy)``, each (B, L) float32.
     """
-    logits = model(input_ids=input_ids).logits[:, prompt_length - 1:-1].float() / temperature  # (B, L, V)
+    logits = model(input_ids=input_ids).logits[:, prompt_length - 1 : -1].float() / temperature  # (B, L, V)
     log_probs = torch.log_softmax(logits, dim=-1)
     logp = log_probs.gather(-1, input_ids[:, prompt_length:].unsqueeze(-1)).squeeze(-1)  # (B, L)
     entropy = -(log_probs.exp() * log_probs).sum(dim=-1)  # (B, L)
@@ -197,9 +222,16 @@ class _StepMetrics:
         return parts | maxima | derive_ratios(parts)
 
 
-def update_policy(model: PreTrainedModel, optimizer: torch.optim.Optimizer, batch: TrainBatch, dapo: DapoConfig,
-                  actor: ActorConfig, *, temperature: float,
-                  correction: RolloutCorrectionConfig | None = None) -> dict[str, float]:
+def update_policy(
+    model: PreTrainedModel,
+    optimizer: torch.optim.Optimizer,
+    batch: TrainBatch,
+    dapo: DapoConfig,
+    actor: ActorConfig,
+    *,
+    temperature: float,
+    correction: RolloutCorrectionConfig | None = None,
+) -> dict[str, float]:
     """Recompute old log-probs, then take one optimiser step per mini-batch and epoch.
 
     Args:
@@ -232,8 +264,12 @@ def update_policy(model: PreTrainedModel, optimizer: torch.optim.Optimizer, batc
     rows = batch.mask.shape[0]
     micro = actor.ppo_micro_batch_size_per_gpu
     with torch.no_grad():
-        old_logp = torch.cat([sequence_log_probs(model, batch.input_ids[part], batch.prompt_length, temperature)[0]
-                              for part in _chunks(0, rows, micro)])  # (B, L)
+        old_logp = torch.cat(
+            [
+                sequence_log_probs(model, batch.input_ids[part], batch.prompt_length, temperature)[0]
+                for part in _chunks(0, rows, micro)
+            ]
+        )  # (B, L)
     weights, correction_metrics = _importance_weights(batch, old_logp, correction)
     stats = _StepMetrics()
     for _ in range(actor.ppo_epochs):
@@ -242,32 +278,52 @@ def update_policy(model: PreTrainedModel, optimizer: torch.optim.Optimizer, batc
     return stats.result() | correction_metrics
 
 
-def _importance_weights(batch: TrainBatch, old_logp: Tensor, correction: RolloutCorrectionConfig | None,
-                        ) -> tuple[Tensor | None, dict[str, float]]:
+def _importance_weights(
+    batch: TrainBatch,
+    old_logp: Tensor,
+    correction: RolloutCorrectionConfig | None,
+) -> tuple[Tensor | None, dict[str, float]]:
     """(B, L) truncated importance weights and their metrics, or (None, {}) without ``rollout_is``."""
     if correction is None or correction.rollout_is is None:
         return None, {}
     if batch.rollout_logp is None:
-        raise ValueError("algorithm.rollout_correction.rollout_is=token needs the log-probs of the sampling policy, "
-                         "but the batch has none: the rollout must keep them (Rollout(keep_log_probs=True)).")
+        raise ValueError(
+            "algorithm.rollout_correction.rollout_is=token needs the log-probs of the sampling policy, "
+            "but the batch has none: the rollout must keep them (Rollout(keep_log_probs=True))."
+        )
     threshold = correction.rollout_is_threshold
-    weights = truncated_importance_weights(old_logp, batch.rollout_logp.to(old_logp.device), batch.mask,
-                                           threshold=threshold)  # (B, L)
+    weights = truncated_importance_weights(
+        old_logp, batch.rollout_logp.to(old_logp.device), batch.mask, threshold=threshold
+    )  # (B, L)
     valid = weights[batch.mask]
     if valid.numel() == 0:
         return weights, {}
-    return weights, {"rollout_corr/rollout_is_mean": valid.mean().item(),
-                     "rollout_corr/rollout_is_max": valid.max().item(),
-                     "rollout_corr/rollout_is_min": valid.min().item(),
-                     "rollout_corr/rollout_is_truncated_fraction": (valid >= threshold).float().mean().item()}
+    return weights, {
+        "rollout_corr/rollout_is_mean": valid.mean().item(),
+        "rollout_corr/rollout_is_max": valid.max().item(),
+        "rollout_corr/rollout_is_min": valid.min().item(),
+        "rollout_corr/rollout_is_truncated_fraction": (valid >= threshold).float().mean().item(),
+    }
 
 
-def _mini_batch_step(model: PreTrainedModel, optimizer: torch.optim.Optimizer, batch: TrainBatch, old_logp: Tensor,
-                     weights: Tensor | None, mini: slice, dapo: DapoConfig, actor: ActorConfig, temperature: float,
-                     stats: _StepMetrics) -> None:
+def _mini_batch_step(
+    model: PreTrainedModel,
+    optimizer: torch.optim.Optimizer,
+    batch: TrainBatch,
+    old_logp: Tensor,
+    weights: Tensor | None,
+    mini: slice,
+    dapo: DapoConfig,
+    actor: ActorConfig,
+    temperature: float,
+    stats: _StepMetrics,
+) -> None:
     """One optimiser step on rows ``mini``, accumulating gradients over micro-batches."""
-    clip = {"clip_low": dapo.loss.clip_ratio_low, "clip_high": dapo.loss.clip_ratio_high,
-            "clip_ratio_c": dapo.loss.clip_ratio_c}
+    clip = {
+        "clip_low": dapo.loss.clip_ratio_low,
+        "clip_high": dapo.loss.clip_ratio_high,
+        "clip_ratio_c": dapo.loss.clip_ratio_c,
+    }
     counts = {"num_valid_tokens": int(batch.mask[mini].sum()), "num_sequences": mini.stop - mini.start}
     mode = dapo.loss.aggregation
     optimizer.zero_grad(set_to_none=True)

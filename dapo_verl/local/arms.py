@@ -39,11 +39,30 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 __all__ = [
-    "CLIP_ACTS_PRIMARY", "CLIP_ACTS_REPLICATION_STUDY", "CLIP_ACTS_SETTING", "CLIP_ACTS_STUDY", "CLIP_HIGH",
-    "CLIP_LOW", "CLIP_STUDY",
-    "DYNAMIC_SAMPLING", "LADDER_STUDY", "LOSS_AGG", "OVERLONG_FILTERING", "OVERLONG_PENALTY", "SETTINGS", "STEPS_KEY",
-    "STREAM_GUARD_PRIMARY", "STREAM_GUARD_STUDY", "STREAM_PREFIX_STUDY", "STUDIES", "SURPLUS_CARRY_STUDY",
-    "SURPLUS_CARRY_TIS_STUDY", "Arm", "PowerPlan", "PrimaryMetric", "Study",
+    "CLIP_ACTS_PRIMARY",
+    "CLIP_ACTS_REPLICATION_STUDY",
+    "CLIP_ACTS_SETTING",
+    "CLIP_ACTS_STUDY",
+    "CLIP_HIGH",
+    "CLIP_LOW",
+    "CLIP_STUDY",
+    "DYNAMIC_SAMPLING",
+    "LADDER_STUDY",
+    "LOSS_AGG",
+    "OVERLONG_FILTERING",
+    "OVERLONG_PENALTY",
+    "SETTINGS",
+    "STEPS_KEY",
+    "STREAM_GUARD_PRIMARY",
+    "STREAM_GUARD_STUDY",
+    "STREAM_PREFIX_STUDY",
+    "STUDIES",
+    "SURPLUS_CARRY_STUDY",
+    "SURPLUS_CARRY_TIS_STUDY",
+    "Arm",
+    "PowerPlan",
+    "PrimaryMetric",
+    "Study",
 ]
 
 CLIP_LOW = "actor_rollout_ref.actor.clip_ratio_low"
@@ -182,8 +201,12 @@ class Study:
         """
         if steps is None:
             return self
-        arms = tuple(dataclasses.replace(arm, settings={**arm.settings, STEPS_KEY: str(steps)})
-                     if STEPS_KEY in arm.settings else arm for arm in self.arms)
+        arms = tuple(
+            dataclasses.replace(arm, settings={**arm.settings, STEPS_KEY: str(steps)})
+            if STEPS_KEY in arm.settings
+            else arm
+            for arm in self.arms
+        )
         return dataclasses.replace(self, arms=arms)
 
     @property
@@ -194,8 +217,11 @@ class Study:
 
 
 def _clip_arm(eps_high: str, base: Mapping[str, str] | None = None, what: str = "full DAPO") -> Arm:
-    return Arm(name=f"eps_high_{eps_high}", description=f"{what}, clip 0.2/{eps_high}",
-               settings={**(base or {}), CLIP_LOW: "0.2", CLIP_HIGH: eps_high})
+    return Arm(
+        name=f"eps_high_{eps_high}",
+        description=f"{what}, clip 0.2/{eps_high}",
+        settings={**(base or {}), CLIP_LOW: "0.2", CLIP_HIGH: eps_high},
+    )
 
 
 CLIP_STUDY = Study(
@@ -227,8 +253,10 @@ CLIP_ACTS_SETTING = {
 CLIP_ACTS_PRIMARY = PrimaryMetric(
     key="val-core/*/acc/mean@1",
     title="area under the held-out greedy accuracy curve (trapezoid over the run's evaluations, divided by the "
-          "steps: 1 = perfect from the start)",
-    baseline="eps_high_0.2", treatment="eps_high_0.28")
+    "steps: 1 = perfect from the start)",
+    baseline="eps_high_0.2",
+    treatment="eps_high_0.28",
+)
 """Declared before the pilot and the main run: clip-higher should raise the correct, initially unlikely answers
 sooner, so the whole learning curve, not its end (both arms reach 1.0), is the outcome. In the setting the
 evaluations are at steps 0, 5, ..., 40; a report names the steps its runs evaluated at."""
@@ -237,20 +265,33 @@ CLIP_ACTS_STUDY = Study(
     name="clip-acts",
     summary="where the upper clip acts: 40 steps, the seeds of its power calculation (0-25), with the paired test",
     title="Clip-Higher where the upper clip acts: eps_high 0.2 vs 0.28 from a decoy warm start, 16 gradient steps "
-          "per rollout",
-    arms=(_clip_arm("0.2", CLIP_ACTS_SETTING, "clip-acts setting"), _clip_arm("0.28", CLIP_ACTS_SETTING,
-                                                                              "clip-acts setting")),
+    "per rollout",
+    arms=(
+        _clip_arm("0.2", CLIP_ACTS_SETTING, "clip-acts setting"),
+        _clip_arm("0.28", CLIP_ACTS_SETTING, "clip-acts setting"),
+    ),
     primary=CLIP_ACTS_PRIMARY,
     power=PowerPlan(
-        pilot_seeds=(100, 101, 102, 103, 104, 105), pilot_effect=0.0070, pilot_sd=0.0864, pilot_effect_seeds=1198,
-        effect=0.05, seeds=26,
+        pilot_seeds=(100, 101, 102, 103, 104, 105),
+        pilot_effect=0.0070,
+        pilot_sd=0.0864,
+        pilot_effect_seeds=1198,
+        effect=0.05,
+        seeds=26,
         why="about 6 hours of 2 idle cores, so the main run is sized instead for the smallest effect of interest, "
-            "0.05 of greedy-accuracy AUC (the learning curve about 2.5 of its 40 steps earlier), fixed with the "
-            "pilot's SD before the main run"),
+        "0.05 of greedy-accuracy AUC (the learning curve about 2.5 of its 40 steps earlier), fixed with the "
+        "pilot's SD before the main run",
+    ),
 )
 
-_NAIVE_GRPO = {CLIP_LOW: "0.2", CLIP_HIGH: "0.2", LOSS_AGG: "seq-mean-token-mean", OVERLONG_PENALTY: "false",
-               OVERLONG_FILTERING: "false", DYNAMIC_SAMPLING: "false"}
+_NAIVE_GRPO = {
+    CLIP_LOW: "0.2",
+    CLIP_HIGH: "0.2",
+    LOSS_AGG: "seq-mean-token-mean",
+    OVERLONG_PENALTY: "false",
+    OVERLONG_FILTERING: "false",
+    DYNAMIC_SAMPLING: "false",
+}
 
 _RUNGS = (
     ("overlong_filtering", "+ overlong filtering", OVERLONG_FILTERING, "true"),
@@ -278,17 +319,28 @@ LADDER_STUDY = Study(
     arms=_ladder_arms(),
 )
 
-_STREAM_BASE = {"data.max_response_length": "24", "local.rollout.chunk_tokens": "4", STEPS_KEY: "100",
-                # The value these studies' runs were made with (the default then); it acts only on carried groups.
-                "local.rollout.stale_prefix": "mask"}
-_STREAMING = {"algorithm.filter_groups.streaming": "true", "algorithm.filter_groups.surplus": "carry",
-              "algorithm.filter_groups.stream_oversample": "2.0"}
+_STREAM_BASE = {
+    "data.max_response_length": "24",
+    "local.rollout.chunk_tokens": "4",
+    STEPS_KEY: "100",
+    # The value these studies' runs were made with (the default then); it acts only on carried groups.
+    "local.rollout.stale_prefix": "mask",
+}
+_STREAMING = {
+    "algorithm.filter_groups.streaming": "true",
+    "algorithm.filter_groups.surplus": "carry",
+    "algorithm.filter_groups.stream_oversample": "2.0",
+}
 
 STREAM_GUARD_PRIMARY = PrimaryMetric(
     key="val-core/*/acc/mean@1",
     title="area under the held-out greedy accuracy curve (trapezoid over the run's evaluations, divided by the "
-          "steps: 1 = perfect from the start)",
-    baseline="rounds", treatment="streaming_carry", effect_name="streaming with carried partials", margin=0.05)
+    "steps: 1 = perfect from the start)",
+    baseline="rounds",
+    treatment="streaming_carry",
+    effect_name="streaming with carried partials",
+    margin=0.05,
+)
 """Declared before the main run (2026-12-03; the older prefix was then masked, the only choice, so the study pins
 ``stale_prefix=mask`` now that ``train`` is the default): streaming must hold the whole learning curve, so the
 outcome is the curve's area, as in the clip-acts study, on the same task. Streaming holds accuracy if the
@@ -298,31 +350,51 @@ below 0."""
 STREAM_GUARD_STUDY = Study(
     name="stream-guard",
     summary="rounds vs streaming with carried partials, 100 steps, seeds 100-125 from its power calculation, with "
-            "the paired test (docs/local.md)",
+    "the paired test (docs/local.md)",
     title="Streaming accuracy guard: rounds vs streaming with carried partials (2x in flight), 24-token responses "
-          "decoded 4 tokens a pass, 100 steps",
-    arms=(Arm(name="rounds", description="rounds (the shipped default)", settings=dict(_STREAM_BASE)),
-          Arm(name="streaming_carry", description="streaming, aborted groups carried, twice a round in flight",
-              settings={**_STREAM_BASE, **_STREAMING})),
+    "decoded 4 tokens a pass, 100 steps",
+    arms=(
+        Arm(name="rounds", description="rounds (the shipped default)", settings=dict(_STREAM_BASE)),
+        Arm(
+            name="streaming_carry",
+            description="streaming, aborted groups carried, twice a round in flight",
+            settings={**_STREAM_BASE, **_STREAMING},
+        ),
+    ),
     primary=STREAM_GUARD_PRIMARY,
     power=PowerPlan(
-        pilot_seeds=(0, 1), pilot_effect=-0.2894, pilot_sd=0.0221, pilot_effect_seeds=2, effect=0.05, seeds=26,
-        planning_sd=CLIP_ACTS_STUDY.power.pilot_sd if CLIP_ACTS_STUDY.power else None, first_seed=100,
+        pilot_seeds=(0, 1),
+        pilot_effect=-0.2894,
+        pilot_sd=0.0221,
+        pilot_effect_seeds=2,
+        effect=0.05,
+        seeds=26,
+        planning_sd=CLIP_ACTS_STUDY.power.pilot_sd if CLIP_ACTS_STUDY.power else None,
+        first_seed=100,
         why="a standard deviation from two pilot seeds is no estimate; the seeds are sized for the smallest effect "
-            "of interest, 0.05 of greedy-accuracy AUC, with the clip-acts pilot's SD of the same metric on the same "
-            "task (0.0864, six seeds) as the planning value"),
+        "of interest, 0.05 of greedy-accuracy AUC, with the clip-acts pilot's SD of the same metric on the same "
+        "task (0.0864, six seeds) as the planning value",
+    ),
 )
 
 STREAM_PREFIX_STUDY = Study(
     name="stream-prefix",
     summary="stream-guard with the carried prefix trained (local.rollout.stale_prefix=train)",
     title="Streaming accuracy guard, older prefix trained: rounds vs streaming with carried partials whose "
-          "older-policy tokens stay in the loss (local.rollout.stale_prefix=train)",
-    arms=(STREAM_GUARD_STUDY.arms[0],
-          Arm(name="streaming_carry_train", description="streaming, aborted groups carried, older prefix trained",
-              settings={**_STREAM_BASE, **_STREAMING, "local.rollout.stale_prefix": "train"})),
-    primary=dataclasses.replace(STREAM_GUARD_PRIMARY, treatment="streaming_carry_train",
-                                effect_name="streaming with carried partials, older prefix trained"),
+    "older-policy tokens stay in the loss (local.rollout.stale_prefix=train)",
+    arms=(
+        STREAM_GUARD_STUDY.arms[0],
+        Arm(
+            name="streaming_carry_train",
+            description="streaming, aborted groups carried, older prefix trained",
+            settings={**_STREAM_BASE, **_STREAMING, "local.rollout.stale_prefix": "train"},
+        ),
+    ),
+    primary=dataclasses.replace(
+        STREAM_GUARD_PRIMARY,
+        treatment="streaming_carry_train",
+        effect_name="streaming with carried partials, older prefix trained",
+    ),
     power=STREAM_GUARD_STUDY.power,
 )
 """Declared (2026-12-03) after the stream-guard study lost accuracy and before its own main run: the same arms,
@@ -332,18 +404,31 @@ SURPLUS_CARRY_STUDY = Study(
     name="surplus-carry",
     summary="rounds discarding vs carrying the surplus, the default run, seeds 200-225",
     title="Carrying a round's surplus: rounds discarding the informative groups beyond the batch (the default) vs "
-          "rounds serving them first at the next step (surplus=carry), the default local run, 200 steps",
-    arms=(Arm(name="rounds", description="rounds, surplus discarded (the default)", settings={}),
-          Arm(name="rounds_carry", description="rounds, surplus carried one step",
-              settings={"algorithm.filter_groups.surplus": "carry"})),
-    primary=dataclasses.replace(STREAM_GUARD_PRIMARY, treatment="rounds_carry",
-                                effect_name="rounds with the surplus carried"),
+    "rounds serving them first at the next step (surplus=carry), the default local run, 200 steps",
+    arms=(
+        Arm(name="rounds", description="rounds, surplus discarded (the default)", settings={}),
+        Arm(
+            name="rounds_carry",
+            description="rounds, surplus carried one step",
+            settings={"algorithm.filter_groups.surplus": "carry"},
+        ),
+    ),
+    primary=dataclasses.replace(
+        STREAM_GUARD_PRIMARY, treatment="rounds_carry", effect_name="rounds with the surplus carried"
+    ),
     power=PowerPlan(
-        pilot_seeds=(0, 1), pilot_effect=-0.1316, pilot_sd=0.0477, pilot_effect_seeds=2, effect=0.05,
-        seeds=26, planning_sd=CLIP_ACTS_STUDY.power.pilot_sd if CLIP_ACTS_STUDY.power else None, first_seed=200,
+        pilot_seeds=(0, 1),
+        pilot_effect=-0.1316,
+        pilot_sd=0.0477,
+        pilot_effect_seeds=2,
+        effect=0.05,
+        seeds=26,
+        planning_sd=CLIP_ACTS_STUDY.power.pilot_sd if CLIP_ACTS_STUDY.power else None,
+        first_seed=200,
         why="a standard deviation from two pilot seeds is no estimate; as for the streaming guard, the seeds are sized "
-            "for the smallest effect of interest, 0.05 of greedy-accuracy AUC, with the clip-acts pilot's SD of the "
-            "same metric on the same task (0.0864) as the planning value"),
+        "for the smallest effect of interest, 0.05 of greedy-accuracy AUC, with the clip-acts pilot's SD of the "
+        "same metric on the same task (0.0864) as the planning value",
+    ),
 )
 """Declared (2026-12-04, benchmarks/README.md "Carrying a round's surplus") before its main run: the accuracy guard
 of making ``surplus=carry`` the default. A carried group was generated by the previous step's policy and is trained
@@ -354,15 +439,23 @@ SURPLUS_CARRY_TIS_STUDY = Study(
     name="surplus-carry-tis",
     summary="surplus-carry with the carried tokens importance-weighted (algorithm.rollout_correction.rollout_is=token)",
     title="Carrying a round's surplus with its tokens weighed against the policy that sampled them: rounds (the "
-          "default) vs rounds with surplus=carry and rollout_is=token, the default local run, 200 steps",
-    arms=(SURPLUS_CARRY_STUDY.arms[0],
-          Arm(name="rounds_carry_tis", description="rounds, surplus carried one step, token-level TIS",
-              settings={"algorithm.filter_groups.surplus": "carry",
-                        "algorithm.rollout_correction.rollout_is": "token"})),
-    primary=dataclasses.replace(STREAM_GUARD_PRIMARY, treatment="rounds_carry_tis",
-                                effect_name="rounds with the surplus carried and importance-weighted"),
-    power=dataclasses.replace(SURPLUS_CARRY_STUDY.power, pilot_effect=-0.0761, pilot_sd=0.0639,
-                              pilot_effect_seeds=8) if SURPLUS_CARRY_STUDY.power else None,
+    "default) vs rounds with surplus=carry and rollout_is=token, the default local run, 200 steps",
+    arms=(
+        SURPLUS_CARRY_STUDY.arms[0],
+        Arm(
+            name="rounds_carry_tis",
+            description="rounds, surplus carried one step, token-level TIS",
+            settings={"algorithm.filter_groups.surplus": "carry", "algorithm.rollout_correction.rollout_is": "token"},
+        ),
+    ),
+    primary=dataclasses.replace(
+        STREAM_GUARD_PRIMARY,
+        treatment="rounds_carry_tis",
+        effect_name="rounds with the surplus carried and importance-weighted",
+    ),
+    power=dataclasses.replace(SURPLUS_CARRY_STUDY.power, pilot_effect=-0.0761, pilot_sd=0.0639, pilot_effect_seeds=8)
+    if SURPLUS_CARRY_STUDY.power
+    else None,
 )
 """Declared (2026-12-04, benchmarks/README.md "Carrying a round's surplus") after the surplus-carry guard was
 undecided and before its own main run: the same arms, seeds, metric and reading, with the carried groups' tokens
@@ -372,28 +465,47 @@ CLIP_ACTS_REPLICATION_STUDY = dataclasses.replace(
     CLIP_ACTS_STUDY,
     name="clip-acts-replication",
     title="Clip-Higher where the upper clip acts, replicated on fresh seeds: eps_high 0.2 vs 0.28 from a decoy warm "
-          "start, 16 gradient steps per rollout",
+    "start, 16 gradient steps per rollout",
     summary="the clip-acts study again on seeds 1000-1041, never used before, from the power calculation for the "
-            "clip-acts effect; --pool-with runs/ablate/clip-acts pools the two",
+    "clip-acts effect; --pool-with runs/ablate/clip-acts pools the two",
     replicates=CLIP_ACTS_STUDY.name,
     power=PowerPlan(
-        pilot_seeds=tuple(range(26)), pilot_effect=0.025, pilot_sd=0.049, pilot_effect_seeds=33, effect=0.025,
-        seeds=42, planning_sd=0.056, first_seed=1000,
+        pilot_seeds=tuple(range(26)),
+        pilot_effect=0.025,
+        pilot_sd=0.049,
+        pilot_effect_seeds=33,
+        effect=0.025,
+        seeds=42,
+        planning_sd=0.056,
+        first_seed=1000,
         why="the development run (clip-acts, seeds 0-25) is the pilot and its effect the target; the seeds are sized "
-            "with the larger of the two measured SDs of the paired differences, 0.056 from an 8-seed replication "
-            "(mean -0.001) against the development run's 0.049, so that a smaller spread is not assumed"),
+        "with the larger of the two measured SDs of the paired differences, 0.056 from an 8-seed replication "
+        "(mean -0.001) against the development run's 0.049, so that a smaller spread is not assumed",
+    ),
 )
 """Declared (2026-12-07, docs/ablation.md "Replication") before its runs: the clip-acts study's arms, setting,
 primary metric, test and reading on seeds 1000-1041, which no study used. Its reading is the clip-acts study's,
 from its own interval alone; its report also shows the development estimate and the two pooled (every paired
 difference of both, one paired t-test), which is not independent of the development run."""
 
-STUDIES = {study.name: study for study in (CLIP_STUDY, CLIP_ACTS_STUDY, CLIP_ACTS_REPLICATION_STUDY,
-                                           STREAM_GUARD_STUDY, STREAM_PREFIX_STUDY, SURPLUS_CARRY_STUDY,
-                                           SURPLUS_CARRY_TIS_STUDY, LADDER_STUDY)}
+STUDIES = {
+    study.name: study
+    for study in (
+        CLIP_STUDY,
+        CLIP_ACTS_STUDY,
+        CLIP_ACTS_REPLICATION_STUDY,
+        STREAM_GUARD_STUDY,
+        STREAM_PREFIX_STUDY,
+        SURPLUS_CARRY_STUDY,
+        SURPLUS_CARRY_TIS_STUDY,
+        LADDER_STUDY,
+    )
+}
 """Study name -> study."""
 
-SETTINGS = {"default": CLIP_STUDY, **{name: study for name, study in STUDIES.items()
-                                      if study not in (CLIP_STUDY, LADDER_STUDY)}}
+SETTINGS = {
+    "default": CLIP_STUDY,
+    **{name: study for name, study in STUDIES.items() if study not in (CLIP_STUDY, LADDER_STUDY)},
+}
 """``dapo-verl ablate --setting`` -> the study it runs: ``default`` is the clip ablation on the default run, every
 other setting is the study of that name (the ladder has ``--ladder``)."""

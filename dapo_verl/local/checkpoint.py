@@ -34,8 +34,18 @@ from dapo_verl.sampler import BatchReplenisher
 from dapo_verl.state_io import CorruptStateError, load_state, save_state, write_text_atomically
 
 __all__ = [
-    "LATEST", "STATE_FILE", "ResumePoint", "checkpoint_dir", "find_resume_point", "latest_checkpoint",
-    "load_checkpoint", "read_checkpoint", "read_marker", "restore_checkpoint", "save_checkpoint", "saved_steps",
+    "LATEST",
+    "STATE_FILE",
+    "ResumePoint",
+    "checkpoint_dir",
+    "find_resume_point",
+    "latest_checkpoint",
+    "load_checkpoint",
+    "read_checkpoint",
+    "read_marker",
+    "restore_checkpoint",
+    "save_checkpoint",
+    "saved_steps",
 ]
 
 logger = logging.getLogger(__name__)
@@ -85,8 +95,9 @@ def read_marker(run_dir: Path) -> int | None:
         return None
     text = marker.read_text(errors="replace").strip()
     if not text.isdigit():
-        logger.warning("%s holds %r, not a step number; looking for checkpoints by directory instead.", marker,
-                       text[:40])
+        logger.warning(
+            "%s holds %r, not a step number; looking for checkpoints by directory instead.", marker, text[:40]
+        )
         return None
     return int(text)
 
@@ -112,8 +123,15 @@ def _optimizer_from_plain(state: dict[str, Any]) -> dict[str, Any]:
     return {"state": {int(k): v for k, v in state["state"].items()}, "param_groups": groups}
 
 
-def save_checkpoint(run_dir: Path, step: int, *, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                    sampler: BatchReplenisher, config: dict[str, Any]) -> Path:
+def save_checkpoint(
+    run_dir: Path,
+    step: int,
+    *,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    sampler: BatchReplenisher,
+    config: dict[str, Any],
+) -> Path:
     """Write the checkpoint of ``step``, then point ``latest_checkpointed_iteration.txt`` at it."""
     state = {
         "version": _VERSION,
@@ -121,8 +139,10 @@ def save_checkpoint(run_dir: Path, step: int, *, model: torch.nn.Module, optimiz
         "model": dict(model.state_dict()),
         "optimizer": _optimizer_to_plain(optimizer.state_dict()),
         "sampler": sampler.state_dict(),
-        "rng": {"torch": torch.get_rng_state(),
-                "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []},
+        "rng": {
+            "torch": torch.get_rng_state(),
+            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+        },
         "config": config,
     }
     target = checkpoint_dir(run_dir, step)
@@ -141,18 +161,23 @@ def read_checkpoint(path: Path) -> dict[str, Any]:
     """
     file = Path(path) / STATE_FILE
     if not file.exists():
-        raise FileNotFoundError(f"No checkpoint at {file}; trainer.resume_from_path must name a global_step_N "
-                                f"directory written by `dapo-verl train`.")
+        raise FileNotFoundError(
+            f"No checkpoint at {file}; trainer.resume_from_path must name a global_step_N "
+            f"directory written by `dapo-verl train`."
+        )
     state = load_state(file)
     if not isinstance(state, dict) or state.get("version") != _VERSION:
         version = state.get("version") if isinstance(state, dict) else None
-        raise ValueError(f"{file} is checkpoint version {version!r}, expected {_VERSION}; resume with the "
-                         f"release that wrote it or set trainer.resume_mode=disable.")
+        raise ValueError(
+            f"{file} is checkpoint version {version!r}, expected {_VERSION}; resume with the "
+            f"release that wrote it or set trainer.resume_mode=disable."
+        )
     return state
 
 
-def restore_checkpoint(state: dict[str, Any], *, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                       sampler: BatchReplenisher) -> tuple[int, dict[str, Any]]:
+def restore_checkpoint(
+    state: dict[str, Any], *, model: torch.nn.Module, optimizer: torch.optim.Optimizer, sampler: BatchReplenisher
+) -> tuple[int, dict[str, Any]]:
     """Apply :func:`read_checkpoint`'s result to the given objects and the global RNG.
 
     Returns:
@@ -167,8 +192,9 @@ def restore_checkpoint(state: dict[str, Any], *, model: torch.nn.Module, optimiz
     return int(state["step"]), state["config"]
 
 
-def load_checkpoint(path: Path, *, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                    sampler: BatchReplenisher) -> tuple[int, dict[str, Any]]:
+def load_checkpoint(
+    path: Path, *, model: torch.nn.Module, optimizer: torch.optim.Optimizer, sampler: BatchReplenisher
+) -> tuple[int, dict[str, Any]]:
     """Read a checkpoint directory and restore it (:func:`read_checkpoint`, then :func:`restore_checkpoint`).
 
     Raises:
@@ -215,8 +241,13 @@ def find_resume_point(run_dir: Path) -> ResumePoint | None:
             continue
         point = ResumePoint(path=checkpoint_dir(run_dir, step), step=step, state=state, skipped=tuple(skipped))
         if skipped:
-            logger.warning("Resuming from the previous good checkpoint %s (step %d) after skipping %d unusable "
-                           "one(s); the steps after it are recomputed.", point.path, step, len(skipped))
+            logger.warning(
+                "Resuming from the previous good checkpoint %s (step %d) after skipping %d unusable "
+                "one(s); the steps after it are recomputed.",
+                point.path,
+                step,
+                len(skipped),
+            )
             write_text_atomically(Path(run_dir) / "checkpoints" / LATEST, f"{step}\n")
         return point
     if skipped:

@@ -61,8 +61,9 @@ class RunSpec:
         return OmegaConf.to_yaml(OmegaConf.create(self.cfg))
 
 
-def compose_run(overrides: Sequence[str] = (), *, out_dir: str | Path | None = None,
-                config_name: str = PRIMARY_CONFIG) -> RunSpec:
+def compose_run(
+    overrides: Sequence[str] = (), *, out_dir: str | Path | None = None, config_name: str = PRIMARY_CONFIG
+) -> RunSpec:
     """Compose ``configs/<config_name>.yaml`` with ``overrides`` and validate the result.
 
     Args:
@@ -73,18 +74,30 @@ def compose_run(overrides: Sequence[str] = (), *, out_dir: str | Path | None = N
     Raises:
         ValueError: for an override Hydra cannot apply or any invalid value, naming the key and the fix.
     """
-    composed = compose_checked(lambda given: _compose(config_name, given), overrides,
-                               label=f"the local backend's config (configs/{config_name}.yaml)", additions=False,
-                               unknown_why=_UNKNOWN_WHY, known=_known_keys(config_name))
+    composed = compose_checked(
+        lambda given: _compose(config_name, given),
+        overrides,
+        label=f"the local backend's config (configs/{config_name}.yaml)",
+        additions=False,
+        unknown_why=_UNKNOWN_WHY,
+        known=_known_keys(config_name),
+    )
     if out_dir is not None:
         composed.trainer.default_local_dir = str(out_dir)
     cfg: dict[str, Any] = OmegaConf.to_container(composed, resolve=True)  # type: ignore[assignment]
     known = _known_keys(config_name)
     extra = sorted(set(flatten_keys(cfg)) - known.leaves)
     if extra:
-        raise ConfigRefused([Problem(key, f"{key} (in overrides {list(overrides)}) is not a key of the local backend's "
-                                          f"config (configs/{config_name}.yaml); {known.hint(key)} {_UNKNOWN_WHY}")
-                             for key in extra])
+        raise ConfigRefused(
+            [
+                Problem(
+                    key,
+                    f"{key} (in overrides {list(overrides)}) is not a key of the local backend's "
+                    f"config (configs/{config_name}.yaml); {known.hint(key)} {_UNKNOWN_WHY}",
+                )
+                for key in extra
+            ]
+        )
     spec = RunSpec(cfg=cfg, dapo=DapoConfig.from_verl(cfg), run=read_run_config(cfg))
     check_run(spec)
     return spec
@@ -96,8 +109,10 @@ def _compose(config_name: str, overrides: Sequence[str]) -> Any:
         return compose(config_name=config_name, overrides=list(overrides))
 
 
-_UNKNOWN_WHY = ("The local backend reads only its own keys, so an added key (+key) would be ignored. Use one of the "
-                "keys `dapo-verl train --print-config` lists.")
+_UNKNOWN_WHY = (
+    "The local backend reads only its own keys, so an added key (+key) would be ignored. Use one of the "
+    "keys `dapo-verl train --print-config` lists."
+)
 
 
 @functools.lru_cache(maxsize=4)
@@ -110,7 +125,8 @@ STREAMING_CARRY_WARNING = (
     "algorithm.filter_groups.streaming=true with surplus=carry and local.rollout.stale_prefix=mask on the local "
     "backend: a continued group's tokens from an earlier policy are masked out of its loss, and in the declared guard "
     "(docs/local.md, 26 seeds) this lost 0.25 of held-out accuracy AUC against rounds, on every seed; with "
-    "stale_prefix=train (the default) the declared follow-up held it. Use stale_prefix=train for results.")
+    "stale_prefix=train (the default) the declared follow-up held it. Use stale_prefix=train for results."
+)
 """The warning of a local run that streams, carries and masks the older prefix (its measured accuracy loss)."""
 
 
@@ -137,8 +153,9 @@ def check_run(spec: RunSpec) -> None:
             f"data.train_batch_size={batch}; every gradient step must see the same number of prompt groups. "
             f"Use a divisor of {batch}, e.g. {max(1, batch // 4)}."
         )
-    reason = clip_higher_inert_reason(train_batch_size=batch, ppo_mini_batch_size=actor.ppo_mini_batch_size,
-                                      ppo_epochs=actor.ppo_epochs)
+    reason = clip_higher_inert_reason(
+        train_batch_size=batch, ppo_mini_batch_size=actor.ppo_mini_batch_size, ppo_epochs=actor.ppo_epochs
+    )
     if reason is not None:
         logger.warning("%s", reason)
     if dapo.sampler.streaming and dapo.sampler.surplus == "carry" and spec.run.rollout.stale_prefix == "mask":

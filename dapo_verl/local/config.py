@@ -82,7 +82,8 @@ class RolloutConfig:
     """G, responses sampled per prompt. Range >= 2 (a group needs a baseline); paper §4.1 uses 16."""
 
     temperature: float = field(
-        default=1.0, metadata=verl_key("actor_rollout_ref.rollout.temperature", verl_native=True))
+        default=1.0, metadata=verl_key("actor_rollout_ref.rollout.temperature", verl_native=True)
+    )
     """Sampling temperature of training rollouts; log-probs are computed at the same temperature. Range > 0."""
 
     val_n: int = field(default=1, metadata=verl_key("actor_rollout_ref.rollout.val_kwargs.n", verl_native=True))
@@ -107,19 +108,29 @@ class RolloutConfig:
     def __post_init__(self) -> None:
         require_number(self, "n", low=2, integer=True, fix="Group-normalised advantages need G >= 2; use 8.")
         require_number(self, "temperature", low=0.0, low_open=True, fix="The paper samples at 1.0.")
-        require_number(self, "val_n", low=1, integer=True,
-                       fix="Use 1 for greedy evaluation only, or e.g. 8 (the group size) for pass@1..8.")
+        require_number(
+            self,
+            "val_n",
+            low=1,
+            integer=True,
+            fix="Use 1 for greedy evaluation only, or e.g. 8 (the group size) for pass@1..8.",
+        )
         require_number(self, "chunk_tokens", low=1, integer=True, fix="8 lets groups finish every 8 tokens.")
-        require_choice(self, "stale_prefix", ["train", "mask"],
-                       fix="train keeps older-policy tokens in the loss; mask leaves them out.")
+        require_choice(
+            self,
+            "stale_prefix",
+            ["train", "mask"],
+            fix="train keeps older-policy tokens in the loss; mask leaves them out.",
+        )
 
 
 @dataclass(frozen=True, kw_only=True)
 class RolloutCorrectionConfig:
     """Truncated importance sampling against the policy that sampled a response (verl's rollout correction)."""
 
-    rollout_is: str | None = field(default=None, metadata=verl_key("algorithm.rollout_correction.rollout_is",
-                                                                   verl_native=True))
+    rollout_is: str | None = field(
+        default=None, metadata=verl_key("algorithm.rollout_correction.rollout_is", verl_native=True)
+    )
     """null (off, verl's default) or token: each response token's loss term is multiplied by min(pi_old /
     pi_rollout, rollout_is_threshold), pi_old the policy before this update (the recomputed old log-probs) and
     pi_rollout the one that sampled the token (its log-probs kept at generation, one more forward pass a round). It
@@ -127,14 +138,19 @@ class RolloutCorrectionConfig:
     only: streaming refuses it on the local backend. verl's sequence level is not implemented here.
     """
 
-    rollout_is_threshold: float = field(default=2.0, metadata=verl_key(
-        "algorithm.rollout_correction.rollout_is_threshold", verl_native=True))
+    rollout_is_threshold: float = field(
+        default=2.0, metadata=verl_key("algorithm.rollout_correction.rollout_is_threshold", verl_native=True)
+    )
     """Upper bound of a token's weight (truncated importance sampling). Range > 0; verl's default 2.0."""
 
     def __post_init__(self) -> None:
         if self.rollout_is is not None and self.rollout_is != "token":
-            config_error(key_of(self, "rollout_is"), self.rollout_is, "is not available on the local backend",
-                         "Use token (per-token weights) or null (off).")
+            config_error(
+                key_of(self, "rollout_is"),
+                self.rollout_is,
+                "is not available on the local backend",
+                "Use token (per-token weights) or null (off).",
+            )
         require_number(self, "rollout_is_threshold", low=0.0, low_open=True, fix="verl's default is 2.0.")
 
 
@@ -142,13 +158,15 @@ class RolloutCorrectionConfig:
 class ActorConfig:
     """The policy update: batching, optimiser and regularisation."""
 
-    ppo_mini_batch_size: int = field(default=4, metadata=verl_key("actor_rollout_ref.actor.ppo_mini_batch_size",
-                                                                   verl_native=True))
+    ppo_mini_batch_size: int = field(
+        default=4, metadata=verl_key("actor_rollout_ref.actor.ppo_mini_batch_size", verl_native=True)
+    )
     """Prompt groups per gradient step; train_batch_size / ppo_mini_batch_size steps per rollout and epoch. Range >= 1.
     """
 
-    ppo_micro_batch_size_per_gpu: int | None = field(default=None, metadata=verl_key(
-            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu", verl_native=True))
+    ppo_micro_batch_size_per_gpu: int | None = field(
+        default=None, metadata=verl_key("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu", verl_native=True)
+    )
     """Responses per forward/backward pass (gradient accumulation); null means the whole mini-batch. The loss is
     normalised by the mini-batch's token count, so this never changes the result.
     """
@@ -159,22 +177,29 @@ class ActorConfig:
     lr: float = field(default=1e-3, metadata=verl_key("actor_rollout_ref.actor.optim.lr", verl_native=True))
     """AdamW learning rate (constant). 1e-3 suits the tiny default model; 3e-3 collapses its entropy."""
 
-    weight_decay: float = field(default=0.0, metadata=verl_key("actor_rollout_ref.actor.optim.weight_decay",
-                                                                verl_native=True))
+    weight_decay: float = field(
+        default=0.0, metadata=verl_key("actor_rollout_ref.actor.optim.weight_decay", verl_native=True)
+    )
     """AdamW weight decay. Range >= 0; 0 for the tiny model (verl defaults to 0.01)."""
 
     grad_clip: float = field(default=1.0, metadata=verl_key("actor_rollout_ref.actor.grad_clip", verl_native=True))
     """Gradient-norm clipping threshold per gradient step. Range > 0; verl's default 1.0."""
 
-    entropy_coeff: float = field(default=0.0, metadata=verl_key("actor_rollout_ref.actor.entropy_coeff",
-                                                                 verl_native=True))
+    entropy_coeff: float = field(
+        default=0.0, metadata=verl_key("actor_rollout_ref.actor.entropy_coeff", verl_native=True)
+    )
     """Weight of the entropy bonus subtracted from the policy loss. Range >= 0; DAPO uses 0."""
 
     def __post_init__(self) -> None:
         require_number(self, "ppo_mini_batch_size", low=1, integer=True, fix="Use e.g. train_batch_size / 4.")
         if self.ppo_micro_batch_size_per_gpu is not None:
-            require_number(self, "ppo_micro_batch_size_per_gpu", low=1, integer=True,
-                            fix="Use a positive number of responses, or null for the whole mini-batch.")
+            require_number(
+                self,
+                "ppo_micro_batch_size_per_gpu",
+                low=1,
+                integer=True,
+                fix="Use a positive number of responses, or null for the whole mini-batch.",
+            )
         require_number(self, "ppo_epochs", low=1, integer=True, fix="Use 1 or more.")
         require_number(self, "lr", low=0.0, low_open=True, fix="1e-3 works for the tiny default model.")
         require_number(self, "weight_decay", low=0.0, fix="Use 0.0 or a small value such as 0.01.")
@@ -199,7 +224,8 @@ class TrainerConfig:
     """Checkpoint every this many steps and after the last one; -1 never (as in verl)."""
 
     default_local_dir: str = field(
-        default="runs/local", metadata=verl_key("trainer.default_local_dir", verl_native=True))
+        default="runs/local", metadata=verl_key("trainer.default_local_dir", verl_native=True)
+    )
     """Run directory: metrics, plots, TensorBoard events, checkpoints and the final model (--out sets it)."""
 
     resume_mode: str = field(default="auto", metadata=verl_key("trainer.resume_mode", verl_native=True))
@@ -218,15 +244,22 @@ class TrainerConfig:
                 config_error(key_of(self, name), value, "must be a positive integer or -1", "Use -1 to turn it off.")
         require_bool(self, "val_before_train")
         if not isinstance(self.default_local_dir, str) or not self.default_local_dir:
-            config_error("trainer.default_local_dir", self.default_local_dir, "must name a directory",
-                         "Pass --out DIR.")
+            config_error(
+                "trainer.default_local_dir", self.default_local_dir, "must name a directory", "Pass --out DIR."
+            )
         require_choice(self, "resume_mode", ResumeMode)
-        _require_path_or_none(self, "resume_from_path", "Name a checkpoint directory such as "
-                              "runs/local/checkpoints/global_step_100, or leave it null.")
+        _require_path_or_none(
+            self,
+            "resume_from_path",
+            "Name a checkpoint directory such as runs/local/checkpoints/global_step_100, or leave it null.",
+        )
         if self.resume_mode == ResumeMode.RESUME_PATH and not self.resume_from_path:
-            config_error("trainer.resume_from_path", self.resume_from_path,
-                         "is needed when trainer.resume_mode=resume_path",
-                         "Set it to a checkpoint directory such as runs/local/checkpoints/global_step_100.")
+            config_error(
+                "trainer.resume_from_path",
+                self.resume_from_path,
+                "is needed when trainer.resume_mode=resume_path",
+                "Set it to a checkpoint directory such as runs/local/checkpoints/global_step_100.",
+            )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -251,10 +284,12 @@ class ModelConfig:
         require_number(self, "num_hidden_layers", low=1, integer=True, fix="2 is the tested default.")
         require_number(self, "num_attention_heads", low=1, integer=True, fix="4 is the tested default.")
         if self.hidden_size % self.num_attention_heads or (self.hidden_size // self.num_attention_heads) % 2:
-            config_error("local.model.num_attention_heads", self.num_attention_heads,
-                         f"must divide local.model.hidden_size={self.hidden_size} into an even head size "
-                         f"(rotary embeddings)",
-                         "Use e.g. 4 heads for hidden_size 64.")
+            config_error(
+                "local.model.num_attention_heads",
+                self.num_attention_heads,
+                f"must divide local.model.hidden_size={self.hidden_size} into an even head size (rotary embeddings)",
+                "Use e.g. 4 heads for hidden_size 64.",
+            )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -272,8 +307,9 @@ class TaskConfig:
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
             config_error("local.task.name", self.name, "must name a registered task", "Use copy3, summod or summod2.")
-        require_number(self, "heldout_size", low=0, integer=True,
-                        fix="200 is the default; 0 evaluates on every prompt.")
+        require_number(
+            self, "heldout_size", low=0, integer=True, fix="200 is the default; 0 evaluates on every prompt."
+        )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -300,8 +336,12 @@ class WarmStartConfig:
         require_number(self, "steps", low=0, integer=True, fix="Use 0 for no warm start, or e.g. 300.")
         require_number(self, "correct_prob", low=0.0, high=1.0, low_open=True, fix="Use e.g. 0.05.")
         if self.correct_prob >= 1.0:
-            config_error(key_of(self, "correct_prob"), self.correct_prob, "must be below 1",
-                         "1 would leave nothing to explore; use e.g. 0.05.")
+            config_error(
+                key_of(self, "correct_prob"),
+                self.correct_prob,
+                "must be below 1",
+                "1 would leave nothing to explore; use e.g. 0.05.",
+            )
         require_number(self, "lr", low=0.0, low_open=True, fix="3e-3 is the tested value.")
         require_number(self, "batch_size", low=1, integer=True, fix="64 is the tested value.")
 

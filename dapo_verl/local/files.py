@@ -92,6 +92,9 @@ def remove_stale_temporaries(run_dir: str | os.PathLike[str]) -> list[Path]:
             folder.rmdir()
             removed.append(folder)
     if removed:
-        logger.info("Removed %d temporary file(s) left by an interrupted run: %s", len(removed),
-                    ", ".join(str(p) for p in removed))
+        logger.info(
+            "Removed %d temporary file(s) left by an interrupted run: %s",
+            len(removed),
+            ", ".join(str(p) for p in removed),
+        )
     return removed

@@ -36,8 +36,16 @@ from dapo_verl.local.tasks import ALPHABET
 from dapo_verl.state_io import apply_umask, os_errors_named
 
 __all__ = [
-    "CHECKSUMS", "EOS", "PAD", "ModelCacheError", "build_tokenizer", "cache_problem", "default_cache_dir",
-    "load_or_build", "model_cache_key", "quiet_hf_progress",
+    "CHECKSUMS",
+    "EOS",
+    "PAD",
+    "ModelCacheError",
+    "build_tokenizer",
+    "cache_problem",
+    "default_cache_dir",
+    "load_or_build",
+    "model_cache_key",
+    "quiet_hf_progress",
 ]
 
 logger = logging.getLogger(__name__)
@@ -82,9 +90,17 @@ def _llama_config(cfg: ModelConfig, tokenizer: PreTrainedTokenizerFast, max_posi
 
 def model_cache_key(cfg: ModelConfig, max_positions: int, seed: int) -> str:
     """Hex digest of everything that determines the initial model and tokenizer."""
-    blob = json.dumps({"format": _CACHE_FORMAT, "model": asdict(cfg), "max_positions": max_positions,
-                       "seed": seed, "alphabet": ALPHABET, "torch": torch.__version__.split("+")[0]},
-                      sort_keys=True)
+    blob = json.dumps(
+        {
+            "format": _CACHE_FORMAT,
+            "model": asdict(cfg),
+            "max_positions": max_positions,
+            "seed": seed,
+            "alphabet": ALPHABET,
+            "torch": torch.__version__.split("+")[0],
+        },
+        sort_keys=True,
+    )
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
@@ -100,8 +116,9 @@ def default_cache_dir() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "dapo_verl"
 
 
-def load_or_build(cfg: ModelConfig, *, max_positions: int, seed: int,
-                  cache_dir: Path) -> tuple[LlamaForCausalLM, PreTrainedTokenizerFast, Path, bool]:
+def load_or_build(
+    cfg: ModelConfig, *, max_positions: int, seed: int, cache_dir: Path
+) -> tuple[LlamaForCausalLM, PreTrainedTokenizerFast, Path, bool]:
     """The initial policy and tokenizer, from the cache or freshly built (then cached).
 
     Args:
@@ -122,8 +139,13 @@ def load_or_build(cfg: ModelConfig, *, max_positions: int, seed: int,
                 return _load(path), PreTrainedTokenizerFast.from_pretrained(path), path, False
             except (OSError, ValueError) as err:
                 problem = f"it is unreadable ({err})"
-        logger.warning("Cached model at %s is not used: %s. Rebuilding it from data.seed=%d, which gives the "
-                       "weights the cache should hold.", path, problem, seed)
+        logger.warning(
+            "Cached model at %s is not used: %s. Rebuilding it from data.seed=%d, which gives the "
+            "weights the cache should hold.",
+            path,
+            problem,
+            seed,
+        )
     tokenizer = build_tokenizer()
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)

@@ -42,21 +42,44 @@ class Panel:
 
 
 PANELS = (
-    Panel("accuracy", "share of prompts correct",
-          (("val-core/{task}/acc/mean@1", "held out, greedy: answer correct"),
-           ("val-aux/{task}/exact/mean@1", "held out, greedy: answer + EOS"),
-           ("dapo/sampler/prefilter_acc", "training samples (before filter)"))),
-    Panel("reward", "reward (shaped)",
-          (("critic/score/mean", "trained batch"), ("dapo/sampler/prefilter_score", "all generated"))),
+    Panel(
+        "accuracy",
+        "share of prompts correct",
+        (
+            ("val-core/{task}/acc/mean@1", "held out, greedy: answer correct"),
+            ("val-aux/{task}/exact/mean@1", "held out, greedy: answer + EOS"),
+            ("dapo/sampler/prefilter_acc", "training samples (before filter)"),
+        ),
+    ),
+    Panel(
+        "reward",
+        "reward (shaped)",
+        (("critic/score/mean", "trained batch"), ("dapo/sampler/prefilter_score", "all generated")),
+    ),
     Panel("policy entropy", "nats / token", (("actor/entropy", "entropy"),)),
-    Panel("response length", "tokens", (("response_length/mean", "mean length"),),
-          "share of responses", (("response_length/clip_ratio", "share truncated"),)),
-    Panel("dynamic sampling", "share of groups", (("dapo/sampler/keep_rate", "keep rate"),),
-          "rounds per step", (("dapo/sampler/gen_rounds", "generation rounds"),)),
-    Panel("clipping", "share of tokens",
-          (("actor/dapo/clip_upper_fraction", "upper clip (1 + eps_high)"),
-           ("actor/dapo/clip_lower_fraction", "lower clip (1 - eps_low)"),
-           ("actor/dapo/clip_higher_kept_fraction", "kept trainable by clip-higher"))),
+    Panel(
+        "response length",
+        "tokens",
+        (("response_length/mean", "mean length"),),
+        "share of responses",
+        (("response_length/clip_ratio", "share truncated"),),
+    ),
+    Panel(
+        "dynamic sampling",
+        "share of groups",
+        (("dapo/sampler/keep_rate", "keep rate"),),
+        "rounds per step",
+        (("dapo/sampler/gen_rounds", "generation rounds"),),
+    ),
+    Panel(
+        "clipping",
+        "share of tokens",
+        (
+            ("actor/dapo/clip_upper_fraction", "upper clip (1 + eps_high)"),
+            ("actor/dapo/clip_lower_fraction", "lower clip (1 - eps_low)"),
+            ("actor/dapo/clip_higher_kept_fraction", "kept trainable by clip-higher"),
+        ),
+    ),
 )
 """The six panels, in reading order (two rows of three)."""
 
@@ -81,8 +104,15 @@ def _smooth(values: list[float], window: int) -> list[float]:
     return out
 
 
-def _draw(ax: Axes, history: Sequence[dict[str, Any]], lines: Sequence[tuple[str, str]], *, task: str,
-          window: int, first_color: int) -> None:
+def _draw(
+    ax: Axes,
+    history: Sequence[dict[str, Any]],
+    lines: Sequence[tuple[str, str]],
+    *,
+    task: str,
+    window: int,
+    first_color: int,
+) -> None:
     for n, (key, label) in enumerate(lines, start=first_color):
         steps, values = _series(history, key.format(task=task))
         if not steps:

@@ -16,9 +16,15 @@ from dapo_verl.local.tracking import missing_steps, read_history
 
 __all__ = ["OUTPUTS", "RunFinished", "RunResult", "check_not_finished", "refuse_gaps", "summary_lines"]
 
-OUTPUTS = {"config": "config.yaml", "metrics": "metrics.jsonl", "tensorboard": "tensorboard",
-            "plot": "plots/training_curves.png", "checkpoints": "checkpoints", "model": "model",
-            "summary": "summary.json"}
+OUTPUTS = {
+    "config": "config.yaml",
+    "metrics": "metrics.jsonl",
+    "tensorboard": "tensorboard",
+    "plot": "plots/training_curves.png",
+    "checkpoints": "checkpoints",
+    "model": "model",
+    "summary": "summary.json",
+}
 """A run directory's outputs: name -> path inside it."""
 
 
@@ -98,7 +104,8 @@ def refuse_gaps(run_dir: Path, step: int) -> None:
         raise ValueError(
             f"{run_dir / 'metrics.jsonl'} lacks step(s) {shown} of the {step} its checkpoint at step {step} trained "
             f"(the file was truncated or edited); continuing would leave a silent gap in the run's metrics. Restore "
-            f"the file, or train into a new directory (--out).")
+            f"the file, or train into a new directory (--out)."
+        )
 
 
 def check_not_finished(run_dir: Path, step: int, total: int) -> None:
@@ -110,14 +117,27 @@ def check_not_finished(run_dir: Path, step: int, total: int) -> None:
         raise ValueError(
             f"{run_dir} holds a run trained for {step} steps, more than trainer.total_training_steps={total}; its "
             f"results and config.yaml describe {step} steps and are left as they are. Ask for "
-            f"trainer.total_training_steps={step} (nothing to train) or more, or train into a new directory (--out).")
+            f"trainer.total_training_steps={step} (nothing to train) or more, or train into a new directory (--out)."
+        )
     recorded = json.loads(summary.read_text())
     paths = {name: run_dir / rel for name, rel in OUTPUTS.items()}
-    result = RunResult(run_dir=run_dir, task=recorded["task"], heldout=recorded["heldout"],
-                       history=read_history(paths["metrics"]), initial_accuracy=recorded["initial_accuracy"],
-                       final_accuracy=recorded["final_accuracy"], final_exact=recorded["final_exact"],
-                       steps=recorded["steps"], wall_s=recorded["wall_s"], resumed_from=recorded["resumed_from"],
-                       model_built=recorded["model_built"], paths=paths)
-    raise RunFinished(f"{run_dir} already holds this run, finished at step {step} ({summary}); nothing to train and "
-                      f"nothing was rewritten. Raise trainer.total_training_steps to train further, or pass another "
-                      f"--out.", result)
+    result = RunResult(
+        run_dir=run_dir,
+        task=recorded["task"],
+        heldout=recorded["heldout"],
+        history=read_history(paths["metrics"]),
+        initial_accuracy=recorded["initial_accuracy"],
+        final_accuracy=recorded["final_accuracy"],
+        final_exact=recorded["final_exact"],
+        steps=recorded["steps"],
+        wall_s=recorded["wall_s"],
+        resumed_from=recorded["resumed_from"],
+        model_built=recorded["model_built"],
+        paths=paths,
+    )
+    raise RunFinished(
+        f"{run_dir} already holds this run, finished at step {step} ({summary}); nothing to train and "
+        f"nothing was rewritten. Raise trainer.total_training_steps to train further, or pass another "
+        f"--out.",
+        result,
+    )

@@ -52,8 +52,9 @@ class Responses:
         lengths: (N,) int64 valid tokens; truncated: (N,) bool; acc, exact: (N,) bool; scores: (N,) float32.
     """
 
-    def __init__(self, tokens: Tensor, answers: Tensor, *, eos_id: int, pad_id: int, budget: int,
-                 overlong: OverlongConfig) -> None:
+    def __init__(
+        self, tokens: Tensor, answers: Tensor, *, eos_id: int, pad_id: int, budget: int, overlong: OverlongConfig
+    ) -> None:
         is_eos = tokens == eos_id  # (N, L)
         before_eos = (is_eos.long().cumsum(dim=1) - is_eos.long()) == 0  # nothing but this token ended it yet
         self.mask = before_eos
@@ -64,8 +65,14 @@ class Responses:
         self.acc, self.exact = verdict.acc, verdict.exact
         scores = torch.where(self.acc, CORRECT_REWARD, WRONG_REWARD).to(torch.float32)
         if overlong.overlong_reward_penalty:
-            scores = reward_overlong_penalty(scores, self.lengths, budget, overlong.overlong_tokens,
-                                             overlong.overlong_penalty_factor, schedule=overlong.overlong_schedule)
+            scores = reward_overlong_penalty(
+                scores,
+                self.lengths,
+                budget,
+                overlong.overlong_tokens,
+                overlong.overlong_penalty_factor,
+                schedule=overlong.overlong_schedule,
+            )
         self.scores = scores
 
 
@@ -88,9 +95,21 @@ class Rollout:
             (``rollout_logp``, (G, L)), for ``algorithm.rollout_correction``; one more forward pass per round.
     """
 
-    def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast, task: TaskData, *, n: int,
-                 temperature: float, max_response_length: int, overlong: OverlongConfig,
-                 device: torch.device, val_n: int = 1, seed: int = 0, keep_log_probs: bool = False) -> None:
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        tokenizer: PreTrainedTokenizerFast,
+        task: TaskData,
+        *,
+        n: int,
+        temperature: float,
+        max_response_length: int,
+        overlong: OverlongConfig,
+        device: torch.device,
+        val_n: int = 1,
+        seed: int = 0,
+        keep_log_probs: bool = False,
+    ) -> None:
         self.model, self.task, self.n, self.device = model, task, n, device
         self.temperature, self.keep_log_probs = temperature, keep_log_probs
         self.val_n, self.seed = val_n, seed
@@ -100,8 +119,14 @@ class Rollout:
         self.train_answers = encode(tokenizer, task.train_answers)  # (P_train, K)
         self.eval_prompts = encode(tokenizer, task.eval_prompts)
         self.eval_answers = encode(tokenizer, task.eval_answers)
-        common = {"max_new_tokens": max_response_length, "eos_token_id": self.eos_id, "pad_token_id": self.pad_id,
-                  "top_k": None, "top_p": None, "use_cache": True}
+        common = {
+            "max_new_tokens": max_response_length,
+            "eos_token_id": self.eos_id,
+            "pad_token_id": self.pad_id,
+            "top_k": None,
+            "top_p": None,
+            "use_cache": True,
+        }
         self.sampling = GenerationConfig(do_sample=True, temperature=temperature, **common)
         self.greedy = GenerationConfig(do_sample=False, **common)
         self.generated_tokens = 0
@@ -120,10 +145,16 @@ class Rollout:
             payload = {"tokens": out.tokens[rows], "mask": out.mask[rows], "exact": out.exact[rows]}
             if sampled_logp is not None:
                 payload["rollout_logp"] = sampled_logp[rows]
-            groups.append(GroupResult(
-                prompt_id=prompt_id, metric=out.acc[rows], response_lengths=out.lengths[rows],
-                truncated=out.truncated[rows], scores=out.scores[rows], payload=payload,
-            ))
+            groups.append(
+                GroupResult(
+                    prompt_id=prompt_id,
+                    metric=out.acc[rows],
+                    response_lengths=out.lengths[rows],
+                    truncated=out.truncated[rows],
+                    scores=out.scores[rows],
+                    payload=payload,
+                )
+            )
         return groups
 
     @contextmanager
@@ -172,8 +203,11 @@ class Rollout:
         n, name = self.val_n, self.task.name
         with torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else []):
             torch.manual_seed(self.seed * 1_000_003 + step)
-            out = self._respond(self.eval_prompts.repeat_interleave(n, dim=0),
-                                self.eval_answers.repeat_interleave(n, dim=0), self.sampling)
+            out = self._respond(
+                self.eval_prompts.repeat_interleave(n, dim=0),
+                self.eval_answers.repeat_interleave(n, dim=0),
+                self.sampling,
+            )
         correct = out.acc.view(-1, n)  # (P, n)
         metrics = {f"val-aux/{name}/acc/mean@{n}": correct.float().mean().item()}
         for k in pass_at_k_sizes(n):
@@ -190,8 +224,9 @@ class Rollout:
         with self.eval_mode():
             ids = prompts.to(self.device)
             full = self.model.generate(  # type: ignore[operator]
-                input_ids=ids, attention_mask=torch.ones_like(ids), generation_config=generation)
-        tokens = full[:, prompts.shape[1]:].cpu()  # (N, <= L)
+                input_ids=ids, attention_mask=torch.ones_like(ids), generation_config=generation
+            )
+        tokens = full[:, prompts.shape[1] :].cpu()  # (N, <= L)
         if tokens.shape[1] < self.budget:  # every response ended early
             filler = torch.full((tokens.shape[0], self.budget - tokens.shape[1]), self.pad_id, dtype=tokens.dtype)
             tokens = torch.cat([tokens, filler], dim=1)  # (N, L)
@@ -199,5 +234,6 @@ class Rollout:
 
     def score(self, tokens: Tensor, answers: Tensor) -> Responses:
         """(N, L) response tokens padded to the budget, scored against (N, K) answers (:class:`Responses`)."""
-        return Responses(tokens, answers, eos_id=self.eos_id, pad_id=self.pad_id, budget=self.budget,
-                         overlong=self.overlong)
+        return Responses(
+            tokens, answers, eos_id=self.eos_id, pad_id=self.pad_id, budget=self.budget, overlong=self.overlong
+        )

@@ -58,8 +58,12 @@ def _train(overrides: Sequence[str], run_dir: str) -> dict[str, Any]:
     from dapo_verl.local.train import run  # imported here: the worker process needs nothing else
 
     result = run(list(overrides), run_dir)
-    return {"final_accuracy": result.final_accuracy, "final_exact": result.final_exact, "steps": result.steps,
-            "wall_s": result.wall_s}
+    return {
+        "final_accuracy": result.final_accuracy,
+        "final_exact": result.final_exact,
+        "steps": result.steps,
+        "wall_s": result.wall_s,
+    }
 
 
 def _train_in_worker(train: TrainOne, overrides: Sequence[str], run_dir: str) -> dict[str, Any] | None:
@@ -146,8 +150,9 @@ def _kill(pool: ProcessPoolExecutor) -> None:
         process.kill()
 
 
-def train_runs(pending: Sequence[_Run], jobs: int, levels: Mapping[str, int], *,
-               train: TrainOne = _train) -> Iterator[tuple[_Run, dict[str, Any]]]:
+def train_runs(
+    pending: Sequence[_Run], jobs: int, levels: Mapping[str, int], *, train: TrainOne = _train
+) -> Iterator[tuple[_Run, dict[str, Any]]]:
     """Train ``pending``, ``jobs`` at a time; yield each run with its outcome's fields as it finishes.
 
     Args:
@@ -166,8 +171,9 @@ def train_runs(pending: Sequence[_Run], jobs: int, levels: Mapping[str, int], *,
         return
     context = multiprocessing.get_context("spawn")  # no fork of a process that holds torch's thread pools
     stop_event = context.Event()
-    pool = ProcessPoolExecutor(max_workers=jobs, mp_context=context, initializer=_init_worker,
-                               initargs=(dict(levels), os.getpid(), stop_event))
+    pool = ProcessPoolExecutor(
+        max_workers=jobs, mp_context=context, initializer=_init_worker, initargs=(dict(levels), os.getpid(), stop_event)
+    )
 
     def stop_runs() -> None:
         stop_event.set()  # before the signal: a worker that has not begun its run yet then skips it
@@ -196,7 +202,8 @@ def train_runs(pending: Sequence[_Run], jobs: int, levels: Mapping[str, int], *,
                 raise AblationInterrupted(
                     f"stopped by {stop.by}: {stopped} run(s) in training stopped at a step boundary with a checkpoint "
                     f"and {len(queue)} queued run(s) were not started. Run the same command to continue (finished "
-                    "runs are reused, stopped ones continue from their checkpoint).")
+                    "runs are reused, stopped ones continue from their checkpoint)."
+                )
     except KeyboardInterrupt:  # a second Ctrl-C: end the runs now (each continues from its last checkpoint)
         _kill(pool)
         raise

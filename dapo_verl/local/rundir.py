@@ -45,9 +45,20 @@ from dapo_verl.local.compose import flatten_keys
 from dapo_verl.state_io import apply_umask, os_errors_named
 
 __all__ = [
-    "CONFIG_FILE", "FREE_KEYS", "HISTORY_FILE", "LOCK_FILE", "STRUCTURAL_PREFIXES", "ConfigChange",
-    "RunDirectoryBusy", "accepted_changes", "append_history", "configuration_changes", "read_history_events",
-    "recorded_configuration", "refuse_changes", "run_directory_lock",
+    "CONFIG_FILE",
+    "FREE_KEYS",
+    "HISTORY_FILE",
+    "LOCK_FILE",
+    "STRUCTURAL_PREFIXES",
+    "ConfigChange",
+    "RunDirectoryBusy",
+    "accepted_changes",
+    "append_history",
+    "configuration_changes",
+    "read_history_events",
+    "recorded_configuration",
+    "refuse_changes",
+    "run_directory_lock",
 ]
 
 logger = logging.getLogger(__name__)
@@ -56,10 +67,18 @@ LOCK_FILE = ".lock"
 CONFIG_FILE = "config.yaml"
 HISTORY_FILE = "history.jsonl"
 
-FREE_KEYS = frozenset({
-    "trainer.total_training_steps", "trainer.test_freq", "trainer.save_freq", "trainer.val_before_train",
-    "trainer.resume_mode", "trainer.resume_from_path", "trainer.default_local_dir", "local.cache_dir",
-})
+FREE_KEYS = frozenset(
+    {
+        "trainer.total_training_steps",
+        "trainer.test_freq",
+        "trainer.save_freq",
+        "trainer.val_before_train",
+        "trainer.resume_mode",
+        "trainer.resume_from_path",
+        "trainer.default_local_dir",
+        "local.cache_dir",
+    }
+)
 """Keys a run may change when it continues: none changes what a step computes (the cache holds the same model)."""
 
 STRUCTURAL_PREFIXES = ("local.model.", "local.task.", "data.seed")
@@ -74,20 +93,27 @@ class RunDirectoryBusy(RuntimeError):
 
 def _check_directory(run_dir: Path) -> None:
     if run_dir.exists() and not run_dir.is_dir():
-        raise NotADirectoryError(f"{run_dir} is a file, not a run directory; pass a directory (new or an earlier "
-                                 f"run's) as --out / trainer.default_local_dir.")
+        raise NotADirectoryError(
+            f"{run_dir} is a file, not a run directory; pass a directory (new or an earlier "
+            f"run's) as --out / trainer.default_local_dir."
+        )
 
 
 def _holder_text() -> str:
-    return json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "command": " ".join(sys.argv),
-                       "started": time.strftime("%Y-%m-%d %H:%M:%S")})
+    return json.dumps(
+        {
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "command": " ".join(sys.argv),
+            "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+        }
+    )
 
 
 def _describe_holder(text: str) -> str:
     try:
         holder = json.loads(text)
-        return (f"pid {holder['pid']} on {holder['host']}, started {holder['started']}: "
-                f"{holder['command'] or 'python'}")
+        return f"pid {holder['pid']} on {holder['host']}, started {holder['started']}: {holder['command'] or 'python'}"
     except (ValueError, KeyError, TypeError):
         return "a process that left no description"
 
@@ -117,8 +143,11 @@ def run_directory_lock(run_dir: str | os.PathLike[str]) -> Iterator[None]:
             ) from None
         previous = os.pread(fd, 4096, 0).decode(errors="replace").strip()
         if previous:
-            logger.info("%s: the previous run (%s) ended without releasing its lock (it was killed); taking over.",
-                        root, _describe_holder(previous))
+            logger.info(
+                "%s: the previous run (%s) ended without releasing its lock (it was killed); taking over.",
+                root,
+                _describe_holder(previous),
+            )
         with os_errors_named(path):  # a full disk fails here, before anything else is written
             os.ftruncate(fd, 0)
             os.pwrite(fd, _holder_text().encode(), 0)
@@ -163,20 +192,26 @@ def recorded_configuration(run_dir: Path, checkpoint_config: Mapping[str, Any] |
     try:
         return OmegaConf.to_container(OmegaConf.load(file), resolve=True)  # type: ignore[return-value]
     except (OSError, ValueError, yaml.YAMLError, OmegaConfBaseException) as err:
-        raise ValueError(f"{file} cannot be read ({' '.join(str(err).split())[:200]}); the directory's configuration "
-                         f"is unknown. Restore the file, or train into another --out.") from None
+        raise ValueError(
+            f"{file} cannot be read ({' '.join(str(err).split())[:200]}); the directory's configuration "
+            f"is unknown. Restore the file, or train into another --out."
+        ) from None
 
 
 def configuration_changes(recorded: Mapping[str, Any], requested: Mapping[str, Any]) -> list[ConfigChange]:
     """Every key outside :data:`FREE_KEYS` whose value differs (a key present on one side only counts too)."""
     before, after = flatten_keys(recorded), flatten_keys(requested)
-    keys = sorted(k for k in before.keys() | after.keys()
-                  if k not in FREE_KEYS and before.get(k, _ABSENT) != after.get(k, _ABSENT))
+    keys = sorted(
+        k
+        for k in before.keys() | after.keys()
+        if k not in FREE_KEYS and before.get(k, _ABSENT) != after.get(k, _ABSENT)
+    )
     return [ConfigChange(k, before.get(k, _ABSENT), after.get(k, _ABSENT)) for k in keys]
 
 
-def refuse_changes(run_dir: Path, changes: Sequence[ConfigChange], *, source: str, step: int | None,
-                   allowed: bool) -> None:
+def refuse_changes(
+    run_dir: Path, changes: Sequence[ConfigChange], *, source: str, step: int | None, allowed: bool
+) -> None:
     """Raise unless ``changes`` is empty, or ``allowed`` and no change is structural.
 
     Args:
@@ -233,8 +268,11 @@ def read_history_events(run_dir: Path) -> list[dict[str, Any]]:
 
 def accepted_changes(run_dir: Path) -> list[dict[str, Any]]:
     """Every configuration change a run accepted with ``--allow-config-change``: key, values and step."""
-    return [change | {"step": event.get("resumed_from")} for event in read_history_events(run_dir)
-            for change in event.get("config_changes", [])]
+    return [
+        change | {"step": event.get("resumed_from")}
+        for event in read_history_events(run_dir)
+        for change in event.get("config_changes", [])
+    ]
 
 
 def change_records(changes: Sequence[ConfigChange]) -> list[dict[str, Any]]:

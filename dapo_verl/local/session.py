@@ -48,8 +48,11 @@ def stop_requests() -> Iterator[StopRequest]:
         if stop.requested:
             raise KeyboardInterrupt
         stop.requested, stop.by = True, signal_name(signum)
-        logger.warning("%s: stopping after this step, once its checkpoint is written (Ctrl-C again stops at "
-                       "once and loses the steps since the last checkpoint).", stop.by)
+        logger.warning(
+            "%s: stopping after this step, once its checkpoint is written (Ctrl-C again stops at "
+            "once and loses the steps since the last checkpoint).",
+            stop.by,
+        )
 
     previous = signal.signal(signal.SIGINT, handler)
     try:
@@ -61,8 +64,11 @@ def stop_requests() -> Iterator[StopRequest]:
 @contextmanager
 def torch_settings(threads: int) -> Iterator[None]:
     """Fix thread count and deterministic algorithms for the run; restore the caller's settings after."""
-    saved = (torch.get_num_threads(), torch.are_deterministic_algorithms_enabled(),
-             torch.is_deterministic_algorithms_warn_only_enabled())
+    saved = (
+        torch.get_num_threads(),
+        torch.are_deterministic_algorithms_enabled(),
+        torch.is_deterministic_algorithms_warn_only_enabled(),
+    )
     torch.set_num_threads(threads)
     torch.use_deterministic_algorithms(True, warn_only=True)
     try:
@@ -105,8 +111,14 @@ def numeric_environment() -> dict[str, str]:
     the last bit into another trajectory where they do not (docs/ablation.md, the clip-acts replication)."""
     cpu = next((line.split(":", 1)[1].strip() for line in _cpuinfo() if line.startswith("model name")), "")
     versions = {name: _version(name) for name in ("torch", "transformers", "numpy", "tokenizers")}
-    return {"python": platform.python_version(), **versions, "machine": platform.machine(), "cpu": cpu,
-            "cpu_capability": str(torch.backends.cpu.get_cpu_capability()), "threads": str(torch.get_num_threads())}
+    return {
+        "python": platform.python_version(),
+        **versions,
+        "machine": platform.machine(),
+        "cpu": cpu,
+        "cpu_capability": str(torch.backends.cpu.get_cpu_capability()),
+        "threads": str(torch.get_num_threads()),
+    }
 
 
 def _cpuinfo() -> list[str]:

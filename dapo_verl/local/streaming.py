@@ -73,8 +73,10 @@ class ChunkedEngine:
         if isinstance(chunk_tokens, bool) or not isinstance(chunk_tokens, int) or chunk_tokens < 1:
             raise ValueError(f"chunk_tokens={chunk_tokens!r}; expected a positive integer (tokens per decoding pass).")
         if stale_prefix not in ("train", "mask"):
-            raise ValueError(f"stale_prefix={stale_prefix!r}; expected 'train' (older-policy tokens kept in the loss) "
-                             f"or 'mask' (left out of it).")
+            raise ValueError(
+                f"stale_prefix={stale_prefix!r}; expected 'train' (older-policy tokens kept in the loss) "
+                f"or 'mask' (left out of it)."
+            )
         self.rollout = rollout
         self.chunk_tokens = chunk_tokens
         self.stale_prefix = stale_prefix
@@ -86,12 +88,14 @@ class ChunkedEngine:
         for request in requests:
             if request.resume is None:
                 size = self.rollout.n
-                self._running[request.request_id] = _Running(request, [[] for _ in range(size)],
-                                                             [[] for _ in range(size)], [False] * size)
+                self._running[request.request_id] = _Running(
+                    request, [[] for _ in range(size)], [[] for _ in range(size)], [False] * size
+                )
                 continue
             saved = request.resume.payload
             self._running[request.request_id] = _Running(
-                request, [list(t) for t in saved["tokens"]], [list(v) for v in saved["versions"]], list(saved["ended"]))
+                request, [list(t) for t in saved["tokens"]], [list(v) for v in saved["versions"]], list(saved["ended"])
+            )
 
     def collect(self) -> list[Completion]:
         """Decode until at least one group has finished; return every finished group."""
@@ -105,11 +109,23 @@ class ChunkedEngine:
         """Every group in flight, as a partial group (nothing finished goes uncollected: ``collect`` returns all)."""
         partial = []
         for group in self._running.values():
-            payload = {"tokens": [list(t) for t in group.tokens], "versions": [list(v) for v in group.versions],
-                       "ended": list(group.ended)}
-            partial.append((group.request, PartialGroup(
-                prompt_id=group.request.prompt_id, tokens=sum(len(t) for t in group.tokens),
-                finished=sum(group.ended), group_size=len(group.tokens), payload=payload)))
+            payload = {
+                "tokens": [list(t) for t in group.tokens],
+                "versions": [list(v) for v in group.versions],
+                "ended": list(group.ended),
+            }
+            partial.append(
+                (
+                    group.request,
+                    PartialGroup(
+                        prompt_id=group.request.prompt_id,
+                        tokens=sum(len(t) for t in group.tokens),
+                        finished=sum(group.ended),
+                        group_size=len(group.tokens),
+                        payload=payload,
+                    ),
+                )
+            )
         self._running.clear()
         return Aborted(partial=partial)
 
@@ -126,14 +142,17 @@ class ChunkedEngine:
         attention = torch.zeros_like(ids)
         for i, (group, r) in enumerate(rows):  # left padding: every row ends where its next token goes
             row = torch.cat([prompts[i], torch.tensor(group.tokens[r], dtype=torch.int64)])
-            ids[i, ids.shape[1] - len(row):], attention[i, ids.shape[1] - len(row):] = row, 1
+            ids[i, ids.shape[1] - len(row) :], attention[i, ids.shape[1] - len(row) :] = row, 1
         steps = min(self.chunk_tokens, budget - min(len(group.tokens[r]) for group, r in rows))
         config = copy.deepcopy(rollout.sampling)
         config.max_new_tokens = steps
         with rollout.eval_mode():
-            out = rollout.model.generate(input_ids=ids.to(rollout.device),  # type: ignore[operator]
-                                         attention_mask=attention.to(rollout.device), generation_config=config)
-        new = out[:, ids.shape[1]:].cpu()  # (R, <= steps)
+            out = rollout.model.generate(
+                input_ids=ids.to(rollout.device),  # type: ignore[operator]
+                attention_mask=attention.to(rollout.device),
+                generation_config=config,
+            )
+        new = out[:, ids.shape[1] :].cpu()  # (R, <= steps)
         self.passes += 1
         for i, (group, r) in enumerate(rows):
             self._extend(group, r, new[i].tolist(), budget)
@@ -143,7 +162,7 @@ class ChunkedEngine:
         room = budget - len(group.tokens[r])
         taken = new[:room]
         if self.rollout.eos_id in taken:
-            taken = taken[:taken.index(self.rollout.eos_id) + 1]
+            taken = taken[: taken.index(self.rollout.eos_id) + 1]
             group.ended[r] = True
         group.tokens[r].extend(taken)
         group.versions[r].extend([self.policy_version] * len(taken))
@@ -158,15 +177,23 @@ class ChunkedEngine:
         tokens = torch.full((size, budget), rollout.pad_id, dtype=torch.int64)  # (G, L)
         versions = torch.full((size, budget), -1, dtype=torch.int64)  # (G, L)
         for r in range(size):
-            tokens[r, :len(group.tokens[r])] = torch.tensor(group.tokens[r], dtype=torch.int64)
-            versions[r, :len(group.versions[r])] = torch.tensor(group.versions[r], dtype=torch.int64)
+            tokens[r, : len(group.tokens[r])] = torch.tensor(group.tokens[r], dtype=torch.int64)
+            versions[r, : len(group.versions[r])] = torch.tensor(group.versions[r], dtype=torch.int64)
         answers = rollout.train_answers[request.prompt_id].expand(size, -1)  # (G, K)
         out = rollout.score(tokens, answers)
         return request, GroupResult(
-            prompt_id=request.prompt_id, metric=out.acc, response_lengths=out.lengths, truncated=out.truncated,
-            scores=out.scores, payload={"tokens": out.tokens, "exact": out.exact, "versions": versions,
-                                        "mask": out.mask if self.stale_prefix == "train"
-                                        else current_policy_mask(out.mask, versions)})
+            prompt_id=request.prompt_id,
+            metric=out.acc,
+            response_lengths=out.lengths,
+            truncated=out.truncated,
+            scores=out.scores,
+            payload={
+                "tokens": out.tokens,
+                "exact": out.exact,
+                "versions": versions,
+                "mask": out.mask if self.stale_prefix == "train" else current_policy_mask(out.mask, versions),
+            },
+        )
 
 
 def current_policy_mask(mask: Tensor, versions: Tensor) -> Tensor:

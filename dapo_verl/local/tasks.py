@@ -158,8 +158,10 @@ def make_task(name: str, *, heldout_size: int, seed: int) -> TaskData:
     held, train = sorted(order[:heldout_size]), sorted(order[heldout_size:])
     return TaskData(
         name,
-        [prompts[i] for i in train], [answers[i] for i in train],
-        [prompts[i] for i in held], [answers[i] for i in held],
+        [prompts[i] for i in train],
+        [answers[i] for i in train],
+        [prompts[i] for i in held],
+        [answers[i] for i in held],
         heldout=True,
     )
 
@@ -169,12 +171,16 @@ def _check_pairs(name: str, pairs: Sequence[tuple[str, str]]) -> None:
         raise ValueError(f"Task {name!r} has no prompts; its builder must return (prompt, answer) pairs.")
     lengths = {(len(p), len(a)) for p, a in pairs}
     if len(lengths) != 1:
-        raise ValueError(f"Task {name!r} mixes prompt/answer lengths {sorted(lengths)}; the local backend needs "
-                         f"fixed-length prompts and answers (no padding). Pad them with a fixed format.")
+        raise ValueError(
+            f"Task {name!r} mixes prompt/answer lengths {sorted(lengths)}; the local backend needs "
+            f"fixed-length prompts and answers (no padding). Pad them with a fixed format."
+        )
     bad = {c for p, a in pairs for c in p + a if c not in ALPHABET}
     if bad:
-        raise ValueError(f"Task {name!r} uses characters {sorted(bad)} outside the tokenizer's alphabet "
-                         f"{ALPHABET!r}; extend ALPHABET in dapo_verl/local/tasks.py.")
+        raise ValueError(
+            f"Task {name!r} uses characters {sorted(bad)} outside the tokenizer's alphabet "
+            f"{ALPHABET!r}; extend ALPHABET in dapo_verl/local/tasks.py."
+        )
 
 
 @dataclass(frozen=True)

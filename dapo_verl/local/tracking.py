@@ -59,11 +59,17 @@ def read_history(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
         if record is not None:
             records.append(record)
         elif position == len(lines) - 1:
-            logger.warning("%s line %d is cut short (the run was interrupted while writing it); dropping it: %.60s",
-                           source, number, line)
+            logger.warning(
+                "%s line %d is cut short (the run was interrupted while writing it); dropping it: %.60s",
+                source,
+                number,
+                line,
+            )
         else:
-            raise ValueError(f"{source} line {number} is not a metrics record ({line[:60]!r}); the file was edited or "
-                             f"damaged. Delete that line, or start over with trainer.resume_mode=disable.")
+            raise ValueError(
+                f"{source} line {number} is not a metrics record ({line[:60]!r}); the file was edited or "
+                f"damaged. Delete that line, or start over with trainer.resume_mode=disable."
+            )
     return records
 
 

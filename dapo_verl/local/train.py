@@ -103,8 +103,16 @@ from dapo_verl.local.warm_start import warm_start
 from dapo_verl.sampler import BatchReplenisher
 from dapo_verl.state_io import write_text_atomically
 
-__all__ = ["RunFinished", "RunInterrupted", "RunResult", "partial_batch_summary", "progress_postfix", "run", "run_spec",
-           "summary_lines"]
+__all__ = [
+    "RunFinished",
+    "RunInterrupted",
+    "RunResult",
+    "partial_batch_summary",
+    "progress_postfix",
+    "run",
+    "run_spec",
+    "summary_lines",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -135,17 +143,28 @@ def partial_batch_summary(partial_acc: Mapping[int, float], *, steps: int, idle_
         batch_groups: Groups a batch asks for (``data.train_batch_size``).
     """
     accuracy = sum(partial_acc.values()) / len(partial_acc)
-    why = ("grew scarce as the model came to answer most training prompts right: the task saturating, expected once "
-           "it is learned" if accuracy >= 0.5 else "were scarce while the model answered most training prompts wrong; "
-           "algorithm.filter_groups.max_num_gen_batches lets a step sample more rounds")
-    return (f"Dynamic sampling: {len(partial_acc)} of {steps} steps (the first at step {min(partial_acc)}) trained on "
-            f"fewer than the {batch_groups} groups a batch asks for, {idle_steps} of them on none. Only groups with "
-            f"both right and wrong answers train, and they {why} (rollout accuracy {accuracy:.2f} over those steps; "
-            f"dapo/sampler/partial marks each).")
+    why = (
+        "grew scarce as the model came to answer most training prompts right: the task saturating, expected once "
+        "it is learned"
+        if accuracy >= 0.5
+        else "were scarce while the model answered most training prompts wrong; "
+        "algorithm.filter_groups.max_num_gen_batches lets a step sample more rounds"
+    )
+    return (
+        f"Dynamic sampling: {len(partial_acc)} of {steps} steps (the first at step {min(partial_acc)}) trained on "
+        f"fewer than the {batch_groups} groups a batch asks for, {idle_steps} of them on none. Only groups with "
+        f"both right and wrong answers train, and they {why} (rollout accuracy {accuracy:.2f} over those steps; "
+        f"dapo/sampler/partial marks each)."
+    )
 
 
-def run(overrides: Sequence[str] = (), out_dir: str | Path | None = None, *, progress: bool = False,
-        allow_config_change: bool = False) -> RunResult:
+def run(
+    overrides: Sequence[str] = (),
+    out_dir: str | Path | None = None,
+    *,
+    progress: bool = False,
+    allow_config_change: bool = False,
+) -> RunResult:
     """Compose ``configs/local.yaml`` with ``overrides`` and train (see the module docstring).
 
     Args:
@@ -164,8 +183,7 @@ def run(overrides: Sequence[str] = (), out_dir: str | Path | None = None, *, pro
         dapo_verl.sampler.ShortfallError: when dynamic sampling cannot fill a batch and
             ``algorithm.filter_groups.on_shortfall=error``.
     """
-    return run_spec(compose_run(overrides, out_dir=out_dir), progress=progress,
-                    allow_config_change=allow_config_change)
+    return run_spec(compose_run(overrides, out_dir=out_dir), progress=progress, allow_config_change=allow_config_change)
 
 
 def progress_postfix(history: Sequence[dict[str, Any]], task: str) -> dict[str, str]:
@@ -180,20 +198,30 @@ def progress_postfix(history: Sequence[dict[str, Any]], task: str) -> dict[str, 
         >>> progress_postfix(history, "copy3")
         {'val_acc': '-', 'acc': '-', 'keep': '0.00', 'ent': '0.75', 'len': '-'}
     """
-    keys = {"val_acc": (f"val-core/{task}/acc/mean@1", 2), "acc": ("dapo/sampler/prefilter_acc", 2),
-            "keep": ("dapo/sampler/keep_rate", 2), "ent": ("actor/entropy", 2), "len": ("response_length/mean", 1)}
+    keys = {
+        "val_acc": (f"val-core/{task}/acc/mean@1", 2),
+        "acc": ("dapo/sampler/prefilter_acc", 2),
+        "keep": ("dapo/sampler/keep_rate", 2),
+        "ent": ("actor/entropy", 2),
+        "len": ("response_length/mean", 1),
+    }
 
     def latest(key: str) -> float | None:
         return next((r["data"][key] for r in reversed(history) if r["data"].get(key) is not None), None)
 
-    return {name: "-" if (value := latest(key)) is None else f"{value:.{digits}f}"
-            for name, (key, digits) in keys.items()}
+    return {
+        name: "-" if (value := latest(key)) is None else f"{value:.{digits}f}" for name, (key, digits) in keys.items()
+    }
 
 
 def run_spec(spec: RunSpec, *, progress: bool = False, allow_config_change: bool = False) -> RunResult:
     """Train an already composed :class:`~dapo_verl.local.compose.RunSpec` (arguments and errors as :func:`run`)."""
-    with run_directory_lock(spec.run.trainer.default_local_dir), torch_settings(spec.run.local.num_threads), \
-            quiet_partial_batches(), stop_requests() as stop:
+    with (
+        run_directory_lock(spec.run.trainer.default_local_dir),
+        torch_settings(spec.run.local.num_threads),
+        quiet_partial_batches(),
+        stop_requests() as stop,
+    ):
         try:
             return _Trainer(spec, allow_config_change=allow_config_change, stop=stop).fit(progress=progress)
         except RunFinished as finished:
@@ -225,31 +253,53 @@ class _Trainer:
             )
         cache = Path(run.local.cache_dir) if run.local.cache_dir else default_cache_dir()
         model, tokenizer, self.model_path, self.model_built = load_or_build(
-            run.local.model, max_positions=self.task.prompt_length + dapo.max_response_length, seed=spec.seed,
-            cache_dir=cache)
+            run.local.model,
+            max_positions=self.task.prompt_length + dapo.max_response_length,
+            seed=spec.seed,
+            cache_dir=cache,
+        )
         self.model, self.tokenizer = model.to(self.device), tokenizer  # type: ignore[arg-type]
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=run.actor.lr,
-                                           weight_decay=run.actor.weight_decay)
+        self.optimizer = torch.optim.AdamW(
+            self.model.parameters(), lr=run.actor.lr, weight_decay=run.actor.weight_decay
+        )
         correcting = run.rollout_correction.rollout_is is not None
         if correcting and dapo.sampler.streaming:
             raise ValueError(
                 f"algorithm.rollout_correction.rollout_is={run.rollout_correction.rollout_is} with "
                 f"algorithm.filter_groups.streaming=true: the local backend's streaming engine decodes in chunks and "
                 f"does not keep the sampling log-probs a continued response's tokens were drawn with. Use rounds "
-                f"(streaming=false) or rollout_is=null (local.rollout.stale_prefix says how older tokens are trained).")
-        self.rollout = Rollout(self.model, tokenizer, self.task, n=run.rollout.n,
-                               temperature=run.rollout.temperature, max_response_length=dapo.max_response_length,
-                               overlong=dapo.overlong, device=self.device, val_n=run.rollout.val_n,
-                               seed=spec.seed, keep_log_probs=correcting)
-        self.engine = ChunkedEngine(self.rollout, chunk_tokens=run.rollout.chunk_tokens,
-                                    stale_prefix=run.rollout.stale_prefix) if dapo.sampler.streaming else None
+                f"(streaming=false) or rollout_is=null (local.rollout.stale_prefix says how older tokens are trained)."
+            )
+        self.rollout = Rollout(
+            self.model,
+            tokenizer,
+            self.task,
+            n=run.rollout.n,
+            temperature=run.rollout.temperature,
+            max_response_length=dapo.max_response_length,
+            overlong=dapo.overlong,
+            device=self.device,
+            val_n=run.rollout.val_n,
+            seed=spec.seed,
+            keep_log_probs=correcting,
+        )
+        self.engine = (
+            ChunkedEngine(self.rollout, chunk_tokens=run.rollout.chunk_tokens, stale_prefix=run.rollout.stale_prefix)
+            if dapo.sampler.streaming
+            else None
+        )
         self.sampler = BatchReplenisher(dapo.sampler, len(self.task.train_prompts), self.engine or self.rollout)
         self.idle_steps = 0
         self.partial_acc: dict[int, float] = {}  # step -> rollout accuracy, for each step on a partial batch
-        logger.info("Task %s: %d training prompts, %d evaluation prompts (%s); model %s from %s.", self.task.name,
-                    len(self.task.train_prompts), len(self.task.eval_prompts),
-                    "held out" if self.task.heldout else "the training prompts", describe(self.model),
-                    self.model_path)
+        logger.info(
+            "Task %s: %d training prompts, %d evaluation prompts (%s); model %s from %s.",
+            self.task.name,
+            len(self.task.train_prompts),
+            len(self.task.eval_prompts),
+            "held out" if self.task.heldout else "the training prompts",
+            describe(self.model),
+            self.model_path,
+        )
 
     # -- resume -------------------------------------------------------------------------------------
 
@@ -269,28 +319,39 @@ class _Trainer:
         recorded = recorded_configuration(self.run_dir, point.state["config"] if point else None)
         changes = configuration_changes(recorded, self.spec.cfg) if recorded is not None else []
         source = f"checkpoint at step {point.step} ({point.path})" if point else "config.yaml"
-        refuse_changes(self.run_dir, changes, source=source, step=point.step if point else None,
-                       allowed=self.allow_config_change)
+        refuse_changes(
+            self.run_dir, changes, source=source, step=point.step if point else None, allowed=self.allow_config_change
+        )
         if point is not None and point.path.resolve().is_relative_to((self.run_dir / "checkpoints").resolve()):
             # this directory's own checkpoint: its log holds every step before it (one taken from another run's
             # directory starts this directory's log at its step)
             refuse_gaps(self.run_dir, point.step)
             check_not_finished(self.run_dir, point.step, self.spec.run.trainer.total_training_steps)
         if changes:
-            logger.warning("Continuing %s with a changed configuration, as --allow-config-change asked: %s. Recorded "
-                           "in history.jsonl and summary.json.", self.run_dir, "; ".join(map(str, changes)))
+            logger.warning(
+                "Continuing %s with a changed configuration, as --allow-config-change asked: %s. Recorded "
+                "in history.jsonl and summary.json.",
+                self.run_dir,
+                "; ".join(map(str, changes)),
+            )
         step = None
         if point is None:
-            why = "trainer.resume_mode=disable" if self.spec.run.trainer.resume_mode == ResumeMode.DISABLE else \
-                "no checkpoint to resume from"
+            why = (
+                "trainer.resume_mode=disable"
+                if self.spec.run.trainer.resume_mode == ResumeMode.DISABLE
+                else "no checkpoint to resume from"
+            )
             logger.info("Starting fresh in %s (%s).", self.run_dir, why)
         else:
             try:
-                step, _ = restore_checkpoint(point.state, model=self.model, optimizer=self.optimizer,
-                                             sampler=self.sampler)
+                step, _ = restore_checkpoint(
+                    point.state, model=self.model, optimizer=self.optimizer, sampler=self.sampler
+                )
             except (RuntimeError, KeyError) as err:  # e.g. "size mismatch" from load_state_dict
-                raise ValueError(f"{point.path} does not fit this run ({' '.join(str(err).split())[:300]}); it was "
-                                 f"written for another model or sampler. Train into a new directory (--out).") from None
+                raise ValueError(
+                    f"{point.path} does not fit this run ({' '.join(str(err).split())[:300]}); it was "
+                    f"written for another model or sampler. Train into a new directory (--out)."
+                ) from None
             logger.info("Resumed from step %d (%s).", step, point.path)
         append_history(self.run_dir, "start", resumed_from=step, config_changes=change_records(changes))
         return step
@@ -305,14 +366,21 @@ class _Trainer:
         warm: dict[str, float] = {}  # the warm start's metrics, logged at step 0
         if resumed is None:
             torch.manual_seed(self.spec.seed)
-            warm = warm_start(self.model, self.tokenizer, self.task, self.spec.run.local.warm_start,
-                              seed=self.spec.seed, device=self.device)
+            warm = warm_start(
+                self.model,
+                self.tokenizer,
+                self.task,
+                self.spec.run.local.warm_start,
+                seed=self.spec.seed,
+                device=self.device,
+            )
         start = resumed or 0
         write_text_atomically(self.run_dir / "config.yaml", self.spec.to_yaml())
         log = MetricsLog(self.run_dir, resume_step=resumed)
         total = trainer.total_training_steps
-        bar = tqdm(total=total, initial=min(start, total), desc="dapo-verl train", disable=not progress,
-                   dynamic_ncols=True)
+        bar = tqdm(
+            total=total, initial=min(start, total), desc="dapo-verl train", disable=not progress, dynamic_ncols=True
+        )
         try:
             if resumed is None and (trainer.val_before_train or warm):
                 log.log(warm | (self._validate(0) if trainer.val_before_train else {}), step=0)
@@ -323,8 +391,14 @@ class _Trainer:
                     metrics |= self._validate(step)
                 log.log(metrics, step=step)
                 if _due(step, trainer.save_freq, last) or self.stop.requested:
-                    save_checkpoint(self.run_dir, step, model=self.model, optimizer=self.optimizer,
-                                    sampler=self.sampler, config=self.spec.cfg)
+                    save_checkpoint(
+                        self.run_dir,
+                        step,
+                        model=self.model,
+                        optimizer=self.optimizer,
+                        sampler=self.sampler,
+                        config=self.spec.cfg,
+                    )
                 bar.update(1)
                 bar.set_postfix(progress_postfix(log.history, self.task.name), refresh=False)
                 if self.stop.requested and step < total:
@@ -343,24 +417,36 @@ class _Trainer:
         sampler = self.spec.dapo.sampler
         if not (sampler.stop_when_exhausted and self.sampler.pool_exhausted):
             return False
-        logger.info("Stopping after step %d: %.0f%% of the prompt pool was solved or failed %d times in a row "
-                    "(algorithm.filter_groups.stop_when_exhausted, exhausted_pool_fraction=%g).", step,
-                    100 * self.sampler.stream.history.exhausted_fraction, sampler.exhausted_streak,
-                    sampler.exhausted_pool_fraction)
+        logger.info(
+            "Stopping after step %d: %.0f%% of the prompt pool was solved or failed %d times in a row "
+            "(algorithm.filter_groups.stop_when_exhausted, exhausted_pool_fraction=%g).",
+            step,
+            100 * self.sampler.stream.history.exhausted_fraction,
+            sampler.exhausted_streak,
+            sampler.exhausted_pool_fraction,
+        )
         return True
 
     def _log_sampling_summary(self, start: int, last: int) -> None:
         """One line on the steps that trained on a partial batch (each is in ``dapo/sampler/partial``), and why."""
         if self.partial_acc:
-            logger.info(partial_batch_summary(self.partial_acc, steps=last - start, idle_steps=self.idle_steps,
-                                              batch_groups=self.spec.dapo.sampler.train_batch_size))
+            logger.info(
+                partial_batch_summary(
+                    self.partial_acc,
+                    steps=last - start,
+                    idle_steps=self.idle_steps,
+                    batch_groups=self.spec.dapo.sampler.train_batch_size,
+                )
+            )
 
     def _interrupted(self, step: int) -> None:
         append_history(self.run_dir, "interrupted", step=step)
         raise RunInterrupted(
             f"stopped by {self.stop.by} after step {step}, whose checkpoint "
             f"{self.run_dir / 'checkpoints'}/global_step_{step} is written; run the same command to continue from step "
-            f"{step}.", step)
+            f"{step}.",
+            step,
+        )
 
     def _train_step(self, step: int) -> dict[str, float]:
         dapo, run = self.spec.dapo, self.spec.run
@@ -381,14 +467,24 @@ class _Trainer:
             batch.input_ids = batch.input_ids.to(self.device)
             batch.mask, batch.advantages = batch.mask.to(self.device), batch.advantages.to(self.device)
             metrics |= batch_metrics(batch)
-            metrics |= update_policy(self.model, self.optimizer, batch, dapo, run.actor,
-                                     temperature=run.rollout.temperature, correction=run.rollout_correction)
+            metrics |= update_policy(
+                self.model,
+                self.optimizer,
+                batch,
+                dapo,
+                run.actor,
+                temperature=run.rollout.temperature,
+                correction=run.rollout_correction,
+            )
         else:
             self.idle_steps += 1
             logger.debug("Step %d: dynamic sampling found no informative group; no update this step.", step)
         done = time.perf_counter()
-        metrics |= {"timing_s/gen": generated - began, "timing_s/update_actor": done - generated,
-                    "timing_s/step": done - began}
+        metrics |= {
+            "timing_s/gen": generated - began,
+            "timing_s/update_actor": done - generated,
+            "timing_s/step": done - began,
+        }
         return metrics
 
     def _validate(self, step: int) -> dict[str, float]:
@@ -408,16 +504,26 @@ class _Trainer:
         plot_history(history, paths["plot"], task=self.task.name, title=title)
         replace_directory(paths["model"], self._save_model)
         result = RunResult(
-            run_dir=self.run_dir, task=self.task.name, heldout=self.task.heldout, history=history,
+            run_dir=self.run_dir,
+            task=self.task.name,
+            heldout=self.task.heldout,
+            history=history,
             initial_accuracy=vals[0]["data"][f"{key}/acc/mean@1"] if vals and vals[0]["step"] == 0 else None,
             final_accuracy=vals[-1]["data"][f"{key}/acc/mean@1"] if vals else None,
             final_exact=vals[-1]["data"].get(exact_key) if vals else None,
-            steps=last_step, wall_s=time.perf_counter() - self.started, resumed_from=resumed,
-            model_built=self.model_built, paths=paths,
+            steps=last_step,
+            wall_s=time.perf_counter() - self.started,
+            resumed_from=resumed,
+            model_built=self.model_built,
+            paths=paths,
         )
         summary = {k: v for k, v in vars(result).items() if k not in ("history", "paths", "run_dir")}
-        summary |= {"seed": self.spec.seed, "model": describe(self.model),
-                    "config_changes": accepted_changes(self.run_dir), "environment": numeric_environment()}
+        summary |= {
+            "seed": self.spec.seed,
+            "model": describe(self.model),
+            "config_changes": accepted_changes(self.run_dir),
+            "environment": numeric_environment(),
+        }
         write_text_atomically(paths["summary"], json.dumps(summary, indent=2) + "\n")
         append_history(self.run_dir, "finish", step=last_step)
         return result

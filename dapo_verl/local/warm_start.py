@@ -37,8 +37,9 @@ __all__ = ["warm_start"]
 logger = logging.getLogger(__name__)
 
 
-def _first_token_targets(tokenizer: PreTrainedTokenizerFast, task: TaskData, answers: Tensor,
-                         correct_prob: float, vocab: int) -> Tensor:
+def _first_token_targets(
+    tokenizer: PreTrainedTokenizerFast, task: TaskData, answers: Tensor, correct_prob: float, vocab: int
+) -> Tensor:
     """(P, V) target distribution q of the first answer token of every training prompt (module formula)."""
     decoys = encode(tokenizer, ["".join(d[0] for d in row) for row in decoy_answers(task.name, task.train_prompts)])
     targets = torch.zeros(answers.shape[0], vocab)  # (P, V)
@@ -55,29 +56,39 @@ def _sequences(tokenizer: PreTrainedTokenizerFast, prompts: list[str], answers: 
 
 def _loss(model: PreTrainedModel, sequences: Tensor, targets: Tensor, prompt_length: int) -> Tensor:
     """Mean cross-entropy over the answer and EOS positions: soft targets first, then the sequence's tokens."""
-    logits = model(input_ids=sequences).logits[:, prompt_length - 1:-1].float()  # (b, K + 1, V)
+    logits = model(input_ids=sequences).logits[:, prompt_length - 1 : -1].float()  # (b, K + 1, V)
     log_probs = torch.log_softmax(logits, dim=-1)
     first = -(targets * log_probs[:, 0]).sum(dim=-1)  # (b,)
-    rest = -log_probs[:, 1:].gather(-1, sequences[:, prompt_length + 1:].unsqueeze(-1)).squeeze(-1)  # (b, K)
+    rest = -log_probs[:, 1:].gather(-1, sequences[:, prompt_length + 1 :].unsqueeze(-1)).squeeze(-1)  # (b, K)
     return (first + rest.sum(dim=-1)).mean() / log_probs.shape[1]
 
 
 @torch.no_grad()
-def _held_out_first_token(model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast, task: TaskData,
-                          device: torch.device) -> dict[str, float]:
+def _held_out_first_token(
+    model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast, task: TaskData, device: torch.device
+) -> dict[str, float]:
     """Mean probability of the correct first answer token on the evaluation prompts, and its entropy."""
     prompts = encode(tokenizer, task.eval_prompts).to(device)  # (P, S)
     answers = encode(tokenizer, task.eval_answers)[:, 0].to(device)  # (P,)
     log_probs = torch.log_softmax(model(input_ids=prompts).logits[:, -1].float(), dim=-1)  # (P, V)
     correct = log_probs.gather(1, answers.unsqueeze(1)).exp()  # (P, 1)
     entropy = -(log_probs.exp() * log_probs).sum(dim=-1)  # (P,)
-    return {"dapo/warm_start/heldout_correct_prob": correct.mean().item(),
-            "dapo/warm_start/heldout_correct_prob_below_0.1": (correct < 0.1).float().mean().item(),
-            "dapo/warm_start/heldout_answer_entropy": entropy.mean().item()}
+    return {
+        "dapo/warm_start/heldout_correct_prob": correct.mean().item(),
+        "dapo/warm_start/heldout_correct_prob_below_0.1": (correct < 0.1).float().mean().item(),
+        "dapo/warm_start/heldout_answer_entropy": entropy.mean().item(),
+    }
 
 
-def warm_start(model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast, task: TaskData, cfg: WarmStartConfig,
-               *, seed: int, device: torch.device) -> dict[str, float]:
+def warm_start(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerFast,
+    task: TaskData,
+    cfg: WarmStartConfig,
+    *,
+    seed: int,
+    device: torch.device,
+) -> dict[str, float]:
     """Train ``model`` in place on the warm-start targets (module docstring); nothing when ``cfg.steps`` is 0.
 
     Args:
@@ -114,11 +125,16 @@ def warm_start(model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast, task:
         optimizer.step()
         losses.append(float(loss.detach()))
     model.zero_grad(set_to_none=True)
-    tail = losses[-max(1, len(losses) // 10):]
+    tail = losses[-max(1, len(losses) // 10) :]
     metrics = {"dapo/warm_start/loss": sum(tail) / len(tail), **_held_out_first_token(model, tokenizer, task, device)}
-    logger.info("Warm start: %d supervised steps (correct_prob %g), loss %.3f; held-out correct-answer probability "
-                "%.3f (below 0.1 on %.0f%% of prompts), answer entropy %.2f nats.", cfg.steps, cfg.correct_prob,
-                metrics["dapo/warm_start/loss"], metrics["dapo/warm_start/heldout_correct_prob"],
-                100 * metrics["dapo/warm_start/heldout_correct_prob_below_0.1"],
-                metrics["dapo/warm_start/heldout_answer_entropy"])
+    logger.info(
+        "Warm start: %d supervised steps (correct_prob %g), loss %.3f; held-out correct-answer probability "
+        "%.3f (below 0.1 on %.0f%% of prompts), answer entropy %.2f nats.",
+        cfg.steps,
+        cfg.correct_prob,
+        metrics["dapo/warm_start/loss"],
+        metrics["dapo/warm_start/heldout_correct_prob"],
+        100 * metrics["dapo/warm_start/heldout_correct_prob_below_0.1"],
+        metrics["dapo/warm_start/heldout_answer_entropy"],
+    )
     return metrics

@@ -118,8 +118,17 @@ class Planner:
         self.user_keys = user_keys
         self.changes: dict[str, Change] = {}
 
-    def set(self, key: str, value: Any, reason: str, group: str, *, only_if_declared: bool = False,
-            user_wins: bool = False, keep_given: bool = True) -> None:
+    def set(
+        self,
+        key: str,
+        value: Any,
+        reason: str,
+        group: str,
+        *,
+        only_if_declared: bool = False,
+        user_wins: bool = False,
+        keep_given: bool = True,
+    ) -> None:
         exists = declared(self.config, key)
         given = keep_given and (group == "scale" or user_wins) and key in self.user_keys
         if (only_if_declared and not exists) or given:

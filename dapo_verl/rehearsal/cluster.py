@@ -107,8 +107,16 @@ class LocalCluster:
         echo: Prints a console line.
     """
 
-    def __init__(self, nodes: int, gpus_per_node: int, temp_dir: str, records: Path, env: dict[str, str],
-                 cpus_per_node: int = 8, echo: Callable[[str], None] = print) -> None:
+    def __init__(
+        self,
+        nodes: int,
+        gpus_per_node: int,
+        temp_dir: str,
+        records: Path,
+        env: dict[str, str],
+        cpus_per_node: int = 8,
+        echo: Callable[[str], None] = print,
+    ) -> None:
         if nodes < 2:
             raise ValueError(f"nodes={nodes!r}: a multi-node cluster has >= 2 nodes (the head and a worker)")
         self.nodes, self.gpus_per_node, self.cpus_per_node = nodes, gpus_per_node, cpus_per_node
@@ -125,15 +133,31 @@ class LocalCluster:
         return "head" if index == 0 else f"worker-{index}"
 
     def _command(self, index: int) -> list[str]:
-        ray = [sys.executable, "-m", "ray.scripts.scripts", "start", f"--num-cpus={self.cpus_per_node}",
-               f"--num-gpus={self.gpus_per_node}", f"--node-name={self.node_name(index)}",
-               f"--temp-dir={self.temp_dir}", f"--dashboard-agent-listen-port={self._agent_ports[index]}",
-               "--disable-usage-stats", "--block"]
+        ray = [
+            sys.executable,
+            "-m",
+            "ray.scripts.scripts",
+            "start",
+            f"--num-cpus={self.cpus_per_node}",
+            f"--num-gpus={self.gpus_per_node}",
+            f"--node-name={self.node_name(index)}",
+            f"--temp-dir={self.temp_dir}",
+            f"--dashboard-agent-listen-port={self._agent_ports[index]}",
+            "--disable-usage-stats",
+            "--block",
+        ]
         if index == 0:
             port = self.gcs_address.rsplit(":", 1)[1]
             dashboard = self.dashboard_url.rsplit(":", 1)[1]
-            return [*ray, "--head", f"--port={port}", "--include-dashboard=true", "--dashboard-host=127.0.0.1",
-                    f"--dashboard-port={dashboard}", f"--ray-client-server-port={self._client_port}"]
+            return [
+                *ray,
+                "--head",
+                f"--port={port}",
+                "--include-dashboard=true",
+                "--dashboard-host=127.0.0.1",
+                f"--dashboard-port={dashboard}",
+                f"--ray-client-server-port={self._client_port}",
+            ]
         return [*ray, f"--address={self.gcs_address}"]
 
     def start(self) -> LocalCluster:
@@ -146,15 +170,22 @@ class LocalCluster:
         for index in range(self.nodes):
             log = self._records / f"{self.node_name(index)}.log"
             with open(log, "w") as sink:  # --block: the command lives as long as the node, in its own session
-                process = subprocess.Popen(lifetime.dying_with_this_process(self._command(index)), stdout=sink,
-                                           stderr=subprocess.STDOUT, env=self._env, start_new_session=True)
+                process = subprocess.Popen(
+                    lifetime.dying_with_this_process(self._command(index)),
+                    stdout=sink,
+                    stderr=subprocess.STDOUT,
+                    env=self._env,
+                    start_new_session=True,
+                )
             lifetime.record_session(self._records, process.pid)
             self._sessions.append(process.pid)
             self._processes.append(process)
             self._wait(lambda joined=index + 1: self._alive_nodes() >= joined, index, log)  # type: ignore[misc]
         self._wait(self._job_server_answers, 0, self._records / "head.log")
-        self._echo(f"[cluster] {self.nodes} Ray nodes up ({', '.join(self.node_name(i) for i in range(self.nodes))}; "
-                   f"{self.gpus_per_node} fake GPU(s) each); job server {self.dashboard_url}; folder {self.temp_dir}")
+        self._echo(
+            f"[cluster] {self.nodes} Ray nodes up ({', '.join(self.node_name(i) for i in range(self.nodes))}; "
+            f"{self.gpus_per_node} fake GPU(s) each); job server {self.dashboard_url}; folder {self.temp_dir}"
+        )
         return self
 
     def _wait(self, ready: Callable[[], bool], index: int, log: Path) -> None:
@@ -163,11 +194,16 @@ class LocalCluster:
             ended = next((p for p in self._processes if p.poll() is not None), None)
             if ended is not None or time.monotonic() > deadline:
                 tail = " / ".join(log.read_text(errors="replace").strip().splitlines()[-3:])
-                what = (f"exited with status {ended.returncode}" if ended is not None
-                        else f"did not come up within {_START_TIMEOUT_S:.0f} s")
-                raise ClusterError(f"Ray node {self.node_name(index)} {what} ({log}: {tail or 'empty'}); a machine "
-                                   f"busy with other work can be too slow, and a port taken meanwhile fails it: run "
-                                   f"the same command again.")
+                what = (
+                    f"exited with status {ended.returncode}"
+                    if ended is not None
+                    else f"did not come up within {_START_TIMEOUT_S:.0f} s"
+                )
+                raise ClusterError(
+                    f"Ray node {self.node_name(index)} {what} ({log}: {tail or 'empty'}); a machine "
+                    f"busy with other work can be too slow, and a port taken meanwhile fails it: run "
+                    f"the same command again."
+                )
             time.sleep(0.5)
 
     def _alive_nodes(self) -> int:
@@ -187,8 +223,7 @@ class LocalCluster:
         from ray.util import state
 
         listing = getattr(state, what)
-        return list(listing(address=self.dashboard_url, limit=10_000, raise_on_missing_output=False,
-                            **filters))
+        return list(listing(address=self.dashboard_url, limit=10_000, raise_on_missing_output=False, **filters))
 
     def job_id(self, submission_id: str) -> str | None:
         """The Ray job id of the submitted job ``submission_id`` (None when the cluster does not know it)."""
@@ -207,12 +242,18 @@ class LocalCluster:
         if job is not None:
             for actor in self._state("list_actors", filters=[("job_id", "=", job)], detail=True):
                 found.setdefault(actor.node_id, []).append(
-                    (role_of(actor.class_name), actor.class_name, actor.pid, actor.state))
+                    (role_of(actor.class_name), actor.class_name, actor.pid, actor.state)
+                )
         order = {self.node_name(i): i for i in range(self.nodes)}
-        entries = [NodeActors(nodes[node_id].node_name if node_id in nodes else "?", node_id,
-                              bool(nodes[node_id].is_head_node) if node_id in nodes else False,
-                              tuple(sorted(actors, key=lambda a: (a[0], a[1], a[2] or 0))))
-                   for node_id, actors in found.items()]
+        entries = [
+            NodeActors(
+                nodes[node_id].node_name if node_id in nodes else "?",
+                node_id,
+                bool(nodes[node_id].is_head_node) if node_id in nodes else False,
+                tuple(sorted(actors, key=lambda a: (a[0], a[1], a[2] or 0))),
+            )
+            for node_id, actors in found.items()
+        ]
         return sorted(entries, key=lambda entry: order.get(entry.node, len(order)))
 
     def stop(self) -> None:
@@ -231,4 +272,3 @@ class LocalCluster:
 
     def __exit__(self, *_: object) -> None:
         self.stop()
-

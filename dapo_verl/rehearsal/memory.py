@@ -36,8 +36,19 @@ from pathlib import Path
 
 from dapo_verl.lifetime import SESSION_RECORD_PREFIX, start_time
 
-__all__ = ["RAY_OOM", "MemoryPeaks", "MemorySampler", "Peak", "Watched", "gib", "memory_kill", "oom_kills",
-           "out_of_memory_line", "proportional_bytes", "resident_bytes"]
+__all__ = [
+    "RAY_OOM",
+    "MemoryPeaks",
+    "MemorySampler",
+    "Peak",
+    "Watched",
+    "gib",
+    "memory_kill",
+    "oom_kills",
+    "out_of_memory_line",
+    "proportional_bytes",
+    "resident_bytes",
+]
 
 _PAGE_BYTES = os.sysconf("SC_PAGE_SIZE")
 RAY_OOM = re.compile(r"OutOfMemoryError|running low on memory|NODE_OUT_OF_MEMORY|killed due to memory pressure")
@@ -94,8 +105,10 @@ def memory_kill(log_text: str, returncode: int, kills_before: int | None, kills_
         return f"Ray's memory monitor killed a worker ({quoted!r})"
     killed = None if kills_before is None or kills_after is None else kills_after - kills_before
     if killed:
-        return (f"the kernel's OOM killer killed {killed} process(es) on this machine while it ran, and the run "
-                f"failed (exit {returncode})")
+        return (
+            f"the kernel's OOM killer killed {killed} process(es) on this machine while it ran, and the run "
+            f"failed (exit {returncode})"
+        )
     if killed is None and returncode in (-signal.SIGKILL, 128 + signal.SIGKILL):  # no count to tell it apart
         return f"its driver was killed by SIGKILL (exit {returncode}), which is what the kernel's OOM killer sends"
     return None
@@ -105,13 +118,21 @@ def out_of_memory_line(name: str, key: str, kill: str, peaks: MemoryPeaks, overl
     """One line for the run ``name`` (``key`` in ``peaks.runs``) that ``kill`` (:func:`memory_kill`) ended: what
     killed it, the memory the rehearsal's processes held at their peak, and what to do."""
     run = peaks.runs_pss.get(key)
-    held = (f"the rehearsal's processes held up to {gib(peaks.pss.bytes)} ({key}: {gib(run.bytes if run else None)}; "
-            f"the sum of their proportional set sizes, that of their RSS up to {gib(peaks.total.bytes)}), and this "
-            f"machine had {gib(peaks.available_min_bytes)} available at the least")
-    fix = ("; or rehearse without --overlap-resume: the resume run then starts after the first run ends, and one "
-           "trainer, rollout engine and Ray cluster run at a time" if overlap else "")
-    return (f"{name} was killed for lack of memory: {kill}; {held}. Close other work and run the same command again "
-            f"(docs/rehearse.md, Memory, says what a rehearsal needs){fix}.")
+    held = (
+        f"the rehearsal's processes held up to {gib(peaks.pss.bytes)} ({key}: {gib(run.bytes if run else None)}; "
+        f"the sum of their proportional set sizes, that of their RSS up to {gib(peaks.total.bytes)}), and this "
+        f"machine had {gib(peaks.available_min_bytes)} available at the least"
+    )
+    fix = (
+        "; or rehearse without --overlap-resume: the resume run then starts after the first run ends, and one "
+        "trainer, rollout engine and Ray cluster run at a time"
+        if overlap
+        else ""
+    )
+    return (
+        f"{name} was killed for lack of memory: {kill}; {held}. Close other work and run the same command again "
+        f"(docs/rehearse.md, Memory, says what a rehearsal needs){fix}."
+    )
 
 
 @dataclass(frozen=True)
@@ -232,14 +253,19 @@ class MemorySampler:
         ``sampler.peaks``.
     """
 
-    def __init__(self, runs: Sequence[Watched], interval_s: float = 0.5, pss_every: int = 4,
-                 root: int | None = None) -> None:
+    def __init__(
+        self, runs: Sequence[Watched], interval_s: float = 0.5, pss_every: int = 4, root: int | None = None
+    ) -> None:
         if pss_every < 1:
             raise ValueError(f"pss_every={pss_every!r}: expected a whole number of samples >= 1")
         self._runs, self._interval_s, self._pss_every = list(runs), interval_s, pss_every
         self._root = os.getpid() if root is None else root
-        self._peaks = MemoryPeaks(runs={run.name: Peak() for run in runs}, interval_s=interval_s,
-                                  runs_pss={run.name: Peak() for run in runs}, pss_interval_s=interval_s * pss_every)
+        self._peaks = MemoryPeaks(
+            runs={run.name: Peak() for run in runs},
+            interval_s=interval_s,
+            runs_pss={run.name: Peak() for run in runs},
+            pss_interval_s=interval_s * pss_every,
+        )
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -292,9 +318,16 @@ class MemorySampler:
         """A copy of the peaks so far."""
         with self._lock:
             peaks = self._peaks
-            return MemoryPeaks(Peak(**vars(peaks.total)), {n: Peak(**vars(p)) for n, p in peaks.runs.items()},
-                               peaks.available_min_bytes, peaks.samples, peaks.interval_s, Peak(**vars(peaks.pss)),
-                               {n: Peak(**vars(p)) for n, p in peaks.runs_pss.items()}, peaks.pss_interval_s)
+            return MemoryPeaks(
+                Peak(**vars(peaks.total)),
+                {n: Peak(**vars(p)) for n, p in peaks.runs.items()},
+                peaks.available_min_bytes,
+                peaks.samples,
+                peaks.interval_s,
+                Peak(**vars(peaks.pss)),
+                {n: Peak(**vars(p)) for n, p in peaks.runs_pss.items()},
+                peaks.pss_interval_s,
+            )
 
     def _sample_until_stopped(self) -> None:
         while True:

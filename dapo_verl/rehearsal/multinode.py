@@ -42,15 +42,26 @@ __all__ = ["RUN_RAY", "cluster_lines", "job_report", "job_target", "node_env", "
 RUN_RAY = Path(__file__).resolve().parents[2] / "recipes" / "run_ray.sh"
 """The cluster launcher, in the repository beside the package."""
 
-_JOB_LEVEL = ("VERL_FILE_LOGGER_PATH", "VERL_FILE_LOGGER_ROOT", "VERL_USE_EXTERNAL_MODULES", cpu_vllm.RECORD_ENV,
-              cpu_vllm.SOCKET_ENV, "DAPO_MODEL_PATH", "DAPO_DATA_DIR", "DAPO_OUTPUT_DIR", "RAY_ADDRESS")
+_JOB_LEVEL = (
+    "VERL_FILE_LOGGER_PATH",
+    "VERL_FILE_LOGGER_ROOT",
+    "VERL_USE_EXTERNAL_MODULES",
+    cpu_vllm.RECORD_ENV,
+    cpu_vllm.SOCKET_ENV,
+    "DAPO_MODEL_PATH",
+    "DAPO_DATA_DIR",
+    "DAPO_OUTPUT_DIR",
+    "RAY_ADDRESS",
+)
 
 
 def launcher() -> Path:
     """``recipes/run_ray.sh``, or a :class:`RehearsalError` saying where it was looked for."""
     if not RUN_RAY.is_file():
-        raise RehearsalError(f"--nodes rehearses through recipes/run_ray.sh, which is not at {RUN_RAY}: install "
-                             f"dapo_verl from its repository (pip install -e .) to rehearse on several nodes.")
+        raise RehearsalError(
+            f"--nodes rehearses through recipes/run_ray.sh, which is not at {RUN_RAY}: install "
+            f"dapo_verl from its repository (pip install -e .) to rehearse on several nodes."
+        )
     return RUN_RAY
 
 
@@ -84,8 +95,15 @@ def _output_dir_set(folder: Path) -> Iterator[None]:
             os.environ["DAPO_OUTPUT_DIR"] = before
 
 
-def job_target(config: DictConfig, config_name: str, out: Path, cluster: LocalCluster, model_path: str,
-               data_dir: Path, recipe_checkpoints: bool) -> Target:
+def job_target(
+    config: DictConfig,
+    config_name: str,
+    out: Path,
+    cluster: LocalCluster,
+    model_path: str,
+    data_dir: Path,
+    recipe_checkpoints: bool,
+) -> Target:
     """How each run reaches the cluster (see the module docstring).
 
     Args:
@@ -112,14 +130,25 @@ def job_target(config: DictConfig, config_name: str, out: Path, cluster: LocalCl
         sent = [cpu_vllm.RECORD_ENV, cpu_vllm.SOCKET_ENV]
         if run == "run2":
             sent += [resume_barrier.ENV, resume_barrier.TIMEOUT_ENV]
-        return {"RAY_ADDRESS": cluster.dashboard_url, "DAPO_MODEL_PATH": model_path, "DAPO_DATA_DIR": str(data_dir),
-                "DAPO_OUTPUT_DIR": str(output(run)), "DAPO_SUBMISSION_ID": submission_id(run),
-                "DAPO_JOB_ENV": " ".join(sent), "VERL_USE_EXTERNAL_MODULES": PLUGIN_MODULE, "PYTHON": sys.executable,
-                "PATH": _path()}
+        return {
+            "RAY_ADDRESS": cluster.dashboard_url,
+            "DAPO_MODEL_PATH": model_path,
+            "DAPO_DATA_DIR": str(data_dir),
+            "DAPO_OUTPUT_DIR": str(output(run)),
+            "DAPO_SUBMISSION_ID": submission_id(run),
+            "DAPO_JOB_ENV": " ".join(sent),
+            "VERL_USE_EXTERNAL_MODULES": PLUGIN_MODULE,
+            "PYTHON": sys.executable,
+            "PATH": _path(),
+        }
 
-    return Target(["bash", str(launcher()), config_name, "--follow"], checkpoints, env,
-                  metrics=lambda run: output(run) / "logs" / str(project) / f"{experiment}.jsonl",
-                  sets_checkpoint_dir=not recipe_checkpoints)
+    return Target(
+        ["bash", str(launcher()), config_name, "--follow"],
+        checkpoints,
+        env,
+        metrics=lambda run: output(run) / "logs" / str(project) / f"{experiment}.jsonl",
+        sets_checkpoint_dir=not recipe_checkpoints,
+    )
 
 
 def _ray_version() -> str:
@@ -134,8 +163,11 @@ def _seen_on_nodes(nodes: list[dict[str, Any]], records: list[dict[str, Any]], o
     for node in nodes:
         here = [r for r in records if r.get("node_id") == node["node_id"]]
         node["processes_recorded"] = len(here)
-        node["job_env"] = any(r["env"].get("DAPO_OUTPUT_DIR") == output_dir and all(
-            r["env"].get(name) for name in process_record.JOB_VARIABLES) for r in here)
+        node["job_env"] = any(
+            r["env"].get("DAPO_OUTPUT_DIR") == output_dir
+            and all(r["env"].get(name) for name in process_record.JOB_VARIABLES)
+            for r in here
+        )
         node["entry_point"] = any(r["entry_point"]["loads"] for r in here)
 
 
@@ -158,35 +190,69 @@ def job_report(cluster: LocalCluster, out: Path, runs: list[str]) -> dict[str, A
             entry["status"] = client.get_job_status(sid).value
             (out / run / "job.log").write_text(client.get_job_logs(sid))
             entry["log"] = str(out / run / "job.log")
-        entry["nodes"] = [{"node": n.node, "node_id": n.node_id, "head": n.head, "roles": n.roles,
-                           "actors": [{"role": r, "class": c, "pid": p, "state": s} for r, c, p, s in n.actors]}
-                          for n in cluster.actors(sid)]
+        entry["nodes"] = [
+            {
+                "node": n.node,
+                "node_id": n.node_id,
+                "head": n.head,
+                "roles": n.roles,
+                "actors": [{"role": r, "class": c, "pid": p, "state": s} for r, c, p, s in n.actors],
+            }
+            for n in cluster.actors(sid)
+        ]
         _seen_on_nodes(entry["nodes"], process_record.read_records(out / run / "engine"), str(out / run / "output"))
         jobs[run] = entry
-    spans = bool(jobs) and all(job["nodes"] and all("actor" in n["roles"] for n in job["nodes"])
-                               for job in jobs.values())
+    spans = bool(jobs) and all(
+        job["nodes"] and all("actor" in n["roles"] for n in job["nodes"]) for job in jobs.values()
+    )
     seen = bool(jobs) and all(n["job_env"] and n["entry_point"] for job in jobs.values() for n in job["nodes"])
     succeeded = bool(jobs) and all(job["status"] == "SUCCEEDED" for job in jobs.values())
-    return {"nodes": cluster.nodes, "gpus_per_node": cluster.gpus_per_node, "dashboard": cluster.dashboard_url,
-            "temp_dir": cluster.temp_dir, "ray_version": _ray_version(), "launcher": str(RUN_RAY), "jobs": jobs,
-            "spans_nodes": spans, "job_env_on_every_node": seen, "ok": spans and seen and succeeded}
+    return {
+        "nodes": cluster.nodes,
+        "gpus_per_node": cluster.gpus_per_node,
+        "dashboard": cluster.dashboard_url,
+        "temp_dir": cluster.temp_dir,
+        "ray_version": _ray_version(),
+        "launcher": str(RUN_RAY),
+        "jobs": jobs,
+        "spans_nodes": spans,
+        "job_env_on_every_node": seen,
+        "ok": spans and seen and succeeded,
+    }
 
 
 def cluster_lines(cluster: dict[str, Any]) -> list[str]:
     """The cluster section of the console summary and ``report.md``: for each job, its status and which node ran
     which of verl's roles, and whether the job's variables and the plugin's entry point reached each node."""
-    lines = [f"cluster: {cluster['nodes']} Ray nodes on this machine, {cluster['gpus_per_node']} fake GPU(s) each; "
-             f"each run submitted by {Path(cluster['launcher']).name} --follow"]
+    lines = [
+        f"cluster: {cluster['nodes']} Ray nodes on this machine, {cluster['gpus_per_node']} fake GPU(s) each; "
+        f"each run submitted by {Path(cluster['launcher']).name} --follow"
+    ]
     for run, job in cluster["jobs"].items():
         where = "; ".join(f"{n['node']} ran {', '.join(n['roles']) or 'nothing'}" for n in job["nodes"])
         seen = ", ".join(f"{n['node']} {'yes' if n['job_env'] and n['entry_point'] else 'NO'}" for n in job["nodes"])
-        lines.append(f"  {run}: job {job['submission_id']} {job['status']}; {where}; job's variables and plugin entry "
-                     f"point seen by its processes on: {seen}")
-    verdict = "ok" if cluster["ok"] else ("FAILED: " + ", ".join(
-        what for what, good in (("a job did not succeed", all(j["status"] == "SUCCEEDED"
-                                                               for j in cluster["jobs"].values())),
-                                ("verl's workers did not run on every node", cluster["spans_nodes"]),
-                                ("a node's processes missed the job's variables or the entry point",
-                                 cluster["job_env_on_every_node"])) if not good))
+        lines.append(
+            f"  {run}: job {job['submission_id']} {job['status']}; {where}; job's variables and plugin entry "
+            f"point seen by its processes on: {seen}"
+        )
+    verdict = (
+        "ok"
+        if cluster["ok"]
+        else (
+            "FAILED: "
+            + ", ".join(
+                what
+                for what, good in (
+                    ("a job did not succeed", all(j["status"] == "SUCCEEDED" for j in cluster["jobs"].values())),
+                    ("verl's workers did not run on every node", cluster["spans_nodes"]),
+                    (
+                        "a node's processes missed the job's variables or the entry point",
+                        cluster["job_env_on_every_node"],
+                    ),
+                )
+                if not good
+            )
+        )
+    )
     lines.append(f"  cluster check: {verdict}")
     return lines

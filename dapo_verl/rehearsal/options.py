@@ -102,7 +102,9 @@ class RehearsalInterrupted(RehearsalError):
     def __init__(self, result: RehearsalResult) -> None:
         runs = [f"{run.name} {run.state} after {run.wall_s:.0f} s" for run in result.runs]
         runs += [f"{name} not started" for name in result.not_started]
-        super().__init__(f"interrupted by {result.interrupted_by}: {', '.join(runs)}; every process the rehearsal "
-                         f"started was stopped. What ran is in {result.options.out_dir / 'report.md'}; run the same "
-                         f"command with --overwrite to rehearse again.")
+        super().__init__(
+            f"interrupted by {result.interrupted_by}: {', '.join(runs)}; every process the rehearsal "
+            f"started was stopped. What ran is in {result.options.out_dir / 'report.md'}; run the same "
+            f"command with --overwrite to rehearse again."
+        )
         self.result = result

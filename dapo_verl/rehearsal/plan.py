@@ -48,6 +48,7 @@ __all__ = ["ONLINE_LOGGERS", "Change", "RehearsalShape", "override_keys", "rehea
 ONLINE_LOGGERS = ("wandb", "swanlab", "mlflow", "vemlp_wandb", "clearml", "trackio", "rl_insight")
 """Tracking backends that need a network or an account; a rehearsal drops them and says so."""
 
+
 def _largest_divisor_at_most(n: int, limit: int) -> int:
     return max(d for d in range(1, max(1, min(n, limit)) + 1) if n % d == 0)
 
@@ -70,10 +71,15 @@ def _scaled_tokens(value: Any, old_total: int, new_total: int) -> int | None:
 
 def _model(p: Planner, shape: RehearsalShape) -> None:
     if shape.model_replaced:
-        p.set("actor_rollout_ref.model.path", shape.model_path,
-              "stand-in: tiny qwen2 model with Qwen2.5's chat format, built in code", "model")
-    p.set("actor_rollout_ref.model.override_config.attn_implementation", "eager",
-          "flash-attention is CUDA-only", "model")
+        p.set(
+            "actor_rollout_ref.model.path",
+            shape.model_path,
+            "stand-in: tiny qwen2 model with Qwen2.5's chat format, built in code",
+            "model",
+        )
+    p.set(
+        "actor_rollout_ref.model.override_config.attn_implementation", "eager", "flash-attention is CUDA-only", "model"
+    )
 
 
 def _scale(p: Planner, shape: RehearsalShape) -> None:
@@ -82,18 +88,28 @@ def _scale(p: Planner, shape: RehearsalShape) -> None:
     p.set("data.train_batch_size", new_train, "prompt groups per step", "scale")
     gen = p.get("data.gen_batch_size")
     if isinstance(gen, int):
-        p.set("data.gen_batch_size", max(new_train, round(gen * new_train / old_train)),
-              f"keeps the recipe's {gen / old_train:g} x train_batch_size", "scale")
+        p.set(
+            "data.gen_batch_size",
+            max(new_train, round(gen * new_train / old_train)),
+            f"keeps the recipe's {gen / old_train:g} x train_batch_size",
+            "scale",
+        )
     for section in ("actor_rollout_ref.actor", "critic"):
         mini = p.get(f"{section}.ppo_mini_batch_size")
         if isinstance(mini, int) and (section != "critic" or p.get("critic.enable")):
             steps = max(1, old_train // max(mini, 1))
-            p.set(f"{section}.ppo_mini_batch_size", _largest_divisor_at_most(new_train, max(1, new_train // steps)),
-                  f"the recipe takes {steps} gradient steps per step, the rehearsal as many as {new_train} "
-                  f"prompts allow", "scale")
-    for key in ("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu",
-                "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu",
-                "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu", "critic.ppo_micro_batch_size_per_gpu"):
+            p.set(
+                f"{section}.ppo_mini_batch_size",
+                _largest_divisor_at_most(new_train, max(1, new_train // steps)),
+                f"the recipe takes {steps} gradient steps per step, the rehearsal as many as {new_train} prompts allow",
+                "scale",
+            )
+    for key in (
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu",
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu",
+        "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu",
+        "critic.ppo_micro_batch_size_per_gpu",
+    ):
         value = p.get(key)
         if isinstance(value, int) and value > 8:
             p.set(key, 8, "micro-batch", "scale")
@@ -119,42 +135,74 @@ def _lengths(p: Planner, shape: RehearsalShape) -> None:
     new_prompt = min(old_prompt, shape.max_prompt_length)
     new_response = min(old_response, shape.max_response_length)
     fit = _lengths_given_fit(p, shape, old_prompt, old_response)
-    given = "" if fit else (f"; the given {old_prompt} + {old_response} tokens exceed the model's "
-                            f"{shape.max_positions} positions, so they count as a cluster value")
-    p.set("data.max_prompt_length", new_prompt, "the longest rehearsal prompt, rounded up to 64" + given, "scale",
-          keep_given=fit)
+    given = (
+        ""
+        if fit
+        else (
+            f"; the given {old_prompt} + {old_response} tokens exceed the model's "
+            f"{shape.max_positions} positions, so they count as a cluster value"
+        )
+    )
+    p.set(
+        "data.max_prompt_length",
+        new_prompt,
+        "the longest rehearsal prompt, rounded up to 64" + given,
+        "scale",
+        keep_given=fit,
+    )
     p.set("data.max_response_length", new_response, "response budget" + given, "scale", keep_given=fit)
     old_total, new_total = old_prompt + old_response, new_prompt + new_response
-    for key in ("actor_rollout_ref.actor.ppo_max_token_len_per_gpu",
-                "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu",
-                "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu", "critic.ppo_max_token_len_per_gpu"):
+    for key in (
+        "actor_rollout_ref.actor.ppo_max_token_len_per_gpu",
+        "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu",
+        "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu",
+        "critic.ppo_max_token_len_per_gpu",
+    ):
         scaled = _scaled_tokens(p.get(key), old_total, new_total)
         if scaled is not None:
             p.set(key, scaled, f"follows the sequence length ({old_total} -> {new_total} tokens)", "scale")
     # The engine's budgets: one factor for all three keeps max_model_len >= prompt + response and
     # max_num_batched_tokens >= max_num_seqs as in the recipe (ceil preserves both).
-    for key in ("actor_rollout_ref.rollout.max_model_len", "actor_rollout_ref.rollout.max_num_batched_tokens",
-                "actor_rollout_ref.rollout.max_num_seqs"):
+    for key in (
+        "actor_rollout_ref.rollout.max_model_len",
+        "actor_rollout_ref.rollout.max_num_batched_tokens",
+        "actor_rollout_ref.rollout.max_num_seqs",
+    ):
         value = p.get(key)
         if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-            p.set(key, math.ceil(value * new_total / old_total),
-                  f"the engine's budget, scaled as the sequence length ({old_total} -> {new_total} tokens)", "scale")
+            p.set(
+                key,
+                math.ceil(value * new_total / old_total),
+                f"the engine's budget, scaled as the sequence length ({old_total} -> {new_total} tokens)",
+                "scale",
+            )
     for key in ("reward.reward_kwargs.overlong_tokens", "reward.reward_kwargs.overlong_buffer_cfg.len"):
         value = p.get(key)
         if not isinstance(value, int) or value <= 0:
             continue
         scaled = max(1, min(new_response, round(value * new_response / old_response)))
         if key in p.user_keys and value > new_response:  # a cluster value given with the recipe's overrides
-            p.set(key, scaled, f"the given {value} exceeds the rehearsal's {new_response}-token responses; scaled as "
-                  f"max_response_length ({old_response} -> {new_response})", "scale", keep_given=False)
+            p.set(
+                key,
+                scaled,
+                f"the given {value} exceeds the rehearsal's {new_response}-token responses; scaled as "
+                f"max_response_length ({old_response} -> {new_response})",
+                "scale",
+                keep_given=False,
+            )
         else:
-            p.set(key, scaled, f"the recipe's overlong buffer, {value / old_response:.0%} of max_response_length",
-                  "scale")
+            p.set(
+                key, scaled, f"the recipe's overlong buffer, {value / old_response:.0%} of max_response_length", "scale"
+            )
 
 
 def _hardware(p: Planner, shape: RehearsalShape) -> None:
-    p.set("trainer.nnodes", shape.nodes, "one machine" if shape.nodes == 1 else f"{shape.nodes} Ray nodes on this "
-          f"machine", "hardware")
+    p.set(
+        "trainer.nnodes",
+        shape.nodes,
+        "one machine" if shape.nodes == 1 else f"{shape.nodes} Ray nodes on this machine",
+        "hardware",
+    )
     p.set("trainer.n_gpus_per_node", shape.gpus, "fake GPUs: one CPU process each", "hardware")
     p.set("trainer.device", "cpu", "no GPU", "hardware")
     for role in ("actor", "ref"):
@@ -164,23 +212,45 @@ def _hardware(p: Planner, shape: RehearsalShape) -> None:
         # verl computes in bfloat16 (autocast and FSDP's param dtype) unless mixed_precision says otherwise;
         # CPUs without bfloat16 units emulate it slowly, and float32 lets the rollout and actor log-probs agree.
         if isinstance(p.get(f"{base}.fsdp_config"), dict):
-            p.set(f"{base}.fsdp_config.mixed_precision", dict(_FLOAT32), "float32 compute: bfloat16 is slow on CPU",
-                  "hardware")
-        p.set(f"{base}.fsdp_config.dtype", "float32", "float32 compute: bfloat16 is slow on CPU", "hardware",
-              only_if_declared=True)
+            p.set(
+                f"{base}.fsdp_config.mixed_precision",
+                dict(_FLOAT32),
+                "float32 compute: bfloat16 is slow on CPU",
+                "hardware",
+            )
+        p.set(
+            f"{base}.fsdp_config.dtype",
+            "float32",
+            "float32 compute: bfloat16 is slow on CPU",
+            "hardware",
+            only_if_declared=True,
+        )
         p.set(f"{base}.fsdp_config.model_dtype", "fp32", "float32 weights", "hardware", only_if_declared=True)
-        p.set(f"{base}.fsdp_config.use_torch_compile", False, "no compiler for CPU here", "hardware",
-              only_if_declared=True)
+        p.set(
+            f"{base}.fsdp_config.use_torch_compile",
+            False,
+            "no compiler for CPU here",
+            "hardware",
+            only_if_declared=True,
+        )
         if (p.get(f"{base}.fsdp_config.ulysses_sequence_parallel_size") or 1) > 1:
             p.set(f"{base}.fsdp_config.ulysses_sequence_parallel_size", 1, "no sequence parallelism", "hardware")
         if (p.get(f"{base}.ulysses_sequence_parallel_size") or 1) > 1:
             p.set(f"{base}.ulysses_sequence_parallel_size", 1, "no sequence parallelism", "hardware")
-    for key in ("tensor_model_parallel_size", "data_parallel_size", "pipeline_model_parallel_size",
-                "expert_parallel_size"):
+    for key in (
+        "tensor_model_parallel_size",
+        "data_parallel_size",
+        "pipeline_model_parallel_size",
+        "expert_parallel_size",
+    ):
         value = p.get(f"actor_rollout_ref.rollout.{key}")
         if isinstance(value, int) and value > 1:
-            p.set(f"actor_rollout_ref.rollout.{key}", 1, "one CPU process per engine: no model parallelism on CPU",
-                  "hardware")
+            p.set(
+                f"actor_rollout_ref.rollout.{key}",
+                1,
+                "one CPU process per engine: no model parallelism on CPU",
+                "hardware",
+            )
 
 
 def _separate(p: Planner) -> bool:
@@ -199,21 +269,32 @@ def _ray(p: Planner, shape: RehearsalShape) -> None:
         rollout_pool = 1
     p.set("ray_kwargs.ray_init.num_gpus", shape.gpus + rollout_pool, "fake GPUs for Ray's placement", "hardware")
     p.set("ray_kwargs.ray_init.num_cpus", 16, "logical CPUs for verl's actors (they mostly wait)", "hardware")
-    p.set("ray_kwargs.ray_init._temp_dir", shape.ray_temp_dir, "a private Ray cluster, started and stopped here",
-          "hardware")
+    p.set(
+        "ray_kwargs.ray_init._temp_dir",
+        shape.ray_temp_dir,
+        "a private Ray cluster, started and stopped here",
+        "hardware",
+    )
     p.set("ray_kwargs.ray_init.include_dashboard", False, "no dashboard", "hardware")
 
 
 _VLLM_ON_CPU = (
-    ("dtype", "float32", "bfloat16 is slow on CPUs without AVX-512-BF16; float32 on both sides lets vLLM's "
-                         "log-probs match the actor's"),
+    (
+        "dtype",
+        "float32",
+        "bfloat16 is slow on CPUs without AVX-512-BF16; float32 on both sides lets vLLM's log-probs match the actor's",
+    ),
     ("enforce_eager", True, "CUDA graphs need a GPU"),
     ("free_cache_engine", False, "sleep mode releases GPU memory through CUDA's allocator, which a CPU lacks"),
     ("enable_sleep_mode", False, "sleep mode needs CUDA (vLLM's CuMemAllocator)"),
     # The rehearsal seeds each request (rehearsal/bridges/request_seeds.py); after a partial prefill vLLM rewinds a
     # seeded request's generator with Generator.set_offset (v1/worker/gpu_model_runner.py:3750 in vLLM 0.27).
-    ("enable_chunked_prefill", False, "vLLM rewinds a seeded request's random generator after a partial prefill, "
-                                      "which CPU generators cannot (no offset); the rehearsal seeds every request"),
+    (
+        "enable_chunked_prefill",
+        False,
+        "vLLM rewinds a seeded request's random generator after a partial prefill, "
+        "which CPU generators cannot (no offset); the rehearsal seeds every request",
+    ),
 )
 
 
@@ -224,24 +305,47 @@ def _engine(p: Planner, shape: RehearsalShape) -> None:
             p.set(f"actor_rollout_ref.rollout.{key}", value, reason, "engine")
         _whole_prefills_fit(p)
         if length_shape(p.config.actor_rollout_ref.rollout) is not None:  # long_tail (checked before planning)
-            p.set("actor_rollout_ref.rollout.logprobs_mode", "raw_logprobs", "long_tail lengths mask EOS before a "
-                  "request's drawn length (min_tokens), which vLLM's processed log-probs include; the raw ones are the "
-                  "model's own, as the actor computes them at temperature 1", "engine")
+            p.set(
+                "actor_rollout_ref.rollout.logprobs_mode",
+                "raw_logprobs",
+                "long_tail lengths mask EOS before a "
+                "request's drawn length (min_tokens), which vLLM's processed log-probs include; the raw ones are the "
+                "model's own, as the actor computes them at temperature 1",
+                "engine",
+            )
     else:
         p.set("actor_rollout_ref.rollout.name", "dapo_cpu", "CPU rollout replica in place of vLLM", "engine")
-    p.set("actor_rollout_ref.rollout.calculate_log_probs", True,
-          "verl's rollout-versus-actor metrics (training/rollout_probs_diff_*) for the report", "engine")
+    p.set(
+        "actor_rollout_ref.rollout.calculate_log_probs",
+        True,
+        "verl's rollout-versus-actor metrics (training/rollout_probs_diff_*) for the report",
+        "engine",
+    )
     p.set("actor_rollout_ref.rollout.mode", "async", "verl 0.9 serves rollouts asynchronously", "engine")
     if _separate(p):
-        p.set("actor_rollout_ref.rollout.checkpoint_engine.backend", "dapo_zmq", "nccl, hccl, nixl, mooncake and "
-              "kimi need GPUs or RDMA: a rehearsal-only transport over TCP sockets between processes", "engine")
+        p.set(
+            "actor_rollout_ref.rollout.checkpoint_engine.backend",
+            "dapo_zmq",
+            "nccl, hccl, nixl, mooncake and "
+            "kimi need GPUs or RDMA: a rehearsal-only transport over TCP sockets between processes",
+            "engine",
+        )
     else:
-        p.set("actor_rollout_ref.rollout.checkpoint_engine.backend", "naive", "full-tensor weight sync in process",
-              "engine")
+        p.set(
+            "actor_rollout_ref.rollout.checkpoint_engine.backend",
+            "naive",
+            "full-tensor weight sync in process",
+            "engine",
+        )
     workers = p.get("actor_rollout_ref.rollout.agent.num_workers")
     if isinstance(workers, int) and workers > 1:
-        p.set("actor_rollout_ref.rollout.agent.num_workers", 1, "one agent-loop process (each takes ~10 s to start)",
-              "engine", user_wins=True)
+        p.set(
+            "actor_rollout_ref.rollout.agent.num_workers",
+            1,
+            "one agent-loop process (each takes ~10 s to start)",
+            "engine",
+            user_wins=True,
+        )
     reward_workers = p.get("reward.num_workers")
     if isinstance(reward_workers, int) and reward_workers > 1:
         p.set("reward.num_workers", 1, "one reward worker", "engine")
@@ -263,14 +367,23 @@ def _whole_prefills_fit(p: Planner) -> None:
     rollout = "actor_rollout_ref.rollout"
     sequence = _value(p, "data.max_prompt_length") + _value(p, "data.max_response_length")
     if p.get(f"{rollout}.max_model_len") is None:
-        p.set(f"{rollout}.max_model_len", sequence, "unset: the model's context length; the rehearsal's sequences "
-              "need prompt + response tokens (the budget below must hold it, chunked prefill being off)", "scale")
+        p.set(
+            f"{rollout}.max_model_len",
+            sequence,
+            "unset: the model's context length; the rehearsal's sequences "
+            "need prompt + response tokens (the budget below must hold it, chunked prefill being off)",
+            "scale",
+        )
     budget = p.changes.get(f"{rollout}.max_num_batched_tokens")
     tokens = budget.rehearsal if budget else p.get(f"{rollout}.max_num_batched_tokens")
     longest = _value(p, f"{rollout}.max_model_len")
     if isinstance(tokens, int) and tokens < longest:
-        p.set(f"{rollout}.max_num_batched_tokens", longest, "without chunked prefill a whole prompt and response "
-              "must fit one scheduler step (max_model_len)", "engine")
+        p.set(
+            f"{rollout}.max_num_batched_tokens",
+            longest,
+            "without chunked prefill a whole prompt and response must fit one scheduler step (max_model_len)",
+            "engine",
+        )
 
 
 def _value(p: Planner, key: str) -> int:
@@ -320,8 +433,9 @@ def override_keys(overrides: Sequence[str]) -> frozenset[str]:
     return frozenset(item.lstrip("+~").split("=", 1)[0] for item in overrides)
 
 
-def rehearsal_changes(config: DictConfig, shape: RehearsalShape,
-                      user_keys: frozenset[str] = frozenset()) -> list[Change]:
+def rehearsal_changes(
+    config: DictConfig, shape: RehearsalShape, user_keys: frozenset[str] = frozenset()
+) -> list[Change]:
     """Every key the rehearsal sets, in the order above (see the module docstring).
 
     Scale keys the user set on the command line (``user_keys``) are kept as given: a size chosen for the

@@ -30,8 +30,19 @@ from dapo_verl import lifetime
 from dapo_verl.rehearsal.bridges import cpu_leftovers, cpu_vllm
 from dapo_verl.rehearsal.memory import memory_kill, oom_kills
 
-__all__ = ["PLUGIN_MODULE", "RAY_START_TIMEOUT", "Overrun", "RunRecord", "environment", "errors", "follow",
-           "kill_leftovers", "launch", "launch_once_more_if_ray_did_not_start", "stop_tree"]
+__all__ = [
+    "PLUGIN_MODULE",
+    "RAY_START_TIMEOUT",
+    "Overrun",
+    "RunRecord",
+    "environment",
+    "errors",
+    "follow",
+    "kill_leftovers",
+    "launch",
+    "launch_once_more_if_ray_did_not_start",
+    "stop_tree",
+]
 
 PLUGIN_MODULE = "dapo_verl.rehearsal.bridges.cpu_plugin"
 RAY_START_TIMEOUT = "The current node timed out during startup"
@@ -76,20 +87,22 @@ def environment(metrics: Path, extra: dict[str, str] | None = None) -> dict[str,
     env = dict(os.environ)
     env.pop("CUDA_VISIBLE_DEVICES", None)  # Ray refuses num_gpus when it is set (even to "")
     modules = [m for m in env.get("VERL_USE_EXTERNAL_MODULES", "").split(",") if m and m != PLUGIN_MODULE]
-    env.update({
-        "VERL_PLATFORM": "cpu",
-        "VERL_ENGINE_DEVICE": "cuda",  # verl registers its FSDP engine for cuda/npu; the cpu platform runs it
-        "VERL_USE_EXTERNAL_MODULES": ",".join([PLUGIN_MODULE, *modules]),
-        "VERL_FILE_LOGGER_PATH": str(metrics),
-        "OMP_NUM_THREADS": "1",
-        "TOKENIZERS_PARALLELISM": "false",
-        "HF_HUB_OFFLINE": "1",
-        "RAY_AUTH_MODE": "disabled",
-        "RAY_DEDUP_LOGS": "0",
-        "HYDRA_FULL_ERROR": "1",
-        "PYTHONUNBUFFERED": "1",
-        **(extra or {}),
-    })
+    env.update(
+        {
+            "VERL_PLATFORM": "cpu",
+            "VERL_ENGINE_DEVICE": "cuda",  # verl registers its FSDP engine for cuda/npu; the cpu platform runs it
+            "VERL_USE_EXTERNAL_MODULES": ",".join([PLUGIN_MODULE, *modules]),
+            "VERL_FILE_LOGGER_PATH": str(metrics),
+            "OMP_NUM_THREADS": "1",
+            "TOKENIZERS_PARALLELISM": "false",
+            "HF_HUB_OFFLINE": "1",
+            "RAY_AUTH_MODE": "disabled",
+            "RAY_DEDUP_LOGS": "0",
+            "HYDRA_FULL_ERROR": "1",
+            "PYTHONUNBUFFERED": "1",
+            **(extra or {}),
+        }
+    )
     return env
 
 
@@ -117,12 +130,15 @@ class Overrun:
             silent = "silent since it started (it printed nothing)"
         else:
             line = self.last_line if len(self.last_line) <= 200 else self.last_line[:197] + "..."
-            silent = (f"silent for the last {self.silent_s:.0f} s, since its line at {self.last_line_at_s:.0f} s: "
-                      f"{line!r}")
+            silent = (
+                f"silent for the last {self.silent_s:.0f} s, since its line at {self.last_line_at_s:.0f} s: {line!r}"
+            )
         closed = "; its output had ended but its process had not exited" if self.output_closed else ""
-        return (f"{name} reached its time limit of {self.limit_s:.0f} s and was stopped with every process it "
-                f"started; it had been {silent}{closed}. A run silent for long usually waits on a process that died "
-                f"(the first error in its log names it); if it was only slow, raise RehearsalOptions.timeout_s.")
+        return (
+            f"{name} reached its time limit of {self.limit_s:.0f} s and was stopped with every process it "
+            f"started; it had been {silent}{closed}. A run silent for long usually waits on a process that died "
+            f"(the first error in its log names it); if it was only slow, raise RehearsalOptions.timeout_s."
+        )
 
 
 def _read_lines(stream: IO[str], lines: queue.Queue[str | None]) -> None:
@@ -133,8 +149,9 @@ def _read_lines(stream: IO[str], lines: queue.Queue[str | None]) -> None:
         lines.put(None)  # the end of the output, even when reading failed
 
 
-def follow(process: subprocess.Popen[str], on_line: Callable[[str], None], limit_s: float,
-           stop: Callable[[], None]) -> Overrun | None:
+def follow(
+    process: subprocess.Popen[str], on_line: Callable[[str], None], limit_s: float, stop: Callable[[], None]
+) -> Overrun | None:
     """Hand each line ``process`` prints to ``on_line`` until it exits, for at most ``limit_s`` seconds.
 
     A reader thread moves the lines to a queue whose reads are timed, so the limit fires whether the process prints
@@ -170,8 +187,13 @@ def follow(process: subprocess.Popen[str], on_line: Callable[[str], None], limit
         with contextlib.suppress(subprocess.TimeoutExpired):
             process.wait(timeout=max(0.0, deadline - time.monotonic()))
             return None
-    overrun = Overrun(limit_s, max(0.0, time.monotonic() - last_at), last_line.strip(),
-                      last_at - start if last_line else None, output_closed=ended)
+    overrun = Overrun(
+        limit_s,
+        max(0.0, time.monotonic() - last_at),
+        last_line.strip(),
+        last_at - start if last_line else None,
+        output_closed=ended,
+    )
     stop()
     reader.join(_DRAIN_S)
     while not lines.empty():  # what it printed before it was stopped
@@ -197,8 +219,10 @@ def kill_leftovers(marker: str) -> None:
     lifetime.kill_marked(marker)
 
 
-_NOT_A_MESSAGE = re.compile(r"^(Traceback|File |During handling|The above exception|Error executing|Set the environment"
-                            r"|For further information|[\^~]+$)")
+_NOT_A_MESSAGE = re.compile(
+    r"^(Traceback|File |During handling|The above exception|Error executing|Set the environment"
+    r"|For further information|[\^~]+$)"
+)
 
 
 def errors(log: Path) -> tuple[str, str]:
@@ -218,8 +242,10 @@ def errors(log: Path) -> tuple[str, str]:
 
 def _log_lines(log: Path) -> list[str]:
     """The log's lines, Ray's ``(process) `` prefixes stripped."""
-    return [re.sub(r"^\x1b\[\d+m\(.*?\)\x1b\[\d+m\s*", "", line).rstrip() for line in
-            log.read_text(errors="replace").splitlines()]
+    return [
+        re.sub(r"^\x1b\[\d+m\(.*?\)\x1b\[\d+m\s*", "", line).rstrip()
+        for line in log.read_text(errors="replace").splitlines()
+    ]
 
 
 def _exceptions(lines: list[str]) -> list[str]:
@@ -230,7 +256,7 @@ def _exceptions(lines: list[str]) -> list[str]:
         if not match or match.group(1).startswith(("UserWarning", "FutureWarning", "DeprecationWarning")):
             continue
         message = [match.group(1)]
-        for following in lines[i + 1:i + 4]:
+        for following in lines[i + 1 : i + 4]:
             text = following.strip()
             if not text or _NOT_A_MESSAGE.match(text) or _ERROR_LINE.match(text):
                 break
@@ -239,10 +265,20 @@ def _exceptions(lines: list[str]) -> list[str]:
     return found
 
 
-def launch(name: str, command: list[str], run_dir: Path, timeout_s: float, ray_dir: str, steps: int,
-           echo: Callable[[str], None], on_step: Callable[[int], None] | None = None,
-           on_start: Callable[[subprocess.Popen], None] | None = None, env: dict[str, str] | None = None,
-           stopped: Callable[[], tuple[str, bool] | None] | None = None, metrics: Path | None = None) -> RunRecord:
+def launch(
+    name: str,
+    command: list[str],
+    run_dir: Path,
+    timeout_s: float,
+    ray_dir: str,
+    steps: int,
+    echo: Callable[[str], None],
+    on_step: Callable[[int], None] | None = None,
+    on_start: Callable[[subprocess.Popen], None] | None = None,
+    env: dict[str, str] | None = None,
+    stopped: Callable[[], tuple[str, bool] | None] | None = None,
+    metrics: Path | None = None,
+) -> RunRecord:
     """Run one verl process to its end (or ``timeout_s``); ``on_step`` hears each step verl's console logged.
 
     The run's processes record into ``run_dir/engine`` (:mod:`.bridges.cpu_vllm`) and keep their sockets
@@ -265,9 +301,16 @@ def launch(name: str, command: list[str], run_dir: Path, timeout_s: float, ray_d
     with open(log, "w") as sink:
         sink.write(" ".join(command) + "\n\n")
         sink.flush()
-        process = subprocess.Popen(lifetime.dying_with_this_process(command), stdout=subprocess.PIPE, text=True,
-                                   stderr=subprocess.STDOUT, errors="replace", env=environment(metrics, env),
-                                   start_new_session=True, bufsize=1)
+        process = subprocess.Popen(
+            lifetime.dying_with_this_process(command),
+            stdout=subprocess.PIPE,
+            text=True,
+            stderr=subprocess.STDOUT,
+            errors="replace",
+            env=environment(metrics, env),
+            start_new_session=True,
+            bufsize=1,
+        )
         lifetime.record_session(records, process.pid)  # for the watchdog, should this process be killed
         if on_start is not None:
             on_start(process)
@@ -301,8 +344,16 @@ def launch(name: str, command: list[str], run_dir: Path, timeout_s: float, ray_d
         if stop is not None:
             sink.write(f"\n{_NOTE}{_stop_note(stop, time.perf_counter() - start)}\n")
         returncode = -signal.SIGKILL if overrun is not None or stop is not None else process.returncode
-    record = RunRecord(name, command, returncode, time.perf_counter() - start, log, metrics, records=records,
-                       leftovers_removed=cpu_leftovers.remove_recorded(records))
+    record = RunRecord(
+        name,
+        command,
+        returncode,
+        time.perf_counter() - start,
+        log,
+        metrics,
+        records=records,
+        leftovers_removed=cpu_leftovers.remove_recorded(records),
+    )
     _explain(record, overrun, stop, kills_before, echo)
     return record
 
@@ -312,8 +363,13 @@ def _stop_note(stop: tuple[str, bool], after_s: float) -> str:
     return f"stopped by {by} after {after_s:.0f} s" if signalled else f"stopped after {after_s:.0f} s: {by}"
 
 
-def _explain(record: RunRecord, overrun: Overrun | None, stop: tuple[str, bool] | None, kills_before: int | None,
-             echo: Callable[[str], None]) -> None:
+def _explain(
+    record: RunRecord,
+    overrun: Overrun | None,
+    stop: tuple[str, bool] | None,
+    kills_before: int | None,
+    echo: Callable[[str], None],
+) -> None:
     """Fill in why ``record``'s run ended other than by finishing, and echo how it ended."""
     name = record.name
     if overrun is not None:
@@ -327,13 +383,19 @@ def _explain(record: RunRecord, overrun: Overrun | None, stop: tuple[str, bool] 
         record.first_error, record.error = errors(record.log)
         output = record.log.read_text(errors="replace").removeprefix(" ".join(record.command) + "\n\n")
         record.memory_kill = memory_kill(output, record.returncode, kills_before, oom_kills()) or ""
-    ending = {"finished": "finished in", "failed": "FAILED in", "interrupted": f"interrupted by {record.stopped_by} "
-              f"after", "stopped": f"stopped ({record.stopped_by}) after"}[record.state]
+    ending = {
+        "finished": "finished in",
+        "failed": "FAILED in",
+        "interrupted": f"interrupted by {record.stopped_by} after",
+        "stopped": f"stopped ({record.stopped_by}) after",
+    }[record.state]
     echo(f"[{name}] {ending} {record.wall_s:.0f} s")
     if record.leftovers_removed:
         size = sum(n for _, n in record.leftovers_removed) / 2**20
-        echo(f"[{name}] removed {len(record.leftovers_removed)} shared-memory entries ({size:.0f} MiB) its "
-             f"processes left in {cpu_leftovers.SHM_ROOT}")
+        echo(
+            f"[{name}] removed {len(record.leftovers_removed)} shared-memory entries ({size:.0f} MiB) its "
+            f"processes left in {cpu_leftovers.SHM_ROOT}"
+        )
 
 
 def launch_once_more_if_ray_did_not_start(*args: Any, echo: Callable[[str], None], **hooks: Any) -> RunRecord:

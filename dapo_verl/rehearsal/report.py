@@ -18,8 +18,15 @@ from dapo_verl.rehearsal.options import RehearsalResult
 from dapo_verl.rehearsal.processes import RunRecord
 from dapo_verl.rehearsal.resume_check import REPLICAS_ROUTE, STREAMING_TIMES, resume_check, resume_verdict
 
-__all__ = ["PREDICTION_METRICS", "REQUIRED_METRICS", "ROLLOUT_DIFF_LIMIT", "ROLLOUT_METRICS", "build_report",
-           "read_jsonl", "write_report"]
+__all__ = [
+    "PREDICTION_METRICS",
+    "REQUIRED_METRICS",
+    "ROLLOUT_DIFF_LIMIT",
+    "ROLLOUT_METRICS",
+    "build_report",
+    "read_jsonl",
+    "write_report",
+]
 
 REQUIRED_METRICS = {
     "dapo/sampler/gen_rounds": "dynamic sampling: generation rounds",
@@ -31,13 +38,19 @@ REQUIRED_METRICS = {
 }
 """Metrics a DAPO recipe's rehearsal must find in every training step verl logged."""
 
-PREDICTION_METRICS = ("dapo/sampler/predicted_keep_rate", "dapo/sampler/prediction_calibration",
-                      "dapo/sampler/prediction_brier")
+PREDICTION_METRICS = (
+    "dapo/sampler/predicted_keep_rate",
+    "dapo/sampler/prediction_calibration",
+    "dapo/sampler/prediction_brier",
+)
 """The predictor's calibration metrics (predicted against observed informative groups), logged every step where
 the recipe selects prompts by prediction (``algorithm.filter_groups.prompt_selection=predicted``, the default)."""
 
-ROLLOUT_METRICS = ("training/rollout_probs_diff_max", "training/rollout_probs_diff_mean",
-                   "training/rollout_actor_probs_pearson_corr")
+ROLLOUT_METRICS = (
+    "training/rollout_probs_diff_max",
+    "training/rollout_probs_diff_mean",
+    "training/rollout_actor_probs_pearson_corr",
+)
 """verl's rollout-versus-actor metrics (``verl/utils/debug/metrics.py``): every rehearsal step must log them."""
 ROLLOUT_DIFF_LIMIT = 1e-3
 """Largest |p_rollout - p_actor| a rehearsal accepts: float32 on both sides, the same weights (~1e-6 seen)."""
@@ -82,29 +95,51 @@ def _components(result: RehearsalResult, logged: dict[int, dict[str, Any]]) -> l
     fg = recipe.get("algorithm.filter_groups.enable")
     sampler = "dapo/sampler/gen_rounds" in seen
     return [
-        row("decoupled-clip loss", f"loss_mode={loss}, eps {low}/{high}, {agg}",
-            loss == "dapo" and "actor/dapo/clip_upper_fraction" in seen, "actor/dapo/clip_*_fraction logged"),
-        row("group advantage", f"adv_estimator={recipe.get('algorithm.adv_estimator')}",
-            "critic/advantages/mean" in seen, "critic/advantages/* logged"),
-        row("reward manager", f"{recipe.get('reward.reward_manager.name')}",
-            "critic/score/mean" in seen, "critic/score/* logged"),
-        row("soft overlong punishment",
+        row(
+            "decoupled-clip loss",
+            f"loss_mode={loss}, eps {low}/{high}, {agg}",
+            loss == "dapo" and "actor/dapo/clip_upper_fraction" in seen,
+            "actor/dapo/clip_*_fraction logged",
+        ),
+        row(
+            "group advantage",
+            f"adv_estimator={recipe.get('algorithm.adv_estimator')}",
+            "critic/advantages/mean" in seen,
+            "critic/advantages/* logged",
+        ),
+        row(
+            "reward manager",
+            f"{recipe.get('reward.reward_manager.name')}",
+            "critic/score/mean" in seen,
+            "critic/score/* logged",
+        ),
+        row(
+            "soft overlong punishment",
             f"overlong_reward_penalty={recipe.get('reward.reward_kwargs.overlong_reward_penalty')}",
             "dapo/overlong/penalty_mean" in seen or any(k.endswith("/overlong_penalty/mean@1") for k in seen),
-            "dapo/overlong/penalty_mean logged (verl's own trainer: the validation's overlong_penalty)"),
-        row("overlong filtering", f"overlong_filtering={recipe.get('algorithm.overlong_filtering')}",
+            "dapo/overlong/penalty_mean logged (verl's own trainer: the validation's overlong_penalty)",
+        ),
+        row(
+            "overlong filtering",
+            f"overlong_filtering={recipe.get('algorithm.overlong_filtering')}",
             bool(recipe.get("algorithm.overlong_filtering")) and "dapo/overlong/filtered_fraction" in seen,
-            "dapo/overlong/filtered_fraction logged"),
-        row("dynamic sampling (batch replenisher)",
+            "dapo/overlong/filtered_fraction logged",
+        ),
+        row(
+            "dynamic sampling (batch replenisher)",
             f"filter_groups.enable={fg}, refill={recipe.get('algorithm.filter_groups.refill')}, "
             f"surplus={recipe.get('algorithm.filter_groups.surplus')}, "
             f"on_shortfall={recipe.get('algorithm.filter_groups.on_shortfall')}",
-            sampler, "dapo/sampler/* logged"),
-        row("prompt prediction",
+            sampler,
+            "dapo/sampler/* logged",
+        ),
+        row(
+            "prompt prediction",
             f"skip_uninformative={recipe.get('algorithm.filter_groups.skip_uninformative')}, "
             f"prompt_selection={recipe.get('algorithm.filter_groups.prompt_selection')}",
             all(key in seen for key in PREDICTION_METRICS),
-            "dapo/sampler/predicted_keep_rate, prediction_calibration, prediction_brier logged"),
+            "dapo/sampler/predicted_keep_rate, prediction_calibration, prediction_brier logged",
+        ),
     ]
 
 
@@ -121,9 +156,14 @@ def _engine_label(result: RehearsalResult, run: RunRecord | None) -> tuple[str, 
 def _rollout_check(trained: dict[int, dict[str, Any]]) -> dict[str, Any]:
     """verl's rollout-versus-actor metrics of every step, and whether each is logged and within the limit."""
     steps = {step: {key: data.get(key) for key in ROLLOUT_METRICS} for step, data in sorted(trained.items())}
-    bad = [step for step, values in steps.items() if not isinstance(values[ROLLOUT_METRICS[0]], (int, float))
-           or not math.isfinite(values[ROLLOUT_METRICS[0]]) or values[ROLLOUT_METRICS[0]] > ROLLOUT_DIFF_LIMIT
-           or any(values[key] is None for key in ROLLOUT_METRICS)]
+    bad = [
+        step
+        for step, values in steps.items()
+        if not isinstance(values[ROLLOUT_METRICS[0]], (int, float))
+        or not math.isfinite(values[ROLLOUT_METRICS[0]])
+        or values[ROLLOUT_METRICS[0]] > ROLLOUT_DIFF_LIMIT
+        or any(values[key] is None for key in ROLLOUT_METRICS)
+    ]
     return {"ok": bool(steps) and not bad, "limit": ROLLOUT_DIFF_LIMIT, "steps": steps, "failed_steps": bad}
 
 
@@ -136,9 +176,10 @@ def _engine_sections(result: RehearsalResult, trained: dict[int, dict[str, Any]]
         "engine_reason": result.engine.reason,
         "environment": {name: value for name, (value, _) in result.environment.items()},
         "rollout_vs_actor": _rollout_check(trained),
-        "leftovers_removed": {run.name: {"entries": len(run.leftovers_removed),
-                                         "bytes": sum(size for _, size in run.leftovers_removed)}
-                              for run in result.runs},
+        "leftovers_removed": {
+            run.name: {"entries": len(run.leftovers_removed), "bytes": sum(size for _, size in run.leftovers_removed)}
+            for run in result.runs
+        },
     }
     if result.engine.engine is Engine.VLLM and first is not None and first.records is not None:
         sections["weight_sync"] = weight_sync_check(first.records)
@@ -151,33 +192,72 @@ def _memory(result: RehearsalResult) -> dict[str, Any]:
     peaks = result.memory
     if peaks is None:
         return {"peak_pss_bytes": None, "peak_rss_bytes": None, "runs": {}}
-    return {"peak_pss_bytes": peaks.pss.bytes, "peak_rss_bytes": peaks.total.bytes,
-            "peak_processes": peaks.total.processes, "available_min_bytes": peaks.available_min_bytes,
-            "samples": peaks.samples, "interval_s": peaks.interval_s, "pss_interval_s": peaks.pss_interval_s,
-            "overlap_resume": result.options.overlap,
-            "runs": {name: {"peak_pss_bytes": peaks.runs_pss[name].bytes, "peak_rss_bytes": peak.bytes,
-                            "peak_processes": peak.processes} for name, peak in peaks.runs.items()}}
+    return {
+        "peak_pss_bytes": peaks.pss.bytes,
+        "peak_rss_bytes": peaks.total.bytes,
+        "peak_processes": peaks.total.processes,
+        "available_min_bytes": peaks.available_min_bytes,
+        "samples": peaks.samples,
+        "interval_s": peaks.interval_s,
+        "pss_interval_s": peaks.pss_interval_s,
+        "overlap_resume": result.options.overlap,
+        "runs": {
+            name: {
+                "peak_pss_bytes": peaks.runs_pss[name].bytes,
+                "peak_rss_bytes": peak.bytes,
+                "peak_processes": peak.processes,
+            }
+            for name, peak in peaks.runs.items()
+        },
+    }
 
 
-def _run_entries(result: RehearsalResult, logs: dict[str, dict[int, dict[str, Any]]],
-                 memory: dict[str, Any]) -> list[dict[str, Any]]:
+def _run_entries(
+    result: RehearsalResult, logs: dict[str, dict[int, dict[str, Any]]], memory: dict[str, Any]
+) -> list[dict[str, Any]]:
     """Every run that was to start: how it ended (``state``), what it logged, its error and memory peak."""
     runs = []
     for run in result.runs:
         trained = _training_steps(logs[run.name])
         step_times = [v["timing_s/step"] for v in trained.values() if "timing_s/step" in v]
         peak = memory["runs"].get(run.log.parent.name, {})
-        runs.append({
-            "name": run.name, "state": run.state, "returncode": run.returncode, "wall_s": round(run.wall_s, 1),
-            "log": str(run.log), "metrics": str(run.metrics), "steps_logged": sorted(trained), "error": run.error,
-            "first_error": run.first_error, "stopped_by": run.stopped_by, "memory_kill": run.memory_kill,
-            "time_per_step_s": round(sum(step_times) / len(step_times), 2) if step_times else None,
-            "peak_pss_bytes": peak.get("peak_pss_bytes"), "peak_rss_bytes": peak.get("peak_rss_bytes"),
-            "peak_processes": peak.get("peak_processes"),
-        })
-    runs += [{"name": name, "state": "not started", "why": why, "returncode": None, "wall_s": 0.0, "log": None,
-              "metrics": None, "steps_logged": [], "error": "", "first_error": "", "time_per_step_s": None,
-              "peak_pss_bytes": None, "peak_rss_bytes": None} for name, why in result.not_started.items()]
+        runs.append(
+            {
+                "name": run.name,
+                "state": run.state,
+                "returncode": run.returncode,
+                "wall_s": round(run.wall_s, 1),
+                "log": str(run.log),
+                "metrics": str(run.metrics),
+                "steps_logged": sorted(trained),
+                "error": run.error,
+                "first_error": run.first_error,
+                "stopped_by": run.stopped_by,
+                "memory_kill": run.memory_kill,
+                "time_per_step_s": round(sum(step_times) / len(step_times), 2) if step_times else None,
+                "peak_pss_bytes": peak.get("peak_pss_bytes"),
+                "peak_rss_bytes": peak.get("peak_rss_bytes"),
+                "peak_processes": peak.get("peak_processes"),
+            }
+        )
+    runs += [
+        {
+            "name": name,
+            "state": "not started",
+            "why": why,
+            "returncode": None,
+            "wall_s": 0.0,
+            "log": None,
+            "metrics": None,
+            "steps_logged": [],
+            "error": "",
+            "first_error": "",
+            "time_per_step_s": None,
+            "peak_pss_bytes": None,
+            "peak_rss_bytes": None,
+        }
+        for name, why in result.not_started.items()
+    ]
     return runs
 
 
@@ -198,11 +278,18 @@ def build_report(result: RehearsalResult) -> dict[str, Any]:
         "peak_pss_bytes": memory["peak_pss_bytes"],
         "peak_rss_bytes": memory["peak_rss_bytes"],
         "memory": memory,
-        "changes": [{"key": c.key, "recipe": c.recipe, "rehearsal": c.rehearsal, "reason": c.reason, "group": c.group}
-                    for c in result.changes],
-        "data": {"train_file": str(result.data.train_file), "val_file": str(result.data.val_file),
-                 "recipe_train_rows": result.data.real_train_rows, "recipe_val_rows": result.data.real_val_rows,
-                 "generated_train_rows": result.data.generated_train_rows, "recipe_files": list(result.data.sources)},
+        "changes": [
+            {"key": c.key, "recipe": c.recipe, "rehearsal": c.rehearsal, "reason": c.reason, "group": c.group}
+            for c in result.changes
+        ],
+        "data": {
+            "train_file": str(result.data.train_file),
+            "val_file": str(result.data.val_file),
+            "recipe_train_rows": result.data.real_train_rows,
+            "recipe_val_rows": result.data.real_val_rows,
+            "generated_train_rows": result.data.generated_train_rows,
+            "recipe_files": list(result.data.sources),
+        },
         "model": {"path": result.model_path, "stand_in": result.model_replaced},
         "components": _components(result, logs.get(result.runs[0].name, {}) if result.runs else {}),
         "metrics_logged": sorted(set().union(*first.values())) if first else [],
@@ -219,20 +306,30 @@ def build_report(result: RehearsalResult) -> dict[str, Any]:
         # finishes from its prefix: which requests that hits depends on timing.
         # Streaming: the batch fills with the groups seen finished first, and which finished between two polls of
         # TransferQueue depends on timing.
-        lends = (result.recipe.get("trainer.v1.trainer_mode") == "separate_async"
-                 and bool(result.recipe.get("trainer.v1.separate_async.hybrid_rollout.enable_switch")))
-        why = (REPLICAS_ROUTE if result.options.gpus * result.options.nodes != 1 or lends
-               else STREAMING_TIMES if result.recipe.get("algorithm.filter_groups.streaming") else "")
+        lends = result.recipe.get("trainer.v1.trainer_mode") == "separate_async" and bool(
+            result.recipe.get("trainer.v1.separate_async.hybrid_rollout.enable_switch")
+        )
+        why = (
+            REPLICAS_ROUTE
+            if result.options.gpus * result.options.nodes != 1 or lends
+            else STREAMING_TIMES
+            if result.recipe.get("algorithm.filter_groups.streaming")
+            else ""
+        )
         report["resume"]["required"] = not why
         report["resume"]["why_not_required"] = why
-    engine_ok = (report["engine_started"] and report["rollout_vs_actor"]["ok"]
-                 and report.get("weight_sync", {"ok": True})["ok"])
+    engine_ok = (
+        report["engine_started"] and report["rollout_vs_actor"]["ok"] and report.get("weight_sync", {"ok": True})["ok"]
+    )
     resume_ok = "resume" not in report or not report["resume"]["required"] or report["resume"]["data_identical"]
     if result.cluster is not None:
         report["cluster"] = result.cluster
     cluster_ok = result.cluster is None or result.cluster["ok"]
-    if (dapo_recipe and report["missing_required_metrics"]) or (first and not (engine_ok and resume_ok)) or (
-            not cluster_ok):
+    if (
+        (dapo_recipe and report["missing_required_metrics"])
+        or (first and not (engine_ok and resume_ok))
+        or (not cluster_ok)
+    ):
         report["ok"] = False
     report["state"] = "interrupted" if result.interrupted_by else "passed" if report["ok"] else "failed"
     return report
@@ -245,26 +342,45 @@ def _per_step(run: dict[str, Any]) -> str:
 def _engine_lines(report: dict[str, Any]) -> list[str]:
     """The engine section of report.md: which engine ran, verl's rollout-versus-actor metrics, the weight sync."""
     check = report["rollout_vs_actor"]
-    lines = ["", "## Rollout engine", "", f"**{report['rollout_engine']}** ({report['engine_reason']}).", "",
-             f"verl's rollout-versus-actor metrics (limit: probs diff max <= {check['limit']:g}; "
-             f"{'every step within it' if check['ok'] else 'FAILED at steps ' + str(check['failed_steps'])}):", "",
-             "| step | " + " | ".join(f"`{k}`" for k in ROLLOUT_METRICS) + " |", "|---|---|---|---|"]
-    lines += [f"| {step} | " + " | ".join("-" if v is None else f"{v:.3g}" for v in values.values()) + " |"
-              for step, values in check["steps"].items()]
+    lines = [
+        "",
+        "## Rollout engine",
+        "",
+        f"**{report['rollout_engine']}** ({report['engine_reason']}).",
+        "",
+        f"verl's rollout-versus-actor metrics (limit: probs diff max <= {check['limit']:g}; "
+        f"{'every step within it' if check['ok'] else 'FAILED at steps ' + str(check['failed_steps'])}):",
+        "",
+        "| step | " + " | ".join(f"`{k}`" for k in ROLLOUT_METRICS) + " |",
+        "|---|---|---|---|",
+    ]
+    lines += [
+        f"| {step} | " + " | ".join("-" if v is None else f"{v:.3g}" for v in values.values()) + " |"
+        for step, values in check["steps"].items()
+    ]
     sync = report.get("weight_sync")
     if sync is not None:
-        lines += ["", f"Weight sync: {'reached the engine' if sync['ok'] else 'NOT SHOWN'}: {sync['reason']}.", "",
-                  "| replica | push (global step) | engine = sent weights | max log-prob diff | output changed by it |",
-                  "|---|---|---|---|---|"]
+        lines += [
+            "",
+            f"Weight sync: {'reached the engine' if sync['ok'] else 'NOT SHOWN'}: {sync['reason']}.",
+            "",
+            "| replica | push (global step) | engine = sent weights | max log-prob diff | output changed by it |",
+            "|---|---|---|---|---|",
+        ]
         for row in sync["rows"]:
             if not row["probed"]:
                 lines.append(f"| {row['replica']} | {row['global_steps']} | no request followed | - | - |")
                 continue
-            changed = ("-" if "tokens_changed" not in row else
-                       f"{'tokens changed' if row['tokens_changed'] else 'same tokens'}, "
-                       f"log-probs by up to {row['logp_max_change']:.2g}")
-            lines.append(f"| {row['replica']} | {row['global_steps']} | {'yes' if row['tokens_equal'] else 'NO'} | "
-                         f"{row['logp_max_diff']:.1e} | {changed} |")
+            changed = (
+                "-"
+                if "tokens_changed" not in row
+                else f"{'tokens changed' if row['tokens_changed'] else 'same tokens'}, "
+                f"log-probs by up to {row['logp_max_change']:.2g}"
+            )
+            lines.append(
+                f"| {row['replica']} | {row['global_steps']} | {'yes' if row['tokens_equal'] else 'NO'} | "
+                f"{row['logp_max_diff']:.1e} | {changed} |"
+            )
     left = {name: v for name, v in report["leftovers_removed"].items() if v["entries"]}
     if left:
         removed = "; ".join(f"{name}: {v['entries']} entries, {v['bytes'] / 2**20:.0f} MiB" for name, v in left.items())
@@ -273,15 +389,23 @@ def _engine_lines(report: dict[str, Any]) -> list[str]:
 
 
 def _markdown(report: dict[str, Any]) -> str:
-    lines = [f"# Rehearsal of `{report['config']}`", "",
-             f"Entry point: `python {report['entry']}`, rollout engine `{report['rollout_engine']}`. "
-             f"Result: **{_verdict(report)}**.", ""]
-    lines += ["| run | state | exit | wall time | steps logged | time per step | peak memory (PSS / sum of RSS) |",
-              "|---|---|---|---|---|---|---|"]
+    lines = [
+        f"# Rehearsal of `{report['config']}`",
+        "",
+        f"Entry point: `python {report['entry']}`, rollout engine `{report['rollout_engine']}`. "
+        f"Result: **{_verdict(report)}**.",
+        "",
+    ]
+    lines += [
+        "| run | state | exit | wall time | steps logged | time per step | peak memory (PSS / sum of RSS) |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for run in report["runs"]:
-        lines.append(f"| {run['name']} | {run['state']} | {run['returncode']} | {run['wall_s']} s | "
-                     f"{run['steps_logged']} | {_per_step(run)} | {gib(run['peak_pss_bytes'])} / "
-                     f"{gib(run['peak_rss_bytes'])} |")
+        lines.append(
+            f"| {run['name']} | {run['state']} | {run['returncode']} | {run['wall_s']} s | "
+            f"{run['steps_logged']} | {_per_step(run)} | {gib(run['peak_pss_bytes'])} / "
+            f"{gib(run['peak_rss_bytes'])} |"
+        )
         if run["state"] == "not started":
             lines += ["", f"**{run['name']} did not start:** {run['why']}.", ""]
         elif run["error"]:
@@ -294,14 +418,21 @@ def _markdown(report: dict[str, Any]) -> str:
 
         lines += ["", "## Cluster", "", "```", *cluster_lines(report["cluster"]), "```"]
     lines += ["", "## DAPO components", "", "| component | recipe setting | active | evidence |", "|---|---|---|---|"]
-    lines += [f"| {c['component']} | {c['setting']} | {'yes' if c['active'] else 'no'} | {c['evidence']} |"
-              for c in report["components"]]
+    lines += [
+        f"| {c['component']} | {c['setting']} | {'yes' if c['active'] else 'no'} | {c['evidence']} |"
+        for c in report["components"]
+    ]
     lines += _engine_lines(report)
     if "resume" in report:
         resume = report["resume"]
-        lines += ["", "## Resume", "", f"Step {resume['step']} trained again after resuming from the checkpoint of "
-                  f"step {resume['step'] - 1}: {resume['compared']} logged values compared with the uninterrupted run, "
-                  f"{resume_verdict(resume)}."]
+        lines += [
+            "",
+            "## Resume",
+            "",
+            f"Step {resume['step']} trained again after resuming from the checkpoint of "
+            f"step {resume['step'] - 1}: {resume['compared']} logged values compared with the uninterrupted run, "
+            f"{resume_verdict(resume)}.",
+        ]
         lines += [f"- {d}" for d in resume["differences"][:20]]
     if report["missing_required_metrics"]:
         lines += ["", "## Missing metrics", ""]
@@ -309,15 +440,24 @@ def _markdown(report: dict[str, Any]) -> str:
     lines += ["", "## Keys changed for the CPU run", "", "| key | recipe | rehearsal | why |", "|---|---|---|---|"]
     lines += [f"| `{c['key']}` | {c['recipe']} | {c['rehearsal']} | {c['reason']} |" for c in report["changes"]]
     data, model = report["data"], report["model"]
-    lines += ["", "## Data and model", "",
-              f"- training file: {data['recipe_train_rows']} rows from the recipe's files, "
-              f"{data['generated_train_rows']} generated; validation: "
-              f"{data['recipe_val_rows'] or 'generated'} rows from the recipe's files",
-              f"- model: {'stand-in built in code' if model['stand_in'] else 'the recipe own'} ({model['path']})",
-              "", "## Not checked here (needs a GPU run)", ""]
+    lines += [
+        "",
+        "## Data and model",
+        "",
+        f"- training file: {data['recipe_train_rows']} rows from the recipe's files, "
+        f"{data['generated_train_rows']} generated; validation: "
+        f"{data['recipe_val_rows'] or 'generated'} rows from the recipe's files",
+        f"- model: {'stand-in built in code' if model['stand_in'] else 'the recipe own'} ({model['path']})",
+        "",
+        "## Not checked here (needs a GPU run)",
+        "",
+    ]
     lines += [f"- {item}" for item in report["not_checked"]]
-    lines += ["", f"Metrics verl logged each step ({len(report['metrics_logged'])}): "
-              + ", ".join(f"`{m}`" for m in report["metrics_logged"])]
+    lines += [
+        "",
+        f"Metrics verl logged each step ({len(report['metrics_logged'])}): "
+        + ", ".join(f"`{m}`" for m in report["metrics_logged"]),
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -331,29 +471,36 @@ def write_report(result: RehearsalResult) -> dict[str, Any]:
 
 
 def _verdict(report: dict[str, Any]) -> str:
-    return f"interrupted by {report['interrupted_by']}" if report["interrupted_by"] else (
-        "passed" if report["ok"] else "FAILED")
+    return (
+        f"interrupted by {report['interrupted_by']}"
+        if report["interrupted_by"]
+        else ("passed" if report["ok"] else "FAILED")
+    )
 
 
 def _memory_line(report: dict[str, Any]) -> str:
     memory = report["memory"]
     if memory["peak_rss_bytes"] is None:
         return "memory: not measured"
-    runs = ", ".join(f"{name} {gib(peak['peak_pss_bytes'])}" for name, peak in memory["runs"].items()
-                     if peak["peak_processes"])
+    runs = ", ".join(
+        f"{name} {gib(peak['peak_pss_bytes'])}" for name, peak in memory["runs"].items() if peak["peak_processes"]
+    )
     mode = "overlapped" if memory["overlap_resume"] else "after the first run"
-    return (f"memory: the rehearsal's processes held up to {gib(memory['peak_pss_bytes'])} (sum of their "
-            f"proportional set sizes, every {memory['pss_interval_s']:g} s; {runs or 'no run'}; resume run {mode}); "
-            f"the sum of their RSS, counting shared pages once per process, peaked at "
-            f"{gib(memory['peak_rss_bytes'])} over {memory['peak_processes']} processes; this machine had "
-            f"{gib(memory['available_min_bytes'])} available at the least")
+    return (
+        f"memory: the rehearsal's processes held up to {gib(memory['peak_pss_bytes'])} (sum of their "
+        f"proportional set sizes, every {memory['pss_interval_s']:g} s; {runs or 'no run'}; resume run {mode}); "
+        f"the sum of their RSS, counting shared pages once per process, peaked at "
+        f"{gib(memory['peak_rss_bytes'])} over {memory['peak_processes']} processes; this machine had "
+        f"{gib(memory['available_min_bytes'])} available at the least"
+    )
 
 
 def _run_status(run: dict[str, Any]) -> str:
     if run["state"] == "not started":
         return f"not started: {run['why']}"
     status = {"finished": "ok", "failed": "FAILED: "}.get(run["state"], f"{run['state']}: ") + (
-        "" if run["state"] == "finished" else run["error"])
+        "" if run["state"] == "finished" else run["error"]
+    )
     if run["state"] == "failed" and run["first_error"] and run["first_error"] != run["error"]:
         status += f" (first error: {run['first_error']})"
     return status
@@ -363,22 +510,27 @@ def summary_lines(report: dict[str, Any]) -> list[str]:
     """A short console summary of the report."""
     lines = []
     for run in report["runs"]:
-        lines.append(f"{run['name']}: steps {run['steps_logged']}, {run['wall_s']} s, {_per_step(run)} per step, "
-                     f"held up to {gib(run['peak_pss_bytes'])} -- {_run_status(run)}")
+        lines.append(
+            f"{run['name']}: steps {run['steps_logged']}, {run['wall_s']} s, {_per_step(run)} per step, "
+            f"held up to {gib(run['peak_pss_bytes'])} -- {_run_status(run)}"
+        )
     lines.append(_memory_line(report))
     active = [c["component"] for c in report["components"] if c["active"]]
     lines.append(f"DAPO components active: {', '.join(active) or 'none'}")
     check = report["rollout_vs_actor"]
     diffs = [v[ROLLOUT_METRICS[0]] for v in check["steps"].values() if isinstance(v[ROLLOUT_METRICS[0]], float)]
-    lines.append(f"rollout engine: {report['rollout_engine']}; rollout vs actor probs diff max per step "
-                 f"{', '.join(f'{d:.1e}' for d in diffs) or '-'} "
-                 f"({'within' if check['ok'] else 'NOT within'} {check['limit']:g})")
+    lines.append(
+        f"rollout engine: {report['rollout_engine']}; rollout vs actor probs diff max per step "
+        f"{', '.join(f'{d:.1e}' for d in diffs) or '-'} "
+        f"({'within' if check['ok'] else 'NOT within'} {check['limit']:g})"
+    )
     if "weight_sync" in report:
         lines.append(f"weight sync: {report['weight_sync']['reason']}")
     if "resume" in report:
         r = report["resume"]
-        lines.append(f"resume: step {r['step']} after the resume vs uninterrupted: {r['compared']} values, "
-                     f"{resume_verdict(r)}")
+        lines.append(
+            f"resume: step {r['step']} after the resume vs uninterrupted: {r['compared']} values, {resume_verdict(r)}"
+        )
     if "cluster" in report:
         from dapo_verl.rehearsal.multinode import cluster_lines
 

@@ -60,8 +60,14 @@ from dapo_verl.rehearsal.options import RehearsalInterrupted, RehearsalOptions, 
 from dapo_verl.rehearsal.plan import Change, RehearsalShape, override_keys, rehearsal_changes, select
 from dapo_verl.rehearsal.schedule import Outcome, Target, run_both
 
-__all__ = ["RehearsalError", "RehearsalInterrupted", "RehearsalOptions", "RehearsalResult", "compose_recipe",
-           "rehearse"]
+__all__ = [
+    "RehearsalError",
+    "RehearsalInterrupted",
+    "RehearsalOptions",
+    "RehearsalResult",
+    "compose_recipe",
+    "rehearse",
+]
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 VERL_CONFIG = "ppo_trainer"
@@ -114,8 +120,10 @@ def compose_recipe(config_name: str, overrides: Sequence[str]) -> tuple[DictConf
         searchpath = _searchpath_override(config_name, overrides)
     else:
         names = sorted(p.stem for p in CONFIG_DIR.glob("*.yaml") if p.stem not in ("dapo_defaults", "local"))
-        raise RehearsalError(f"No config named {config_name!r}. Rehearse one of {', '.join(names)}, or {VERL_CONFIG} "
-                             f"(verl's own trainer, e.g. with the loss_mode=dapo overrides of an existing setup).")
+        raise RehearsalError(
+            f"No config named {config_name!r}. Rehearse one of {', '.join(names)}, or {VERL_CONFIG} "
+            f"(verl's own trainer, e.g. with the loss_mode=dapo overrides of an existing setup)."
+        )
     config = compose_config_dir(config_dir, config_name, overrides, fixed_overrides=searchpath)
     return config, entry
 
@@ -164,34 +172,60 @@ def _max_positions(model_path: str) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
-def _plan(options: RehearsalOptions, config: DictConfig, out: Path, run: str, ray_dir: str,
-          data: RehearsalData, model_path: str, replaced: bool, engine: Engine) -> list[Change]:
+def _plan(
+    options: RehearsalOptions,
+    config: DictConfig,
+    out: Path,
+    run: str,
+    ray_dir: str,
+    data: RehearsalData,
+    model_path: str,
+    replaced: bool,
+    engine: Engine,
+) -> list[Change]:
     prompt_key = select(config, "data.prompt_key", "prompt")
     longest = _longest_prompt(model_path, [data.train_file, data.val_file], prompt_key) or 448
     shape = RehearsalShape(
-        model_path=model_path, model_replaced=replaced, train_file=str(data.train_file), val_file=str(data.val_file),
-        max_prompt_length=64 * -(-longest // 64), max_response_length=options.max_response_length,
-        train_batch_size=options.train_batch_size, gpus=options.gpus, steps=options.steps,
-        checkpoint_dir=str(out / run / "checkpoints"), ray_temp_dir=ray_dir, engine=engine.value,
-        max_positions=_max_positions(model_path), nodes=options.nodes,
+        model_path=model_path,
+        model_replaced=replaced,
+        train_file=str(data.train_file),
+        val_file=str(data.val_file),
+        max_prompt_length=64 * -(-longest // 64),
+        max_response_length=options.max_response_length,
+        train_batch_size=options.train_batch_size,
+        gpus=options.gpus,
+        steps=options.steps,
+        checkpoint_dir=str(out / run / "checkpoints"),
+        ray_temp_dir=ray_dir,
+        engine=engine.value,
+        max_positions=_max_positions(model_path),
+        nodes=options.nodes,
     )
     return rehearsal_changes(config, shape, override_keys(options.overrides))
 
 
 def _check(options: RehearsalOptions) -> None:
     if options.nodes < 1:
-        raise RehearsalError(f"--nodes {options.nodes}: need >= 1 Ray node (1: one process tree; 2 or more: a "
-                             f"multi-node cluster on this machine).")
+        raise RehearsalError(
+            f"--nodes {options.nodes}: need >= 1 Ray node (1: one process tree; 2 or more: a "
+            f"multi-node cluster on this machine)."
+        )
     if options.nodes > 1 and options.overlap:
-        raise RehearsalError(f"--nodes {options.nodes} with --overlap-resume: the runs of a multi-node rehearsal are "
-                             f"jobs on one cluster, one after the other; drop --overlap-resume.")
+        raise RehearsalError(
+            f"--nodes {options.nodes} with --overlap-resume: the runs of a multi-node rehearsal are "
+            f"jobs on one cluster, one after the other; drop --overlap-resume."
+        )
     if options.nodes > 1 and options.config_name == VERL_CONFIG:
-        raise RehearsalError(f"--nodes {options.nodes} rehearses through recipes/run_ray.sh, which submits "
-                             f"dapo_verl's recipes (python -m dapo_verl.main); rehearse one of them, or "
-                             f"{VERL_CONFIG} on one node.")
+        raise RehearsalError(
+            f"--nodes {options.nodes} rehearses through recipes/run_ray.sh, which submits "
+            f"dapo_verl's recipes (python -m dapo_verl.main); rehearse one of them, or "
+            f"{VERL_CONFIG} on one node."
+        )
     if options.steps < 2:
-        raise RehearsalError(f"--steps {options.steps}: a rehearsal needs >= 2 steps (a checkpoint at step "
-                             f"steps-1 is resumed). Use --steps 2 or more.")
+        raise RehearsalError(
+            f"--steps {options.steps}: a rehearsal needs >= 2 steps (a checkpoint at step "
+            f"steps-1 is resumed). Use --steps 2 or more."
+        )
     if options.gpus < 1:
         raise RehearsalError(f"--gpus {options.gpus}: need >= 1 worker process.")
     if options.train_batch_size < 1 or options.max_response_length < 1:
@@ -227,7 +261,8 @@ def _check_memory(options: RehearsalOptions, engine: Engine) -> None:
         f"hold at least {need(ranks, options.nodes):.0f} GiB (measured: {first:g} GiB for one rank, {more:g} GiB "
         f"more for each further rank, {_NODE_GIB:g} GiB for each further Ray node{twice}; docs/rehearse.md, "
         f"Memory), and this machine has {total:.1f} GiB. Rehearse with at most {fits} rank(s) here: the code path is "
-        f"the same with fewer.")
+        f"the same with fewer."
+    )
 
 
 def _check_length_options(config: DictConfig, engine: str) -> None:
@@ -247,11 +282,18 @@ def _check_length_options(config: DictConfig, engine: str) -> None:
         raise ConfigRefused([Problem(key, str(err))]) from None
     temperature = select(config, "actor_rollout_ref.rollout.temperature")
     if shape is not None and engine == "vllm" and temperature != 1.0:
-        raise ConfigRefused([Problem(key, f"{key}.response_lengths=long_tail on vLLM needs actor_rollout_ref."
-                                          f"rollout.temperature=1.0, not {temperature!r}: it masks EOS before the "
-                                          f"drawn length, so the rollout reports vLLM's raw log-probabilities, which "
-                                          f"leave out the temperature. Rehearse at temperature 1.0, or with --engine "
-                                          f"stand-in.")])
+        raise ConfigRefused(
+            [
+                Problem(
+                    key,
+                    f"{key}.response_lengths=long_tail on vLLM needs actor_rollout_ref."
+                    f"rollout.temperature=1.0, not {temperature!r}: it masks EOS before the "
+                    f"drawn length, so the rollout reports vLLM's raw log-probabilities, which "
+                    f"leave out the temperature. Rehearse at temperature 1.0, or with --engine "
+                    f"stand-in.",
+                )
+            ]
+        )
 
 
 def rehearse(options: RehearsalOptions, echo: Callable[[str], None] = print) -> RehearsalResult:
@@ -280,9 +322,11 @@ def rehearse(options: RehearsalOptions, echo: Callable[[str], None] = print) -> 
     check_verl_config(config, entry_module=entry[2], unset_env_is_problem=False)  # the recipe's paths are replaced
     _check_length_options(config, engine.engine)
     if options.nodes > 1 and select(config, "trainer.v1.trainer_mode") == "separate_async":
-        raise RehearsalError(f"--nodes {options.nodes}: trainer.v1.trainer_mode=separate_async places its rollout "
-                             f"pool on nodes of its own, which a multi-node rehearsal does not set up yet; rehearse it "
-                             f"on one node.")
+        raise RehearsalError(
+            f"--nodes {options.nodes}: trainer.v1.trainer_mode=separate_async places its rollout "
+            f"pool on nodes of its own, which a multi-node rehearsal does not set up yet; rehearse it "
+            f"on one node."
+        )
     out = options.out_dir.resolve()
     with own_out(out, options.overwrite):
         result = _rehearse_in(out, options, config, entry, engine, echo)
@@ -294,22 +338,43 @@ def rehearse(options: RehearsalOptions, echo: Callable[[str], None] = print) -> 
     return result
 
 
-def _rehearse_in(out: Path, options: RehearsalOptions, config: DictConfig, entry: list[str], engine: EngineChoice,
-                 echo: Callable[[str], None]) -> RehearsalResult:
+def _rehearse_in(
+    out: Path,
+    options: RehearsalOptions,
+    config: DictConfig,
+    entry: list[str],
+    engine: EngineChoice,
+    echo: Callable[[str], None],
+) -> RehearsalResult:
     """The rehearsal's body, in the folder ``out`` that :func:`.folders.own_out` made its own."""
     from dapo_verl.rehearsal.stand_in import build_stand_in
 
     own_model = select(config, "actor_rollout_ref.model.path")
     replaced = not _small_local_model(own_model)
     model_path = str(build_stand_in(out / "model", seed=options.seed)) if replaced else str(own_model)
-    data = prepare_files(out / "data", train_files=_as_list(select(config, "data.train_files")),
-                         val_files=_as_list(select(config, "data.val_files")), train_rows=options.train_rows,
-                         val_rows=options.val_rows, seed=options.seed)
+    data = prepare_files(
+        out / "data",
+        train_files=_as_list(select(config, "data.train_files")),
+        val_files=_as_list(select(config, "data.val_files")),
+        train_rows=options.train_rows,
+        val_rows=options.val_rows,
+        seed=options.seed,
+    )
     with private_folders(out, cluster=options.nodes > 1) as (ray_dirs, site):
         changes = _plan(options, config, out, "run1", ray_dirs[0], data, model_path, replaced, engine.engine)
         environment = dict(VLLM_ENVIRONMENT) if engine.engine is Engine.VLLM else {}
-        result = RehearsalResult(options, " ".join(entry[1:]), entry[2], changes, data, model_path, replaced,
-                                 engine, environment, recipe=_recipe_summary(config))
+        result = RehearsalResult(
+            options,
+            " ".join(entry[1:]),
+            entry[2],
+            changes,
+            data,
+            model_path,
+            replaced,
+            engine,
+            environment,
+            recipe=_recipe_summary(config),
+        )
         (out / "changes.json").write_text(json.dumps([asdict(c) for c in changes], indent=1, default=str))
         echo(_changes_text(options, entry, changes, engine, environment))
 
@@ -322,16 +387,26 @@ def _rehearse_in(out: Path, options: RehearsalOptions, config: DictConfig, entry
             target = Target(entry, lambda run: out / run / "checkpoints", lambda run, ray_dir: engine_env(ray_dir))
             outcome = run_both(options, target, changes, out, ray_dirs, echo)
         else:
-            outcome = _on_cluster(options, config, out, changes, ray_dirs, engine_env(ray_dirs[2]), model_path, data,
-                                  result, echo)
+            outcome = _on_cluster(
+                options, config, out, changes, ray_dirs, engine_env(ray_dirs[2]), model_path, data, result, echo
+            )
     result.runs, result.not_started, result.interrupted_by = outcome.runs, outcome.not_started, outcome.interrupted_by
     result.memory = outcome.memory
     return result
 
 
-def _on_cluster(options: RehearsalOptions, config: DictConfig, out: Path, changes: list[Change], ray_dirs: list[str],
-                engine_env: dict[str, str], model_path: str, data: RehearsalData, result: RehearsalResult,
-                echo: Callable[[str], None]) -> Outcome:
+def _on_cluster(
+    options: RehearsalOptions,
+    config: DictConfig,
+    out: Path,
+    changes: list[Change],
+    ray_dirs: list[str],
+    engine_env: dict[str, str],
+    model_path: str,
+    data: RehearsalData,
+    result: RehearsalResult,
+    echo: Callable[[str], None],
+) -> Outcome:
     """The runs as jobs on a cluster of ``options.nodes`` nodes (:mod:`.multinode`); the cluster's account of them
     goes into ``result.cluster``."""
     from dapo_verl.rehearsal.cluster import ClusterError, LocalCluster
@@ -341,8 +416,9 @@ def _on_cluster(options: RehearsalOptions, config: DictConfig, out: Path, change
     try:
         with cluster:
             recipe_checkpoints = "trainer.default_local_dir" not in {change.key for change in changes}
-            target = job_target(config, options.config_name, out, cluster, model_path, data.train_file.parent,
-                                recipe_checkpoints)
+            target = job_target(
+                config, options.config_name, out, cluster, model_path, data.train_file.parent, recipe_checkpoints
+            )
             outcome = run_both(options, target, changes, out, ray_dirs[:2], echo)
             result.cluster = job_report(cluster, out, [run.log.parent.name for run in outcome.runs])
     except ClusterError as err:
@@ -351,15 +427,31 @@ def _on_cluster(options: RehearsalOptions, config: DictConfig, out: Path, change
 
 
 _RECIPE_KEYS = (
-    "trainer.use_v1", "actor_rollout_ref.actor.policy_loss.loss_mode", "actor_rollout_ref.actor.loss_agg_mode",
-    "actor_rollout_ref.actor.clip_ratio_low", "actor_rollout_ref.actor.clip_ratio_high", "algorithm.adv_estimator",
-    "reward.reward_manager.name", "reward.reward_kwargs.overlong_reward_penalty", "algorithm.overlong_filtering",
-    "algorithm.filter_groups.enable", "algorithm.filter_groups.metric", "algorithm.filter_groups.refill",
-    "algorithm.filter_groups.surplus", "algorithm.filter_groups.on_shortfall",
-    "algorithm.filter_groups.skip_uninformative", "algorithm.filter_groups.prompt_selection",
-    "algorithm.filter_groups.max_num_gen_batches", "actor_rollout_ref.rollout.n", "trainer.nnodes",
-    "trainer.n_gpus_per_node", "actor_rollout_ref.model.path", "data.train_batch_size",
-    "data.max_response_length", "trainer.v1.trainer_mode", "trainer.v1.separate_async.hybrid_rollout.enable_switch",
+    "trainer.use_v1",
+    "actor_rollout_ref.actor.policy_loss.loss_mode",
+    "actor_rollout_ref.actor.loss_agg_mode",
+    "actor_rollout_ref.actor.clip_ratio_low",
+    "actor_rollout_ref.actor.clip_ratio_high",
+    "algorithm.adv_estimator",
+    "reward.reward_manager.name",
+    "reward.reward_kwargs.overlong_reward_penalty",
+    "algorithm.overlong_filtering",
+    "algorithm.filter_groups.enable",
+    "algorithm.filter_groups.metric",
+    "algorithm.filter_groups.refill",
+    "algorithm.filter_groups.surplus",
+    "algorithm.filter_groups.on_shortfall",
+    "algorithm.filter_groups.skip_uninformative",
+    "algorithm.filter_groups.prompt_selection",
+    "algorithm.filter_groups.max_num_gen_batches",
+    "actor_rollout_ref.rollout.n",
+    "trainer.nnodes",
+    "trainer.n_gpus_per_node",
+    "actor_rollout_ref.model.path",
+    "data.train_batch_size",
+    "data.max_response_length",
+    "trainer.v1.trainer_mode",
+    "trainer.v1.separate_async.hybrid_rollout.enable_switch",
     "algorithm.filter_groups.streaming",
 )
 
@@ -368,11 +460,18 @@ def _recipe_summary(config: DictConfig) -> dict[str, Any]:
     return {key: select(config, key) for key in _RECIPE_KEYS}
 
 
-def _changes_text(options: RehearsalOptions, entry: list[str], changes: list[Change], engine: EngineChoice,
-                  environment: dict[str, tuple[str, str]]) -> str:
-    lines = [f"Rehearsing {options.config_name} through `{' '.join(entry[1:])}` on this machine.",
-             f"Rollout engine: {engine.label} ({engine.reason}).",
-             f"Keys changed for a CPU run ({len(changes)}; everything else is the recipe's own):"]
+def _changes_text(
+    options: RehearsalOptions,
+    entry: list[str],
+    changes: list[Change],
+    engine: EngineChoice,
+    environment: dict[str, tuple[str, str]],
+) -> str:
+    lines = [
+        f"Rehearsing {options.config_name} through `{' '.join(entry[1:])}` on this machine.",
+        f"Rollout engine: {engine.label} ({engine.reason}).",
+        f"Keys changed for a CPU run ({len(changes)}; everything else is the recipe's own):",
+    ]
     width = max((len(c.key) for c in changes), default=0)
     for group in ("model", "scale", "hardware", "engine", "run"):
         for change in (c for c in changes if c.group == group):

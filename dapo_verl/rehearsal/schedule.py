@@ -85,8 +85,14 @@ class Outcome:
     memory: MemoryPeaks = field(default_factory=MemoryPeaks)
 
 
-def run_both(options: RehearsalOptions, target: Target, changes: Sequence[Change], out: Path,
-             ray_dirs: Sequence[str], echo: Callable[[str], None]) -> Outcome:
+def run_both(
+    options: RehearsalOptions,
+    target: Target,
+    changes: Sequence[Change],
+    out: Path,
+    ray_dirs: Sequence[str],
+    echo: Callable[[str], None],
+) -> Outcome:
     """Run the first run and the resume run (see the module docstring) and say how each ended.
 
     Args:
@@ -102,17 +108,31 @@ def run_both(options: RehearsalOptions, target: Target, changes: Sequence[Change
     resume = None
     if options.resume:
         barrier = Path(ray_dirs[1]) / "checkpoint-ready"
-        resume = Resume(_resume_launcher(options, target, changes, out, ray_dirs[1], barrier, echo),
-                        target.checkpoints("run1"), options.steps - 1, barrier, options.timeout_s)
-    sampler = MemorySampler([Watched(f"run{i + 1}", ray_dir, out / f"run{i + 1}" / "engine")
-                             for i, ray_dir in enumerate(ray_dirs)]).start()
+        resume = Resume(
+            _resume_launcher(options, target, changes, out, ray_dirs[1], barrier, echo),
+            target.checkpoints("run1"),
+            options.steps - 1,
+            barrier,
+            options.timeout_s,
+        )
+    sampler = MemorySampler(
+        [Watched(f"run{i + 1}", ray_dir, out / f"run{i + 1}" / "engine") for i, ray_dir in enumerate(ray_dirs)]
+    ).start()
     try:
         if resume is not None and options.overlap:
             resume.start()
         first = launch_once_more_if_ray_did_not_start(
-            FIRST, [*target.command, *options.overrides, *(c.override() for c in changes)], out / "run1",
-            options.timeout_s, ray_dirs[0], options.steps, echo=echo, on_step=resume.on_step if resume else None,
-            env=target.env("run1", ray_dirs[0]), metrics=target.metrics("run1") if target.metrics else None)
+            FIRST,
+            [*target.command, *options.overrides, *(c.override() for c in changes)],
+            out / "run1",
+            options.timeout_s,
+            ray_dirs[0],
+            options.steps,
+            echo=echo,
+            on_step=resume.on_step if resume else None,
+            env=target.env("run1", ray_dirs[0]),
+            metrics=target.metrics("run1") if target.metrics else None,
+        )
         outcome.runs.append(first)
         outcome.interrupted_by = first.stopped_by if first.interrupted else ""
         if resume is not None and first.returncode == 0 and (second := resume.result()) is not None:
@@ -131,8 +151,9 @@ def run_both(options: RehearsalOptions, target: Target, changes: Sequence[Change
     _note_not_started(outcome, options.resume)
     for run in outcome.runs:
         if run.memory_kill:
-            run.error = out_of_memory_line(run.name, run.log.parent.name, run.memory_kill, outcome.memory,
-                                           options.overlap)
+            run.error = out_of_memory_line(
+                run.name, run.log.parent.name, run.memory_kill, outcome.memory, options.overlap
+            )
             echo(f"[{run.name}] {run.error}")
     return outcome
 
@@ -144,31 +165,51 @@ def _note_not_started(outcome: Outcome, resume: bool) -> None:
         outcome.not_started[FIRST] = before
     if resume and RESUME not in started:
         first = next((run for run in outcome.runs if run.name == FIRST), None)
-        outcome.not_started[RESUME] = (before if outcome.interrupted_by or first is None
-                                       else f"the first run {first.state}; the resume run needs its checkpoint")
+        outcome.not_started[RESUME] = (
+            before
+            if outcome.interrupted_by or first is None
+            else f"the first run {first.state}; the resume run needs its checkpoint"
+        )
 
 
-def _resume_launcher(options: RehearsalOptions, target: Target, changes: Sequence[Change], out: Path,
-                     ray_dir: str, barrier: Path, echo: Callable[[str], None]) -> Callable[..., RunRecord]:
+def _resume_launcher(
+    options: RehearsalOptions,
+    target: Target,
+    changes: Sequence[Change],
+    out: Path,
+    ray_dir: str,
+    barrier: Path,
+    echo: Callable[[str], None],
+) -> Callable[..., RunRecord]:
     """The resume run's launch: the first run's command, resuming from its checkpoint of step ``steps - 1`` once
     ``barrier`` exists. Overlapped, its time limit covers the first run's too."""
+
     def own_ray(change: Change) -> Change:
         return replace(change, rehearsal=ray_dir) if change.key == "ray_kwargs.ray_init._temp_dir" else change
 
     own = ("trainer.default_local_dir", "trainer.resume_mode")
     folder = [f"trainer.default_local_dir={target.checkpoints('run2')}"] if target.sets_checkpoint_dir else []
-    resumed = [*target.command, *options.overrides, *(own_ray(c).override() for c in changes if c.key not in own),
-               *folder, "trainer.resume_mode=resume_path",
-               f"trainer.resume_from_path={target.checkpoints('run1') / f'global_step_{options.steps - 1}'}",
-               "trainer.val_before_train=false"]
-    env = {**target.env("run2", ray_dir), resume_barrier.ENV: str(barrier),
-           resume_barrier.TIMEOUT_ENV: str(options.timeout_s)}
+    resumed = [
+        *target.command,
+        *options.overrides,
+        *(own_ray(c).override() for c in changes if c.key not in own),
+        *folder,
+        "trainer.resume_mode=resume_path",
+        f"trainer.resume_from_path={target.checkpoints('run1') / f'global_step_{options.steps - 1}'}",
+        "trainer.val_before_train=false",
+    ]
+    env = {
+        **target.env("run2", ray_dir),
+        resume_barrier.ENV: str(barrier),
+        resume_barrier.TIMEOUT_ENV: str(options.timeout_s),
+    }
     metrics = target.metrics("run2") if target.metrics else None
     limit_s = (2 if options.overlap else 1) * options.timeout_s
 
     def launch(**hooks: Any) -> RunRecord:
-        return launch_once_more_if_ray_did_not_start(RESUME, resumed, out / "run2", limit_s, ray_dir, options.steps,
-                                                      echo=echo, env=env, metrics=metrics, **hooks)
+        return launch_once_more_if_ray_did_not_start(
+            RESUME, resumed, out / "run2", limit_s, ray_dir, options.steps, echo=echo, env=env, metrics=metrics, **hooks
+        )
 
     return launch
 
@@ -195,8 +236,9 @@ class Resume:
         timeout_s: How long to wait for verl's tracker file to name ``step`` once the step was logged.
     """
 
-    def __init__(self, launch: Callable[..., RunRecord], checkpoints: Path, step: int, barrier: Path,
-                 timeout_s: float) -> None:
+    def __init__(
+        self, launch: Callable[..., RunRecord], checkpoints: Path, step: int, barrier: Path, timeout_s: float
+    ) -> None:
         self._launch, self._checkpoints, self._step = launch, checkpoints, step
         self.barrier, self._timeout_s = barrier, timeout_s
         self._thread: threading.Thread | None = None

@@ -88,8 +88,13 @@ def build_tokenizer():
     core = Tokenizer(models.BPE())
     core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     core.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=_VOCAB_SIZE, show_progress=False, min_frequency=2,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), special_tokens=[])
+    trainer = trainers.BpeTrainer(
+        vocab_size=_VOCAB_SIZE,
+        show_progress=False,
+        min_frequency=2,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        special_tokens=[],
+    )
     core.train_from_iterator(_merge_corpus(), trainer=trainer)
     core.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS])
     core.add_tokens([AddedToken(t, special=False, normalized=False) for t in ANSWER_TOKENS])
@@ -102,10 +107,18 @@ def _biased_model(tokenizer, seed: int):
     from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 
     config = Qwen2Config(
-        vocab_size=len(tokenizer), hidden_size=_HIDDEN, intermediate_size=_INTERMEDIATE, num_hidden_layers=_LAYERS,
-        num_attention_heads=_HEADS, num_key_value_heads=_KV_HEADS, max_position_embeddings=4096,
-        tie_word_embeddings=False, bos_token_id=None, eos_token_id=tokenizer.convert_tokens_to_ids("<|im_end|>"),
-        pad_token_id=tokenizer.pad_token_id, initializer_range=0.02,
+        vocab_size=len(tokenizer),
+        hidden_size=_HIDDEN,
+        intermediate_size=_INTERMEDIATE,
+        num_hidden_layers=_LAYERS,
+        num_attention_heads=_HEADS,
+        num_key_value_heads=_KV_HEADS,
+        max_position_embeddings=4096,
+        tie_word_embeddings=False,
+        bos_token_id=None,
+        eos_token_id=tokenizer.convert_tokens_to_ids("<|im_end|>"),
+        pad_token_id=tokenizer.pad_token_id,
+        initializer_range=0.02,
     )
     torch.manual_seed(seed)
     model = Qwen2ForCausalLM(config)
@@ -122,7 +135,8 @@ def _biased_model(tokenizer, seed: int):
         model.lm_head.weight[:, 0] = logits / _HIDDEN**0.5
     model.generation_config = GenerationConfig(
         eos_token_id=[tokenizer.convert_tokens_to_ids("<|im_end|>"), tokenizer.eos_token_id],
-        pad_token_id=tokenizer.pad_token_id, do_sample=True,
+        pad_token_id=tokenizer.pad_token_id,
+        do_sample=True,
     )
     return model
 

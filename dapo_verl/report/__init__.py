@@ -32,7 +32,27 @@ from dapo_verl.report.summary import (
     select_metrics,
 )
 
-__all__ = ["CLIP_METRICS", "DEFAULT_LAST_FRAC", "DEFAULT_METRICS", "JSON_FILE", "MARKDOWN_FILE", "ArmMetric",
-           "LogFormat", "NoMetricsLogError", "Report", "RunLog", "RunValue", "Spread", "UnknownMetricError",
-           "build_report", "derive_label", "find_log", "group_runs", "load_run", "load_runs", "select_metrics",
-           "summarize", "write_report"]
+__all__ = [
+    "CLIP_METRICS",
+    "DEFAULT_LAST_FRAC",
+    "DEFAULT_METRICS",
+    "JSON_FILE",
+    "MARKDOWN_FILE",
+    "ArmMetric",
+    "LogFormat",
+    "NoMetricsLogError",
+    "Report",
+    "RunLog",
+    "RunValue",
+    "Spread",
+    "UnknownMetricError",
+    "build_report",
+    "derive_label",
+    "find_log",
+    "group_runs",
+    "load_run",
+    "load_runs",
+    "select_metrics",
+    "summarize",
+    "write_report",
+]

@@ -77,21 +77,29 @@ class Report:
         for row in self.rows:
             if row.metric == metric and row.arm == arm:
                 return row
-        raise KeyError(f"no row for metric {metric!r} and arm {arm!r}; metrics: {list(self.metrics)}, "
-                       f"arms: {list(self.arms)}")
+        raise KeyError(
+            f"no row for metric {metric!r} and arm {arm!r}; metrics: {list(self.metrics)}, arms: {list(self.arms)}"
+        )
 
     def to_markdown(self) -> str:
         """The report as Markdown: the rule, the metric table, the runs read, and notes."""
-        lines = [self.title, "", _rule_text(self.last_frac), "",
-                 "| metric | arm | n | final | final min–max | run mean | run mean min–max |",
-                 "|---|---|---|---|---|---|---|"]
+        lines = [
+            self.title,
+            "",
+            _rule_text(self.last_frac),
+            "",
+            "| metric | arm | n | final | final min–max | run mean | run mean min–max |",
+            "|---|---|---|---|---|---|---|",
+        ]
         lines += [_markdown_row(row) for row in self.rows]
         if self.warnings:
             lines += ["", "## Warnings", "", *(f"- {_cell(w)}" for w in self.warnings)]
         lines += ["", "## Runs", "", "| arm | run | format | steps | metrics |", "|---|---|---|---|---|"]
         for label, runs in self.arms.items():
-            lines += [f"| {_cell(label)} | {_cell(run.path)} | {run.format.value} | {_step_range(run)} | "
-                      f"{len(run.metrics)} |" for run in runs]
+            lines += [
+                f"| {_cell(label)} | {_cell(run.path)} | {run.format.value} | {_step_range(run)} | {len(run.metrics)} |"
+                for run in runs
+            ]
         logged = {key for runs in self.arms.values() for run in runs for key in run.metrics}
         undefined = [k for k in self.not_logged if k in RATIO_METRICS and set(RATIO_METRICS[k]) <= logged]
         missing = [k for k in self.not_logged if k not in undefined]
@@ -109,10 +117,19 @@ class Report:
             arms[label] = {"runs": [_run_info(run) for run in runs], "metrics": {}}
         for row in self.rows:
             arms[row.arm]["metrics"][row.metric] = {
-                "final": dataclasses.asdict(row.final), "run_mean": dataclasses.asdict(row.run_mean),
-                "runs": row.runs, "per_run": {path: dataclasses.asdict(v) for path, v in row.per_run.items()}}
-        data = {"last_frac": self.last_frac, "rule": _rule_text(self.last_frac), "metrics": list(self.metrics),
-                "not_logged": list(self.not_logged), "warnings": self.warnings, "arms": arms}
+                "final": dataclasses.asdict(row.final),
+                "run_mean": dataclasses.asdict(row.run_mean),
+                "runs": row.runs,
+                "per_run": {path: dataclasses.asdict(v) for path, v in row.per_run.items()},
+            }
+        data = {
+            "last_frac": self.last_frac,
+            "rule": _rule_text(self.last_frac),
+            "metrics": list(self.metrics),
+            "not_logged": list(self.not_logged),
+            "warnings": self.warnings,
+            "arms": arms,
+        }
         return data | ({"analysis": dict(self.analysis)} if self.analysis else {})
 
     @property
@@ -136,20 +153,27 @@ class Report:
         for row in self.rows:
             for path, value in row.per_run.items():
                 if value.nonfinite_step is not None:
-                    last = f"; its last finite value was at step {value.last_step}" if value.last_step is not None \
-                        else ""
-                    lines.append(f"{path}: {row.metric} is NaN, inf or null at step {value.nonfinite_step}, so it "
-                                 f"has no final value (reported as n/a{last}).")
+                    last = (
+                        f"; its last finite value was at step {value.last_step}" if value.last_step is not None else ""
+                    )
+                    lines.append(
+                        f"{path}: {row.metric} is NaN, inf or null at step {value.nonfinite_step}, so it "
+                        f"has no final value (reported as n/a{last})."
+                    )
                 elif value.points == 0:
-                    lines.append(f"{path}: never logged {row.metric}, which another run of the report logged (its "
-                                 f"log holds steps {_step_range(runs[path])}).")
+                    lines.append(
+                        f"{path}: never logged {row.metric}, which another run of the report logged (its "
+                        f"log holds steps {_step_range(runs[path])})."
+                    )
         return lines
 
 
 def _rule_text(last_frac: float) -> str:
-    return (f"Final value per run: the last logged value of a validation metric (`val-*`), the mean of the last "
-            f"{last_frac:.0%} of the logged values of a training metric. Run mean: the mean over the whole run. "
-            "Across an arm's runs: mean ± sample std, min–max; n = runs that logged the metric / runs in the arm.")
+    return (
+        f"Final value per run: the last logged value of a validation metric (`val-*`), the mean of the last "
+        f"{last_frac:.0%} of the logged values of a training metric. Run mean: the mean over the whole run. "
+        "Across an arm's runs: mean ± sample std, min–max; n = runs that logged the metric / runs in the arm."
+    )
 
 
 def _cell(value: object) -> str:
@@ -171,8 +195,15 @@ def _min_max(spread: Spread) -> str:
 
 
 def _markdown_row(row: ArmMetric) -> str:
-    cells = [f"`{_cell(row.metric)}`", _cell(row.arm), f"{row.final.n}/{row.runs}", _mean_std(row.final),
-             _min_max(row.final), _mean_std(row.run_mean), _min_max(row.run_mean)]
+    cells = [
+        f"`{_cell(row.metric)}`",
+        _cell(row.arm),
+        f"{row.final.n}/{row.runs}",
+        _mean_std(row.final),
+        _min_max(row.final),
+        _mean_std(row.run_mean),
+        _min_max(row.run_mean),
+    ]
     return "| " + " | ".join(cells) + " |"
 
 
@@ -183,14 +214,20 @@ def _step_range(run: RunLog) -> str:
 
 def _run_info(run: RunLog) -> dict[str, Any]:
     steps = run.table.index
-    return {"path": str(run.path), "source": str(run.source), "format": run.format.value,
-            "first_step": int(steps.min()) if len(steps) else None,
-            "last_step": int(steps.max()) if len(steps) else None, "steps": len(steps),
-            "metrics": len(run.metrics)}
+    return {
+        "path": str(run.path),
+        "source": str(run.source),
+        "format": run.format.value,
+        "first_step": int(steps.min()) if len(steps) else None,
+        "last_step": int(steps.max()) if len(steps) else None,
+        "steps": len(steps),
+        "metrics": len(run.metrics),
+    }
 
 
-def load_runs(runs: Mapping[str, Sequence[str | Path | RunLog]],
-              keep: MetricFilter | None = None) -> dict[str, list[RunLog]]:
+def load_runs(
+    runs: Mapping[str, Sequence[str | Path | RunLog]], keep: MetricFilter | None = None
+) -> dict[str, list[RunLog]]:
     """Load every run (paths are read with :func:`~dapo_verl.report.readers.load_run`; RunLogs are kept).
 
     Args:
@@ -209,8 +246,9 @@ def load_runs(runs: Mapping[str, Sequence[str | Path | RunLog]],
     return {label: [r if isinstance(r, RunLog) else load_run(r, keep) for r in paths] for label, paths in runs.items()}
 
 
-def summarize(arms: Mapping[str, Sequence[RunLog]], *, metrics: Sequence[str] | None = None,
-              last_frac: float = DEFAULT_LAST_FRAC) -> Report:
+def summarize(
+    arms: Mapping[str, Sequence[RunLog]], *, metrics: Sequence[str] | None = None, last_frac: float = DEFAULT_LAST_FRAC
+) -> Report:
     """Summarise loaded runs (nothing is written).
 
     Args:
@@ -228,9 +266,11 @@ def summarize(arms: Mapping[str, Sequence[RunLog]], *, metrics: Sequence[str] | 
     available = sorted({key for runs in arms.values() for run in runs for key in run.metrics})
     keys = select_metrics(available, metrics)
     if not keys:
-        raise UnknownMetricError(f"no run logged any default metric (held-out accuracy val-core/*/acc/mean@*, "
-                                 f"{', '.join(DEFAULT_METRICS)}); choose metrics with --metrics from the "
-                                 f"{len(available)} logged, e.g. {', '.join(available[:5])}.")
+        raise UnknownMetricError(
+            f"no run logged any default metric (held-out accuracy val-core/*/acc/mean@*, "
+            f"{', '.join(DEFAULT_METRICS)}); choose metrics with --metrics from the "
+            f"{len(available)} logged, e.g. {', '.join(available[:5])}."
+        )
     not_logged = [k for k in DEFAULT_METRICS if k not in available] if metrics is None else []
     rows = [arm_metric(label, runs, key, last_frac=last_frac) for key in keys for label, runs in arms.items()]
     return Report(arms=dict(arms), metrics=keys, rows=rows, last_frac=last_frac, not_logged=not_logged)
@@ -252,9 +292,14 @@ def write_report(report: Report, out_dir: str | Path, *, plots: bool = True) -> 
     return dataclasses.replace(report, files=files)
 
 
-def build_report(runs: Mapping[str, Sequence[str | Path | RunLog]], out_dir: str | Path | None = None, *,
-                 metrics: Sequence[str] | None = None, last_frac: float = DEFAULT_LAST_FRAC,
-                 plots: bool = True) -> Report:
+def build_report(
+    runs: Mapping[str, Sequence[str | Path | RunLog]],
+    out_dir: str | Path | None = None,
+    *,
+    metrics: Sequence[str] | None = None,
+    last_frac: float = DEFAULT_LAST_FRAC,
+    plots: bool = True,
+) -> Report:
     """Load the runs of every arm, summarise them and (with ``out_dir``) write the report files.
 
     Args:

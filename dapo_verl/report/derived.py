@@ -28,8 +28,10 @@ _DAPO = "actor/dapo/"
 
 RATIO_METRICS: dict[str, tuple[str, str]] = {
     f"{_DAPO}clip_upper_old_prob_mean": (f"{_DAPO}clip_upper_old_prob_sum", f"{_DAPO}clip_upper_tokens"),
-    f"{_DAPO}clip_higher_kept_old_prob_mean": (f"{_DAPO}clip_higher_kept_old_prob_sum",
-                                               f"{_DAPO}clip_higher_kept_tokens"),
+    f"{_DAPO}clip_higher_kept_old_prob_mean": (
+        f"{_DAPO}clip_higher_kept_old_prob_sum",
+        f"{_DAPO}clip_higher_kept_tokens",
+    ),
     f"{_DAPO}clip_upper_positive_share": (f"{_DAPO}clip_upper_tokens", f"{_DAPO}positive_advantage_tokens"),
 }
 """Ratio metric -> (numerator, denominator), all logged per step under verl's ``actor/`` prefix:

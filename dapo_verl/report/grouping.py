@@ -77,8 +77,10 @@ def group_runs(paths: Sequence[str | Path], labels: Sequence[str] | None = None)
     if not paths:
         raise ValueError("no run given; pass at least one run directory or log file.")
     if labels is not None and len(labels) != len(paths):
-        raise ValueError(f"got {len(labels)} --label value(s) for {len(paths)} run(s); give one --label per run, "
-                         "in the same order, or none to derive labels from the directory names.")
+        raise ValueError(
+            f"got {len(labels)} --label value(s) for {len(paths)} run(s); give one --label per run, "
+            "in the same order, or none to derive labels from the directory names."
+        )
     duplicates = sorted({str(p) for p in paths if sum(Path(q) == Path(p) for q in paths) > 1})
     if duplicates:
         raise ValueError(f"run path(s) given more than once: {', '.join(duplicates)}; give each run once.")

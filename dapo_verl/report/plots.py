@@ -55,8 +55,14 @@ def arm_curve(runs: Sequence[RunLog], key: str, *, window: int = 1) -> pd.DataFr
     if not columns:
         return pd.DataFrame(columns=["mean", "min", "max", "n"])
     joined = pd.concat(columns, axis=1, join="outer").sort_index()
-    return pd.DataFrame({"mean": joined.mean(axis=1), "min": joined.min(axis=1), "max": joined.max(axis=1),
-                         "n": joined.notna().sum(axis=1)})
+    return pd.DataFrame(
+        {
+            "mean": joined.mean(axis=1),
+            "min": joined.min(axis=1),
+            "max": joined.max(axis=1),
+            "n": joined.notna().sum(axis=1),
+        }
+    )
 
 
 def thin_curve(curve: pd.DataFrame, limit: int = MAX_PLOT_POINTS) -> pd.DataFrame:
@@ -91,8 +97,7 @@ def plot_arms(arms: Mapping[str, Sequence[RunLog]], keys: Sequence[str], path: P
             if curve.empty:
                 continue
             style = "o-" if is_validation_metric(key) else "-"
-            ax.plot(curve.index, curve["mean"], style, color=f"C{n}", markersize=3,
-                    label=f"{label} (n={len(runs)})")
+            ax.plot(curve.index, curve["mean"], style, color=f"C{n}", markersize=3, label=f"{label} (n={len(runs)})")
             ax.fill_between(curve.index, curve["min"], curve["max"], color=f"C{n}", alpha=0.2, linewidth=0)
         smoothing = f", moving average of {window}" if window > 1 else ""
         ax.set_title(f"{key}{smoothing}", fontsize=9)
@@ -101,7 +106,7 @@ def plot_arms(arms: Mapping[str, Sequence[RunLog]], keys: Sequence[str], path: P
         ax.grid(alpha=0.3)
         if ax.lines:
             ax.legend(fontsize=7)
-    for ax in axes[len(keys):]:
+    for ax in axes[len(keys) :]:
         ax.set_visible(False)
     figure.suptitle(f"{title} (line: mean over runs; band: min-max)", fontsize=10)
     return atomic_write(path, lambda tmp: figure.savefig(tmp, format="png", dpi=80))
@@ -121,12 +126,22 @@ def write_plots(arms: Mapping[str, Sequence[RunLog]], accuracy: Sequence[str], o
         file written; a plot none of whose metrics was logged is not written.
     """
     logged = {key for runs in arms.values() for run in runs for key in run.metrics}
-    groups = {"accuracy": [k for k in accuracy if k in logged],
-              "entropy": [k for k in ("actor/entropy",) if k in logged],
-              "clip_fractions": [k for k in CLIP_METRICS if k in logged],
-              "pass_at_k": pass_at_k_keys(sorted(logged)),
-              "clipped_probability": [k for k in CLIPPED_PROBABILITY_METRICS if k in logged]}
-    titles = {"accuracy": "held-out accuracy", "entropy": "policy entropy", "clip_fractions": "clip fractions",
-              "pass_at_k": "held-out pass@k", "clipped_probability": "old-policy probability of the clipped tokens"}
-    return {name: plot_arms(arms, keys, out_dir / f"{name}.png", title=titles[name])
-            for name, keys in groups.items() if keys}
+    groups = {
+        "accuracy": [k for k in accuracy if k in logged],
+        "entropy": [k for k in ("actor/entropy",) if k in logged],
+        "clip_fractions": [k for k in CLIP_METRICS if k in logged],
+        "pass_at_k": pass_at_k_keys(sorted(logged)),
+        "clipped_probability": [k for k in CLIPPED_PROBABILITY_METRICS if k in logged],
+    }
+    titles = {
+        "accuracy": "held-out accuracy",
+        "entropy": "policy entropy",
+        "clip_fractions": "clip fractions",
+        "pass_at_k": "held-out pass@k",
+        "clipped_probability": "old-policy probability of the clipped tokens",
+    }
+    return {
+        name: plot_arms(arms, keys, out_dir / f"{name}.png", title=titles[name])
+        for name, keys in groups.items()
+        if keys
+    }

@@ -63,8 +63,20 @@ from dapo_verl.report.runlog import (
     with_ratio_metrics,
 )
 
-__all__ = ["LogFormat", "MetricFilter", "NoMetricsLogError", "RunLog", "current_name", "find_log", "load_run",
-           "read_console", "read_jsonl", "read_tensorboard", "records_table", "with_ratio_metrics"]
+__all__ = [
+    "LogFormat",
+    "MetricFilter",
+    "NoMetricsLogError",
+    "RunLog",
+    "current_name",
+    "find_log",
+    "load_run",
+    "read_console",
+    "read_jsonl",
+    "read_tensorboard",
+    "records_table",
+    "with_ratio_metrics",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -82,6 +94,7 @@ class NoMetricsLogError(ValueError):
 
 
 # -- JSONL ---------------------------------------------------------------------------------------------
+
 
 def _jsonl_record(line: str) -> tuple[Any, dict[str, Any]] | None:
     """The raw ``(step, data)`` of a ``{"step": number, "data": {...}}`` line, or None for any other line."""
@@ -123,15 +136,21 @@ class _StepOrder:
             self.step, self.lines = step, dict.fromkeys(map(str, data), number)
             return
         where = f"{self.path} line {number}: step {step}"
-        fix = ("Give each run its own log file (verl: one trainer.experiment_name or VERL_FILE_LOGGER_PATH per run), "
-               "or split this one.")
+        fix = (
+            "Give each run its own log file (verl: one trainer.experiment_name or VERL_FILE_LOGGER_PATH per run), "
+            "or split this one."
+        )
         if step < self.step:
-            raise ValueError(f"{where} follows step {self.step} (line {max(self.lines.values())}); one run logs its "
-                             f"steps in increasing order, so this file holds two runs. {fix}")
+            raise ValueError(
+                f"{where} follows step {self.step} (line {max(self.lines.values())}); one run logs its "
+                f"steps in increasing order, so this file holds two runs. {fix}"
+            )
         again = next((key for key in map(str, data) if key in self.lines and not is_validation_metric(key)), None)
         if again is not None:
-            raise ValueError(f"{where} logs {again} again (first at line {self.lines[again]}); one run logs a training "
-                             f"metric once per step, so this file holds two runs. {fix}")
+            raise ValueError(
+                f"{where} logs {again} again (first at line {self.lines[again]}); one run logs a training "
+                f"metric once per step, so this file holds two runs. {fix}"
+            )
         self.lines.update(dict.fromkeys(map(str, data), number))
 
 
@@ -152,13 +171,17 @@ def stream_jsonl(path: Path, keep: MetricFilter | None = None) -> MetricColumns:
                 continue
             record = _jsonl_record(line)
             if record is None and not line.endswith("\n"):  # only the last line can lack its line end
-                columns.notes.append(f"line {number} is cut short (the run stopped while writing it, or is still "
-                                     "running), so its metrics are left out.")
+                columns.notes.append(
+                    f"line {number} is cut short (the run stopped while writing it, or is still "
+                    "running), so its metrics are left out."
+                )
                 break
             if record is None:
                 shown = line.strip()[:60]
-                raise ValueError(f"{path} line {number} is not a {{'step': int, 'data': {{...}}}} record ({shown!r}); "
-                                 "every line of a verl FileLogger log is one. Fix or delete that line.")
+                raise ValueError(
+                    f"{path} line {number} is not a {{'step': int, 'data': {{...}}}} record ({shown!r}); "
+                    "every line of a verl FileLogger log is one. Fix or delete that line."
+                )
             where = f"{path} line {number}"
             step = as_step(record[0], where)
             order.check(step, record[1], number)
@@ -169,6 +192,7 @@ def stream_jsonl(path: Path, keep: MetricFilter | None = None) -> MetricColumns:
 
 
 # -- TensorBoard ---------------------------------------------------------------------------------------
+
 
 def read_tensorboard(directory: Path, keep: MetricFilter | None = None) -> pd.DataFrame:
     """Read every scalar tag of the event files directly inside ``directory`` into a step x metric table."""
@@ -200,6 +224,7 @@ def _event_dirs(directory: Path) -> list[Path]:
 
 
 # -- console -------------------------------------------------------------------------------------------
+
 
 def _console_value(text: str) -> float | None:
     text = text.strip()
@@ -263,9 +288,11 @@ def _has_console_lines(path: Path) -> bool:
 
 # -- detection -----------------------------------------------------------------------------------------
 
-_LOOKED_FOR = ("verl FileLogger JSONL (*.jsonl with {'step', 'data'} lines), TensorBoard event files "
-               f"({TFEVENTS_GLOB}, searched recursively) and verl console-logger output "
-               f"({', '.join('*' + s for s in CONSOLE_SUFFIXES)} with 'step:N - key:value' lines)")
+_LOOKED_FOR = (
+    "verl FileLogger JSONL (*.jsonl with {'step', 'data'} lines), TensorBoard event files "
+    f"({TFEVENTS_GLOB}, searched recursively) and verl console-logger output "
+    f"({', '.join('*' + s for s in CONSOLE_SUFFIXES)} with 'step:N - key:value' lines)"
+)
 
 
 def _find_in_directory(directory: Path) -> tuple[Path, LogFormat]:
@@ -274,22 +301,27 @@ def _find_in_directory(directory: Path) -> tuple[Path, LogFormat]:
     if preferred or len(jsonl) == 1:
         return (preferred or jsonl)[0], LogFormat.JSONL
     if jsonl:
-        raise NoMetricsLogError(f"{directory} holds several metrics logs ({', '.join(p.name for p in jsonl)}); "
-                                "pass one file per run.")
+        raise NoMetricsLogError(
+            f"{directory} holds several metrics logs ({', '.join(p.name for p in jsonl)}); pass one file per run."
+        )
     event_dirs = _event_dirs(directory)
     if len(event_dirs) == 1:
         return event_dirs[0], LogFormat.TENSORBOARD
     if event_dirs:
-        raise NoMetricsLogError(f"{directory} holds TensorBoard event files in several directories "
-                                f"({', '.join(str(d) for d in event_dirs)}); pass one directory per run (a shell glob "
-                                "such as runs/ablation/*/seed* gives every run).")
-    console = sorted(p for p in directory.iterdir() if p.suffix in CONSOLE_SUFFIXES and p.is_file()
-                     and _has_console_lines(p))
+        raise NoMetricsLogError(
+            f"{directory} holds TensorBoard event files in several directories "
+            f"({', '.join(str(d) for d in event_dirs)}); pass one directory per run (a shell glob "
+            "such as runs/ablation/*/seed* gives every run)."
+        )
+    console = sorted(
+        p for p in directory.iterdir() if p.suffix in CONSOLE_SUFFIXES and p.is_file() and _has_console_lines(p)
+    )
     if len(console) == 1:
         return console[0], LogFormat.CONSOLE
     if console:
-        raise NoMetricsLogError(f"{directory} holds several console logs ({', '.join(p.name for p in console)}); "
-                                "pass one file per run.")
+        raise NoMetricsLogError(
+            f"{directory} holds several console logs ({', '.join(p.name for p in console)}); pass one file per run."
+        )
     raise NoMetricsLogError(f"no metrics log found in {directory}; looked for {_LOOKED_FOR}.")
 
 
@@ -320,8 +352,7 @@ def find_log(path: str | Path) -> tuple[Path, LogFormat]:
     raise NoMetricsLogError(f"{path} is not a metrics log; looked for {_LOOKED_FOR}.")
 
 
-_READERS = {LogFormat.JSONL: stream_jsonl, LogFormat.TENSORBOARD: stream_tensorboard,
-            LogFormat.CONSOLE: stream_console}
+_READERS = {LogFormat.JSONL: stream_jsonl, LogFormat.TENSORBOARD: stream_tensorboard, LogFormat.CONSOLE: stream_console}
 
 
 def load_run(path: str | Path, keep: MetricFilter | None = None) -> RunLog:
@@ -340,7 +371,20 @@ def load_run(path: str | Path, keep: MetricFilter | None = None) -> RunLog:
     columns = _READERS[fmt](source, keep)
     table = with_ratio_metrics(columns.table())
     columns.logged.update(str(c) for c in table.columns if str(c) in RATIO_METRICS and table[c].notna().any())
-    logger.info("read %s (%s): %d steps, %d metrics (%d kept)", source, fmt.value, len(table), len(columns.logged),
-                table.shape[1])
-    return RunLog(path=Path(path), source=source, format=fmt, table=table, logged=frozenset(columns.logged),
-                  nonfinite=columns.nonfinite(table), notes=tuple(columns.notes))
+    logger.info(
+        "read %s (%s): %d steps, %d metrics (%d kept)",
+        source,
+        fmt.value,
+        len(table),
+        len(columns.logged),
+        table.shape[1],
+    )
+    return RunLog(
+        path=Path(path),
+        source=source,
+        format=fmt,
+        table=table,
+        logged=frozenset(columns.logged),
+        nonfinite=columns.nonfinite(table),
+        notes=tuple(columns.notes),
+    )

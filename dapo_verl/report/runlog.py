@@ -29,8 +29,18 @@ import pandas as pd
 
 from dapo_verl.report.derived import RATIO_METRICS
 
-__all__ = ["LogFormat", "MetricColumns", "MetricFilter", "RunLog", "as_step", "current_name", "is_accuracy_metric",
-           "is_validation_metric", "records_table", "with_ratio_metrics"]
+__all__ = [
+    "LogFormat",
+    "MetricColumns",
+    "MetricFilter",
+    "RunLog",
+    "as_step",
+    "current_name",
+    "is_accuracy_metric",
+    "is_validation_metric",
+    "records_table",
+    "with_ratio_metrics",
+]
 
 _MAX_STEP = 2**63 - 1
 _ACCURACY_PART = re.compile(r"(?:^|/)acc(?:/|$)|_acc$")
@@ -121,7 +131,7 @@ def current_name(key: str) -> str:
     """
     for old, new in _RENAMED_PREFIXES:
         if key.startswith(old):
-            return new + key[len(old):]
+            return new + key[len(old) :]
     return key
 
 
@@ -137,8 +147,10 @@ def as_step(value: Any, where: str) -> int:
     if whole and 0 <= value <= _MAX_STEP:
         return int(value)
     shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:40] + "..."
-    raise ValueError(f"{where}: step {shown} is not a whole number between 0 and 2**63 - 1, so its metrics belong to "
-                     f"no training step. Fix or delete that line.")
+    raise ValueError(
+        f"{where}: step {shown} is not a whole number between 0 and 2**63 - 1, so its metrics belong to "
+        f"no training step. Fix or delete that line."
+    )
 
 
 def _as_float(value: Any) -> float:
@@ -151,8 +163,10 @@ def _as_float(value: Any) -> float:
 
 def _check_accuracy(key: str, value: float, where: str) -> None:
     if not math.isnan(value) and not 0.0 <= value <= 1.0 and is_accuracy_metric(key):
-        raise ValueError(f"{where}: {key} = {value:g} is outside [0, 1]; an accuracy is a share of correct answers, so "
-                         "the log is damaged or the metric misnamed. Fix or delete that record, or leave this run out.")
+        raise ValueError(
+            f"{where}: {key} = {value:g} is outside [0, 1]; an accuracy is a share of correct answers, so "
+            "the log is damaged or the metric misnamed. Fix or delete that record, or leave this run out."
+        )
 
 
 class MetricColumns:
@@ -198,8 +212,11 @@ class MetricColumns:
 
     def nonfinite(self, table: pd.DataFrame) -> dict[str, tuple[int, ...]]:
         """Per kept metric, the steps whose final value (later values win) is not finite."""
-        return {key: tuple(sorted({int(s) for s in steps if math.isnan(table.at[int(s), key])}))
-                for key, steps in self.nonfinite_steps.items() if key in table.columns}
+        return {
+            key: tuple(sorted({int(s) for s in steps if math.isnan(table.at[int(s), key])}))
+            for key, steps in self.nonfinite_steps.items()
+            if key in table.columns
+        }
 
     def table(self) -> pd.DataFrame:
         """The step x metric float table: later values win, steps ascending and unique."""

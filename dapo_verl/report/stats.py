@@ -37,8 +37,10 @@ def _beta_continued_fraction(x: float, a: float, b: float) -> float:
     d = 1.0 / (d if abs(d) > _TINY else _TINY)
     result = d
     for m in range(1, 500):
-        for numerator in (m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m)),
-                          -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1))):
+        for numerator in (
+            m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m)),
+            -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1)),
+        ):
             d = 1.0 + numerator * d
             d = 1.0 / (d if abs(d) > _TINY else _TINY)
             c = 1.0 + numerator / c
@@ -157,9 +159,20 @@ def paired_t_test(differences: Sequence[float], *, confidence: float = 0.95) -> 
         p_value = min(1.0, 2.0 * (1.0 - t_cdf(abs(t), df)))
     else:
         t, p_value = (0.0, 1.0) if mean == 0 else (math.copysign(math.inf, mean), 0.0)
-    return PairedTest(n=n, mean=mean, sd=sd, t=t, df=df, p_value=p_value, ci_low=mean - half, ci_high=mean + half,
-                      confidence=confidence, better=sum(v > 0 for v in values), same=sum(v == 0 for v in values),
-                      worse=sum(v < 0 for v in values))
+    return PairedTest(
+        n=n,
+        mean=mean,
+        sd=sd,
+        t=t,
+        df=df,
+        p_value=p_value,
+        ci_low=mean - half,
+        ci_high=mean + half,
+        confidence=confidence,
+        better=sum(v > 0 for v in values),
+        same=sum(v == 0 for v in values),
+        worse=sum(v < 0 for v in values),
+    )
 
 
 def seeds_for_power(effect: float, sd: float, *, alpha: float = 0.05, power: float = 0.8) -> int:
@@ -182,8 +195,10 @@ def seeds_for_power(effect: float, sd: float, *, alpha: float = 0.05, power: flo
         34
     """
     if not (math.isfinite(effect) and effect != 0):
-        raise ValueError(f"effect={effect} must be a finite non-zero difference; a zero pilot effect needs no test "
-                         "to find it and no number of seeds to power one.")
+        raise ValueError(
+            f"effect={effect} must be a finite non-zero difference; a zero pilot effect needs no test "
+            "to find it and no number of seeds to power one."
+        )
     if not (math.isfinite(sd) and sd > 0):
         raise ValueError(f"sd={sd} must be a positive finite standard deviation of the paired differences.")
     for name, value in (("alpha", alpha), ("power", power)):
@@ -215,8 +230,10 @@ def normalised_auc(steps: Sequence[float], values: Sequence[float]) -> float:
         0.75
     """
     if len(steps) != len(values) or len(steps) < 2:
-        raise ValueError(f"an area under a curve needs at least two (step, value) points, got {len(steps)} steps and "
-                         f"{len(values)} values; evaluate at least twice (trainer.test_freq).")
+        raise ValueError(
+            f"an area under a curve needs at least two (step, value) points, got {len(steps)} steps and "
+            f"{len(values)} values; evaluate at least twice (trainer.test_freq)."
+        )
     if any(b <= a for a, b in itertools.pairwise(steps)):
         raise ValueError(f"steps {list(steps)} must increase.")
     area = sum((b - a) * (u + v) / 2 for (a, b), (u, v) in zip(itertools.pairwise(steps), itertools.pairwise(values)))

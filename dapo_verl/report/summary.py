@@ -34,24 +34,51 @@ from dataclasses import dataclass
 from dapo_verl.report.derived import RATIO_METRICS, RATIO_PARTS
 from dapo_verl.report.runlog import RunLog, is_validation_metric
 
-__all__ = ["CLIPPED_PROBABILITY_METRICS", "CLIP_METRICS", "DEFAULT_LAST_FRAC", "DEFAULT_METRICS", "ArmMetric",
-           "RunValue", "Spread", "UnknownMetricError", "accuracy_keys", "arm_metric", "is_validation_metric",
-           "kept_metric", "pass_at_k_keys", "run_value", "select_metrics"]
+__all__ = [
+    "CLIPPED_PROBABILITY_METRICS",
+    "CLIP_METRICS",
+    "DEFAULT_LAST_FRAC",
+    "DEFAULT_METRICS",
+    "ArmMetric",
+    "RunValue",
+    "Spread",
+    "UnknownMetricError",
+    "accuracy_keys",
+    "arm_metric",
+    "is_validation_metric",
+    "kept_metric",
+    "pass_at_k_keys",
+    "run_value",
+    "select_metrics",
+]
 
 DEFAULT_LAST_FRAC = 0.2
 """Share of a training metric's logged values (the last ones) averaged into its final value."""
 
-CLIP_METRICS = ("actor/pg_clipfrac", "actor/dapo/clip_upper_fraction", "actor/dapo/clip_lower_fraction",
-                "actor/dapo/clip_higher_kept_fraction")
+CLIP_METRICS = (
+    "actor/pg_clipfrac",
+    "actor/dapo/clip_upper_fraction",
+    "actor/dapo/clip_lower_fraction",
+    "actor/dapo/clip_higher_kept_fraction",
+)
 """verl's clip fraction and the dapo loss's upper/lower split and clip-higher share (adapter/losses.py)."""
 
-CLIPPED_PROBABILITY_METRICS = (*RATIO_METRICS, "actor/dapo/clip_upper_old_prob_max",
-                               "actor/dapo/clip_higher_kept_old_prob_max")
+CLIPPED_PROBABILITY_METRICS = (
+    *RATIO_METRICS,
+    "actor/dapo/clip_upper_old_prob_max",
+    "actor/dapo/clip_higher_kept_old_prob_max",
+)
 """The old-policy probability of the clipped tokens (mean, max) and the upper clip's share of the positive-advantage
 tokens (:mod:`dapo_verl.report.derived`; paper §3.1, Fig. 3b)."""
 
-DEFAULT_METRICS = ("actor/entropy", "response_length/mean", *CLIP_METRICS, *CLIPPED_PROBABILITY_METRICS,
-                   "dapo/sampler/prefilter_acc", "dapo/sampler/generated_per_trained")
+DEFAULT_METRICS = (
+    "actor/entropy",
+    "response_length/mean",
+    *CLIP_METRICS,
+    *CLIPPED_PROBABILITY_METRICS,
+    "dapo/sampler/prefilter_acc",
+    "dapo/sampler/generated_per_trained",
+)
 """The training metrics reported after the accuracy and pass@k keys, in this order, when some run logged them."""
 
 _ACCURACY = re.compile(r"^val-core/(?P<source>.+)/(?P<var>acc|reward)/mean@(?P<n>\d+)$")
@@ -108,8 +135,9 @@ def select_metrics(available: Sequence[str], requested: Sequence[str] | None = N
             close matches.
     """
     if requested is None:
-        chosen = accuracy_keys(available) + pass_at_k_keys(available) + [k for k in DEFAULT_METRICS
-                                                                         if k in set(available)]
+        chosen = (
+            accuracy_keys(available) + pass_at_k_keys(available) + [k for k in DEFAULT_METRICS if k in set(available)]
+        )
         return list(dict.fromkeys(chosen))
     chosen = []
     for item in requested:
@@ -187,11 +215,17 @@ def run_value(run: RunLog, key: str, *, last_frac: float = DEFAULT_LAST_FRAC) ->
     tail = 1 if is_validation_metric(key) else max(1, math.ceil(last_frac * len(logged) - 1e-9))
     spoiled = [step for step in logged[-tail:] if step in set(bad)]
     if values.empty:
-        return RunValue(final=None, run_mean=None, last_step=None, points=0,
-                        nonfinite_step=spoiled[-1] if spoiled else None)
-    final = None if spoiled else float(values.loc[logged[-tail]:].mean())
-    return RunValue(final=final, run_mean=float(values.mean()), last_step=int(values.index[-1]), points=len(values),
-                    nonfinite_step=spoiled[-1] if spoiled else None)
+        return RunValue(
+            final=None, run_mean=None, last_step=None, points=0, nonfinite_step=spoiled[-1] if spoiled else None
+        )
+    final = None if spoiled else float(values.loc[logged[-tail] :].mean())
+    return RunValue(
+        final=final,
+        run_mean=float(values.mean()),
+        last_step=int(values.index[-1]),
+        points=len(values),
+        nonfinite_step=spoiled[-1] if spoiled else None,
+    )
 
 
 @dataclass(frozen=True)
@@ -246,5 +280,11 @@ class ArmMetric:
 def arm_metric(arm: str, runs: Sequence[RunLog], key: str, *, last_frac: float = DEFAULT_LAST_FRAC) -> ArmMetric:
     """Summarise metric ``key`` over the runs of one arm."""
     values = {str(run.path): run_value(run, key, last_frac=last_frac) for run in runs}
-    return ArmMetric(arm=arm, metric=key, final=Spread.of([v.final for v in values.values()]),
-                     run_mean=Spread.of([v.run_mean for v in values.values()]), runs=len(runs), per_run=values)
+    return ArmMetric(
+        arm=arm,
+        metric=key,
+        final=Spread.of([v.final for v in values.values()]),
+        run_mean=Spread.of([v.run_mean for v in values.values()]),
+        runs=len(runs),
+        per_run=values,
+    )

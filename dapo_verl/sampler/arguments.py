@@ -29,8 +29,16 @@ def require_int(name: str, value: Any, *, low: int, high: int | None = None, fix
     return number
 
 
-def require_real(name: str, value: Any, *, low: float | None = None, high: float | None = None,
-                 low_open: bool = False, high_open: bool = False, fix: str) -> float:
+def require_real(
+    name: str,
+    value: Any,
+    *,
+    low: float | None = None,
+    high: float | None = None,
+    low_open: bool = False,
+    high_open: bool = False,
+    fix: str,
+) -> float:
     """``value`` as a float if it is a finite real number (not a bool) within the bounds given.
 
     Raises:

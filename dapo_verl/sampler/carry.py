@@ -29,8 +29,9 @@ def fresh(born: int, step: int, max_staleness_steps: int) -> bool:
     return step - born <= max_staleness_steps
 
 
-def split_stale(carried: Sequence[tuple[int, T]], step: int,
-                max_staleness_steps: int) -> tuple[list[tuple[int, T]], list[T]]:
+def split_stale(
+    carried: Sequence[tuple[int, T]], step: int, max_staleness_steps: int
+) -> tuple[list[tuple[int, T]], list[T]]:
     """``carried`` split into what may still be used at ``step`` (in order, with its born step) and what is stale."""
     usable = [(born, item) for born, item in carried if fresh(born, step, max_staleness_steps)]
     stale = [item for born, item in carried if not fresh(born, step, max_staleness_steps)]
@@ -59,8 +60,12 @@ def decode_groups(items: Sequence[Mapping[str, Any]], codec: PayloadCodec) -> li
         (
             int(item["born_step"]),
             GroupResult(
-                prompt_id=int(item["prompt_id"]), metric=item["metric"], response_lengths=item["response_lengths"],
-                truncated=item["truncated"], scores=item["scores"], payload=codec.decode(item["payload"]),
+                prompt_id=int(item["prompt_id"]),
+                metric=item["metric"],
+                response_lengths=item["response_lengths"],
+                truncated=item["truncated"],
+                scores=item["scores"],
+                payload=codec.decode(item["payload"]),
             ),
         )
         for item in items
@@ -70,8 +75,14 @@ def decode_groups(items: Sequence[Mapping[str, Any]], codec: PayloadCodec) -> li
 def encode_partials(carried: Sequence[tuple[int, PartialGroup]], codec: PayloadCodec) -> list[dict[str, Any]]:
     """Carried aborted groups as plain data."""
     return [
-        {"born_step": born, "prompt_id": p.prompt_id, "tokens": p.tokens, "finished": p.finished,
-         "group_size": p.group_size, "payload": codec.encode(p.payload)}
+        {
+            "born_step": born,
+            "prompt_id": p.prompt_id,
+            "tokens": p.tokens,
+            "finished": p.finished,
+            "group_size": p.group_size,
+            "payload": codec.encode(p.payload),
+        }
         for born, p in carried
     ]
 
@@ -79,8 +90,15 @@ def encode_partials(carried: Sequence[tuple[int, PartialGroup]], codec: PayloadC
 def decode_partials(items: Sequence[Mapping[str, Any]], codec: PayloadCodec) -> list[tuple[int, PartialGroup]]:
     """The inverse of :func:`encode_partials`."""
     return [
-        (int(item["born_step"]),
-         PartialGroup(prompt_id=int(item["prompt_id"]), tokens=int(item["tokens"]), finished=int(item["finished"]),
-                      group_size=int(item["group_size"]), payload=codec.decode(item["payload"])))
+        (
+            int(item["born_step"]),
+            PartialGroup(
+                prompt_id=int(item["prompt_id"]),
+                tokens=int(item["tokens"]),
+                finished=int(item["finished"]),
+                group_size=int(item["group_size"]),
+                payload=codec.decode(item["payload"]),
+            ),
+        )
         for item in items
     ]

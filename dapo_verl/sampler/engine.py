@@ -136,9 +136,11 @@ class RoundEngine:
     def submit(self, requests: Sequence[Request]) -> None:
         for request in requests:
             if request.resume is not None:
-                raise ValueError(f"request {request.request_id} continues an aborted group of prompt "
-                                 f"{request.prompt_id}, but a round-based generate callback cannot continue one; "
-                                 f"only a streaming engine makes and resumes aborted groups.")
+                raise ValueError(
+                    f"request {request.request_id} continues an aborted group of prompt "
+                    f"{request.prompt_id}, but a round-based generate callback cannot continue one; "
+                    f"only a streaming engine makes and resumes aborted groups."
+                )
         self._pending.extend(requests)
 
     def collect(self) -> list[Completion]:
@@ -149,6 +151,8 @@ class RoundEngine:
     def abort(self) -> Aborted:
         """Nothing is ever left generating between rounds; requests submitted but not collected are a caller's bug."""
         if self._pending:
-            raise RuntimeError(f"abort() with {len(self._pending)} requests submitted but not collected; a round "
-                               f"engine generates them in collect(). This is a dapo_verl bug.")
+            raise RuntimeError(
+                f"abort() with {len(self._pending)} requests submitted but not collected; a round "
+                f"engine generates them in collect(). This is a dapo_verl bug."
+            )
         return Aborted()

@@ -36,8 +36,7 @@ class Flight:
         requests = []
         for prompt_id, born, resume in items:
             self._numbered += 1
-            requests.append(Request(request_id=self._numbered, prompt_id=int(prompt_id), born_step=born,
-                                    resume=resume))
+            requests.append(Request(request_id=self._numbered, prompt_id=int(prompt_id), born_step=born, resume=resume))
         if requests:
             self.engine.submit(requests)
             self._inflight.update((r.request_id, r) for r in requests)
@@ -46,8 +45,10 @@ class Flight:
         """The groups the engine reports finished (at least one)."""
         completions = list(self.engine.collect())
         if not completions:
-            raise ValueError(f"the engine's collect() returned no group while {len(self)} are in flight; it must "
-                             f"block until at least one finishes.")
+            raise ValueError(
+                f"the engine's collect() returned no group while {len(self)} are in flight; it must "
+                f"block until at least one finishes."
+            )
         self._land(completions)
         return completions
 
@@ -60,8 +61,10 @@ class Flight:
         for request, _ in aborted.partial:
             self._take(request, "abort() returned")
         if self._inflight:
-            raise ValueError(f"the engine's abort() left requests {sorted(self._inflight)[:8]} unaccounted for; return "
-                             f"every request still in flight, as finished or as partial.")
+            raise ValueError(
+                f"the engine's abort() left requests {sorted(self._inflight)[:8]} unaccounted for; return "
+                f"every request still in flight, as finished or as partial."
+            )
         return aborted
 
     def _land(self, completions: Sequence[Completion]) -> None:
@@ -73,5 +76,7 @@ class Flight:
     def _take(self, request: Request, what: str) -> None:
         request_id = getattr(request, "request_id", None)
         if not isinstance(request_id, int) or self._inflight.pop(request_id, None) is not request:
-            raise ValueError(f"the engine {what} {request!r}, which is not in flight (or was returned before); return "
-                             f"each submitted request once, with its Request object.")
+            raise ValueError(
+                f"the engine {what} {request!r}, which is not in flight (or was returned before); return "
+                f"each submitted request once, with its Request object."
+            )

@@ -92,20 +92,29 @@ def revisits_pay(stream_rate: float | None, revisit_rate: float | None, floor: f
     return revisit_rate is None or revisit_rate > stream_rate
 
 
-def check_record(prompt_id: object, reason: object, num_prompts: int, correct: object = None,
-                 group_size: object = None) -> None:
+def check_record(
+    prompt_id: object, reason: object, num_prompts: int, correct: object = None, group_size: object = None
+) -> None:
     """Raise unless a group's record fits: ``prompt_id`` in ``range(num_prompts)``, ``reason`` a DropReason, and
     (when given) ``group_size`` an integer >= 2 with ``correct`` in [0, group_size]."""
-    require_int("prompt_id", prompt_id, low=0, high=num_prompts - 1,
-                fix="Pass the prompt's index in the prompt source (the ids the sampler handed out).")
+    require_int(
+        "prompt_id",
+        prompt_id,
+        low=0,
+        high=num_prompts - 1,
+        fix="Pass the prompt's index in the prompt source (the ids the sampler handed out).",
+    )
     if not isinstance(reason, DropReason):
-        raise TypeError(f"reason={reason!r} must be a dapo_verl.core.DropReason (the group filter's verdict); take "
-                        f"it from group_drop_reasons.")
+        raise TypeError(
+            f"reason={reason!r} must be a dapo_verl.core.DropReason (the group filter's verdict); take "
+            f"it from group_drop_reasons."
+        )
     if group_size is not None:
         size = require_int("group_size", group_size, low=2, fix="Pass G, the responses generated for the prompt.")
         if correct is not None:
-            require_int("correct", correct, low=0, high=size,
-                        fix=f"Pass how many of the group's {size} responses were right.")
+            require_int(
+                "correct", correct, low=0, high=size, fix=f"Pass how many of the group's {size} responses were right."
+            )
 
 
 class PromptHistory:
@@ -121,17 +130,26 @@ class PromptHistory:
         TypeError, ValueError: naming an argument that is not of its type or out of its range.
     """
 
-    def __init__(self, num_prompts: int, *, smoothing_groups: float, max_skip_probability: float,
-                 exhausted_streak: int) -> None:
-        self.num_prompts = require_int("num_prompts", num_prompts, low=1,
-                                       fix="Pass the number of prompts in the training data.")
+    def __init__(
+        self, num_prompts: int, *, smoothing_groups: float, max_skip_probability: float, exhausted_streak: int
+    ) -> None:
+        self.num_prompts = require_int(
+            "num_prompts", num_prompts, low=1, fix="Pass the number of prompts in the training data."
+        )
         self.max_skip_probability = require_real(
-            "max_skip_probability", max_skip_probability, low=0.0, high=1.0, high_open=True,
-            fix="1 would skip prompts for good; use e.g. 0.9 (algorithm.filter_groups.max_skip_probability).")
-        self.exhausted_streak = require_int("exhausted_streak", exhausted_streak, low=1,
-                                            fix="Use e.g. 3 (algorithm.filter_groups.exhausted_streak).")
-        smoothing_groups = require_real("smoothing_groups", smoothing_groups, low=1.0,
-                                        fix="The sampler passes estimate_sample_size(config).")
+            "max_skip_probability",
+            max_skip_probability,
+            low=0.0,
+            high=1.0,
+            high_open=True,
+            fix="1 would skip prompts for good; use e.g. 0.9 (algorithm.filter_groups.max_skip_probability).",
+        )
+        self.exhausted_streak = require_int(
+            "exhausted_streak", exhausted_streak, low=1, fix="Use e.g. 3 (algorithm.filter_groups.exhausted_streak)."
+        )
+        smoothing_groups = require_real(
+            "smoothing_groups", smoothing_groups, low=1.0, fix="The sampler passes estimate_sample_size(config)."
+        )
         self._decay = 1.0 - 1.0 / smoothing_groups
         self._streak: dict[int, int] = {}
         size = 2 * STREAK_LEVELS + 2  # streak buckets, then the revisit bucket
@@ -190,8 +208,9 @@ class PromptHistory:
         streak = self._streak.get(prompt_id, 0)
         if streak == 0:
             return 1.0
-        return generate_probability(self.rate(self.bucket(streak)), self.rate(self.bucket(0)),
-                                    self.max_skip_probability)
+        return generate_probability(
+            self.rate(self.bucket(streak)), self.rate(self.bucket(0)), self.max_skip_probability
+        )
 
     # -- measurements --------------------------------------------------------------------------------
 
@@ -270,8 +289,10 @@ class PromptHistory:
         owner, size = "PromptHistory", self.REVISIT + 1
         parts = state_mapping(owner, state, ("streak", "generated", "informative", "stream"))
         rows = read_rows(owner, "streak", parts.get("streak", []), 2)
-        streak = {read_count(owner, "streak", pid, high=self.num_prompts - 1): read_count(owner, "streak", k, low=None)
-                  for pid, k in rows}
+        streak = {
+            read_count(owner, "streak", pid, high=self.num_prompts - 1): read_count(owner, "streak", k, low=None)
+            for pid, k in rows
+        }
         generated = read_amounts(owner, "generated", parts.get("generated", [0.0] * size), size)
         informative = read_amounts(owner, "informative", parts.get("informative", [0.0] * size), size)
         stream = read_amounts(owner, "stream", parts.get("stream", [0.0, 0.0]), 2)

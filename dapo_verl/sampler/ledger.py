@@ -26,12 +26,31 @@ ABORTED_DROP_REASONS = ("stale", "discarded")
 ``max_staleness_steps``, or aborted with ``surplus=discard``."""
 
 COUNTERS = (
-    "train_steps", "gen_rounds", "prompts_requested", "groups_generated", "groups_kept", "responses_generated",
-    "groups_trained", "responses_trained", "response_tokens_generated", "wasted_response_tokens",
-    "truncated_responses", "metric_sum", "score_sum", "score_count", "prompts_revisited",
-    "predicted_groups", "predicted_sum", "prediction_squared_error",
-    "response_tokens_trained", "aborted_groups", "aborted_responses", "aborted_tokens", "resumed_groups",
-    "resumed_tokens", "old_token_steps",
+    "train_steps",
+    "gen_rounds",
+    "prompts_requested",
+    "groups_generated",
+    "groups_kept",
+    "responses_generated",
+    "groups_trained",
+    "responses_trained",
+    "response_tokens_generated",
+    "wasted_response_tokens",
+    "truncated_responses",
+    "metric_sum",
+    "score_sum",
+    "score_count",
+    "prompts_revisited",
+    "predicted_groups",
+    "predicted_sum",
+    "prediction_squared_error",
+    "response_tokens_trained",
+    "aborted_groups",
+    "aborted_responses",
+    "aborted_tokens",
+    "resumed_groups",
+    "resumed_tokens",
+    "old_token_steps",
 )
 """The running counters (``old_token_steps``: trained tokens times the steps since they were generated)."""
 
@@ -103,8 +122,11 @@ class Ledger:
         return int(finished) + int(aborted)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"counters": dict(self.counters), "dropped": dict(self.dropped),
-                "dropped_aborted": dict(self.dropped_aborted)}
+        return {
+            "counters": dict(self.counters),
+            "dropped": dict(self.dropped),
+            "dropped_aborted": dict(self.dropped_aborted),
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore :meth:`state_dict`'s parts (counters and aborted drops absent from older states start at 0)."""

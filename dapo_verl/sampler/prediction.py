@@ -67,8 +67,13 @@ from dapo_verl.sampler.arguments import require_flag, require_int, require_real
 from dapo_verl.sampler.prediction_state import read_predictor_state
 
 __all__ = [
-    "CALIBRATION_PRIOR_GROUPS", "MAX_CONCENTRATION", "MIN_CONCENTRATION", "SuccessPredictor",
-    "beta_prior_from_moments", "informative_probability", "successes",
+    "CALIBRATION_PRIOR_GROUPS",
+    "MAX_CONCENTRATION",
+    "MIN_CONCENTRATION",
+    "SuccessPredictor",
+    "beta_prior_from_moments",
+    "informative_probability",
+    "successes",
 ]
 
 CALIBRATION_PRIOR_GROUPS = 8.0
@@ -113,8 +118,9 @@ def informative_probability(alpha: float, beta: float, group_size: int) -> float
     beta = require_real("beta", beta, low=0.0, fix=fix)
     group_size = require_int("group_size", group_size, low=2, fix="Pass G, the responses generated per prompt.")
     if alpha == 0.0 and beta == 0.0:
-        raise ValueError(f"alpha=0.0 and beta=0.0: Beta(0, 0) is not a distribution, so no chance follows from it. "
-                         f"{fix}")
+        raise ValueError(
+            f"alpha=0.0 and beta=0.0: Beta(0, 0) is not a distribution, so no chance follows from it. {fix}"
+        )
     if alpha == 0.0 or beta == 0.0:
         return 0.0
     return _informative(alpha, beta, group_size)
@@ -169,13 +175,16 @@ def successes(metric: Tensor) -> int:
         ValueError: for a meta tensor (it has no values to count).
     """
     if not isinstance(metric, Tensor):
-        raise TypeError(f"metric is a {type(metric).__name__}; it must be a (G,) tensor of the group's filter metric. "
-                        f"Convert it with torch.as_tensor(...).")
+        raise TypeError(
+            f"metric is a {type(metric).__name__}; it must be a (G,) tensor of the group's filter metric. "
+            f"Convert it with torch.as_tensor(...)."
+        )
     if metric.is_meta or metric.is_complex():
         kind = "a meta tensor (no data)" if metric.is_meta else f"of dtype {metric.dtype}"
         raise (ValueError if metric.is_meta else TypeError)(
             f"metric is {kind}; its correct responses are counted, so a materialized tensor of real values is "
-            f"expected. Pass the group's filter metric as computed on CPU or GPU.")
+            f"expected. Pass the group's filter metric as computed on CPU or GPU."
+        )
     return int((metric.detach().to("cpu").double() == 1.0).sum())
 
 
@@ -196,15 +205,23 @@ class SuccessPredictor:
 
     def __init__(self, *, half_life_steps: float, smoothing_groups: float, prefer_informative: bool = False) -> None:
         self.half_life_steps = require_real(
-            "half_life_steps", half_life_steps, low=0.0, low_open=True,
+            "half_life_steps",
+            half_life_steps,
+            low=0.0,
+            low_open=True,
             fix="It is the training steps after which a prompt's old groups weigh half; use e.g. 10 "
-                "(algorithm.filter_groups.prediction_half_life_steps).")
+            "(algorithm.filter_groups.prediction_half_life_steps).",
+        )
         smoothing_groups = require_real(
-            "smoothing_groups", smoothing_groups, low=1.0,
+            "smoothing_groups",
+            smoothing_groups,
+            low=1.0,
             fix="It is the number of groups the prior and calibration average over; the sampler passes "
-                "estimate_sample_size(config).")
-        self.prefer_informative = require_flag("prefer_informative", prefer_informative,
-                                               fix="Set algorithm.filter_groups.prefer_informative.")
+            "estimate_sample_size(config).",
+        )
+        self.prefer_informative = require_flag(
+            "prefer_informative", prefer_informative, fix="Set algorithm.filter_groups.prefer_informative."
+        )
         self._decay = 1.0 - 1.0 / smoothing_groups
         self.step = 0
         self.group_size: int | None = None  # G of the latest group; predictions need it
@@ -247,8 +264,7 @@ class SuccessPredictor:
             return [1.0] * len(prompt_ids)
         size, prior = self.group_size, self.prior()
         fresh = _informative(*prior, size)
-        return [_informative(*self.belief(pid, prior), size) if pid in self._prompts else fresh
-                for pid in prompt_ids]
+        return [_informative(*self.belief(pid, prior), size) if pid in self._prompts else fresh for pid in prompt_ids]
 
     def scores(self, prompt_ids: Sequence[int]) -> list[float]:
         """Calibrated predictions ``min(1, c_b q_i)`` (module docstring), for ranking and round sizing
@@ -333,10 +349,16 @@ class SuccessPredictor:
             TypeError, ValueError: naming an argument that is not an integer or out of its range; nothing is recorded.
         """
         require_int("prompt_id", prompt_id, low=0, fix="Pass the prompt's index in the prompt source.")
-        group_size = require_int("group_size", group_size, low=2,
-                                 fix="Pass G, the responses generated for the prompt (rollout.n >= 2).")
-        correct = require_int("correct", correct, low=0, high=group_size,
-                              fix=f"Pass how many of the group's {group_size} responses were right.")
+        group_size = require_int(
+            "group_size", group_size, low=2, fix="Pass G, the responses generated for the prompt (rollout.n >= 2)."
+        )
+        correct = require_int(
+            "correct",
+            correct,
+            low=0,
+            high=group_size,
+            fix=f"Pass how many of the group's {group_size} responses were right.",
+        )
         informative = 0 < correct < group_size
         noted = self._taken.pop(prompt_id, None)
         if noted is not None:
@@ -346,15 +368,22 @@ class SuccessPredictor:
         self.group_size = group_size
         d = self._decay
         fraction = correct / group_size
-        self._moments = [d * self._moments[0] + 1.0, d * self._moments[1] + fraction,
-                         d * self._moments[2] + fraction * fraction]
+        self._moments = [
+            d * self._moments[0] + 1.0,
+            d * self._moments[1] + fraction,
+            d * self._moments[2] + fraction * fraction,
+        ]
         seen = self._prompts.get(prompt_id)
         if seen is None:
             self._prompts[prompt_id] = (float(correct), float(group_size - correct), self.step, informative)
             return
         weight = self._weight(seen[2])
-        self._prompts[prompt_id] = (weight * seen[0] + correct, weight * seen[1] + group_size - correct, self.step,
-                                    informative)
+        self._prompts[prompt_id] = (
+            weight * seen[0] + correct,
+            weight * seen[1] + group_size - correct,
+            self.step,
+            informative,
+        )
 
     # -- state -------------------------------------------------------------------------------------------
 

@@ -40,12 +40,20 @@ def read_predictor_state(state: object, known: Collection[str]) -> PredictorStat
     """
     state = state_mapping(_OWNER, state, known)
     size = state.get("group_size")
-    prompts = {_count("prompts", pid): (_amount("prompts", c), _amount("prompts", w), _count("prompts", s),
-                                        read_flag(_OWNER, "prompts", i))
-               for pid, c, w, s, i in read_rows(_OWNER, "prompts", state.get("prompts", []), 5)}
+    prompts = {
+        _count("prompts", pid): (
+            _amount("prompts", c),
+            _amount("prompts", w),
+            _count("prompts", s),
+            read_flag(_OWNER, "prompts", i),
+        )
+        for pid, c, w, s, i in read_rows(_OWNER, "prompts", state.get("prompts", []), 5)
+    }
     buckets = read_rows(_OWNER, "calibration", state.get("calibration", [[0.0, 0.0]] * 2), 2, 2)
-    taken = {_count("taken", pid): (read_count(_OWNER, "taken", b, high=1), _amount("taken", q, high=1.0))
-             for pid, b, q in read_rows(_OWNER, "taken", state.get("taken", []), 3)}
+    taken = {
+        _count("taken", pid): (read_count(_OWNER, "taken", b, high=1), _amount("taken", q, high=1.0))
+        for pid, b, q in read_rows(_OWNER, "taken", state.get("taken", []), 3)
+    }
     return PredictorState(
         step=_count("step", state.get("step", 0)),
         group_size=None if size is None else read_count(_OWNER, "group_size", size, low=2),

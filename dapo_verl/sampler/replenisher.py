@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 from dapo_verl.config import PromptSelection, SamplerConfig, ShortfallPolicy, SurplusPolicy
 from dapo_verl.core import DropReason
@@ -65,6 +65,7 @@ logger = logging.getLogger(__name__)
 _STATE_VERSION = 3
 _READABLE_VERSIONS = (1, 2, 3)  # 1: unsigned streaks, no per-bucket rates (histories restart); 2: no aborted groups
 
+
 class BatchReplenisher:
     """Fills each training batch with informative groups (see the module docstring).
 
@@ -89,20 +90,34 @@ class BatchReplenisher:
         self.config = require_instance("config", config, SamplerConfig, fix="Use DapoConfig.sampler.")
         self.generate = generate
         # A callback is looked up on each round, so a caller may replace ``generate`` (a wrapper, a spy).
-        self.engine: GenerationEngine = (generate if isinstance(generate, GenerationEngine)
-                                         else RoundEngine(lambda prompt_ids: self.generate(prompt_ids)))  # type: ignore[operator]
+        self.engine: GenerationEngine = (
+            generate
+            if isinstance(generate, GenerationEngine)
+            else RoundEngine(lambda prompt_ids: cast(GenerateFn, self.generate)(prompt_ids))
+        )
         self.codec: PayloadCodec = codec or IdentityCodec()
         predicts = config.enable and config.skip_uninformative and config.prompt_selection == PromptSelection.PREDICTED
-        self.predictor = SuccessPredictor(
-            half_life_steps=config.prediction_half_life_steps, smoothing_groups=estimate_sample_size(config),
-            prefer_informative=config.prefer_informative) if predicts else None
+        self.predictor = (
+            SuccessPredictor(
+                half_life_steps=config.prediction_half_life_steps,
+                smoothing_groups=estimate_sample_size(config),
+                prefer_informative=config.prefer_informative,
+            )
+            if predicts
+            else None
+        )
         self.stream = PromptStream(
-            num_prompts, seed=config.seed, shuffle=shuffle,
+            num_prompts,
+            seed=config.seed,
+            shuffle=shuffle,
             skip_uninformative=config.skip_uninformative and config.enable,  # without the filter: uniform prompts
-            max_skip_probability=config.max_skip_probability, smoothing_groups=estimate_sample_size(config),
+            max_skip_probability=config.max_skip_probability,
+            smoothing_groups=estimate_sample_size(config),
             exhausted_streak=config.exhausted_streak,
             revisit_capacity=config.train_batch_size if config.revisit_informative and config.enable else 0,
-            scorer=self.predictor, selection_window=config.selection_window, explore_fraction=config.explore_fraction,
+            scorer=self.predictor,
+            selection_window=config.selection_window,
+            explore_fraction=config.explore_fraction,
         )
         self.keep_rate_estimate: float | None = None
         self.ledger = Ledger()
@@ -170,8 +185,9 @@ class BatchReplenisher:
         self.counters["train_steps"] = step
         self._trained_prompts.update(g.prompt_id for g in batch)
         self.ledger.trained(batch, ages)
-        metrics = step_metrics(self, before, len(batch), from_carry, ages, partial=len(batch) < target,
-                               inflight_at_full=inflight_at_full)
+        metrics = step_metrics(
+            self, before, len(batch), from_carry, ages, partial=len(batch) < target, inflight_at_full=inflight_at_full
+        )
         return SampledBatch(groups=batch, metrics=metrics, step=step, is_partial=len(batch) < target)
 
     def plan_next_round(self) -> list[int]:
@@ -235,8 +251,9 @@ class BatchReplenisher:
             return "rounds"
         if budget_left <= 0:
             return "budget"
-        if rounds and yield_stops(self.config, missing, self.keep_rate_estimate, budget_left,
-                                  self.counters["groups_generated"]):
+        if rounds and yield_stops(
+            self.config, missing, self.keep_rate_estimate, budget_left, self.counters["groups_generated"]
+        ):
             return "yield"  # the probe round is done; more would buy a partial batch at a cost nobody agreed to
         return None
 
@@ -245,14 +262,21 @@ class BatchReplenisher:
     def _choose(self, missing: int, budget_left: int, inflight: int = 0) -> tuple[list[int], int]:
         """The new prompts to generate for ``missing`` groups with ``inflight`` groups already generating, and how
         many of them are revisits (none when what is in flight already covers the round)."""
-        want = inflight_target(self.config, missing, self.keep_rate_estimate, budget_left + inflight,
-                               streaming=self._streams) - inflight
+        want = (
+            inflight_target(
+                self.config, missing, self.keep_rate_estimate, budget_left + inflight, streaming=self._streams
+            )
+            - inflight
+        )
         if want <= 0:
             return [], 0
         stream, revisited_before = self.stream, self.stream.prompts_revisited
         revisit = bool(stream.revisit_capacity) and stream.history.revisits_pay(1.0 / self.config.max_oversample_factor)
-        size = None if inflight else predicted_round_size(self.config, self.predictor, self.keep_rate_estimate, missing,
-                                                          budget_left)
+        size = (
+            None
+            if inflight
+            else predicted_round_size(self.config, self.predictor, self.keep_rate_estimate, missing, budget_left)
+        )
         prompt_ids, _ = stream.take(min(want, budget_left), revisit=revisit, size=size)
         return prompt_ids, stream.prompts_revisited - revisited_before
 
@@ -260,8 +284,16 @@ class BatchReplenisher:
         """Submit new prompts for ``missing`` groups: a round (the first of a step may have been planned), or a top-up
         of what is in flight, which the budget and the yield rule may refuse; return the prompts submitted."""
         planned, self._planned = self._planned, None  # only a step's first new prompts can have been planned
-        if top_up and not planned and (budget_left <= 0 or yield_stops(
-                self.config, missing, self.keep_rate_estimate, budget_left, self.counters["groups_generated"])):
+        if (
+            top_up
+            and not planned
+            and (
+                budget_left <= 0
+                or yield_stops(
+                    self.config, missing, self.keep_rate_estimate, budget_left, self.counters["groups_generated"]
+                )
+            )
+        ):
             return 0
         prompt_ids, revisited = planned or self._choose(missing, budget_left, len(self._flight) if top_up else 0)
         self.counters["prompts_revisited"] += revisited
@@ -285,8 +317,14 @@ class BatchReplenisher:
 
     # -- collecting -----------------------------------------------------------------------------------
 
-    def _place(self, completions: Sequence[Completion], batch: list[GroupResult], ages: list[tuple[int, int]],
-               step: int, target: int) -> None:
+    def _place(
+        self,
+        completions: Sequence[Completion],
+        batch: list[GroupResult],
+        ages: list[tuple[int, int]],
+        step: int,
+        target: int,
+    ) -> None:
         """Filter finished groups and place each in the batch, among the carried, or among the dropped."""
         if not completions:
             return
@@ -296,8 +334,9 @@ class BatchReplenisher:
         for (request, group), reason in zip(completions, reasons):
             self.ledger.generated(group, request.prefix_tokens)
             informative = reason == DropReason.KEEP
-            predicted = self.stream.record(group.prompt_id, reason, correct=successes(group.metric),
-                                           group_size=group.group_size)
+            predicted = self.stream.record(
+                group.prompt_id, reason, correct=successes(group.metric), group_size=group.group_size
+            )
             if self.predictor is not None:
                 self.ledger.prediction(predicted, informative)
             if not informative and self.config.enable:
@@ -314,7 +353,10 @@ class BatchReplenisher:
             else:
                 self.ledger.drop(group, "surplus")
         self.keep_rate_estimate = update_keep_rate(
-            self.keep_rate_estimate, kept, len(groups), self.config.keep_rate_smoothing,
+            self.keep_rate_estimate,
+            kept,
+            len(groups),
+            self.config.keep_rate_smoothing,
             round_size=self.config.train_batch_size,
         )
 
@@ -342,10 +384,18 @@ class BatchReplenisher:
 
     def _shortfall(self, batch: list[GroupResult], step: int, before: tuple[dict, ...], *, limit: str) -> None:
         """The step stops short (``limit``): train on the batch (``partial``) or drop it and raise."""
-        counters = {key: int(self.counters[key] - before[0][key])
-                    for key in ("groups_generated", "gen_rounds", "prompts_requested", "groups_kept")}
-        message = shortfall_message(self.config, step=step, found=len(batch), limit=limit, counters=counters,
-                                    keep_rate_estimate=self.keep_rate_estimate)
+        counters = {
+            key: int(self.counters[key] - before[0][key])
+            for key in ("groups_generated", "gen_rounds", "prompts_requested", "groups_kept")
+        }
+        message = shortfall_message(
+            self.config,
+            step=step,
+            found=len(batch),
+            limit=limit,
+            counters=counters,
+            keep_rate_estimate=self.keep_rate_estimate,
+        )
         if self.config.on_shortfall == ShortfallPolicy.PARTIAL:  # the user chose this: dapo/sampler/partial says so
             logger.info("%s Training on the %d groups found.", message, len(batch))
             return
@@ -369,8 +419,9 @@ class BatchReplenisher:
             "stream": self.stream.state_dict(),
             "carried": encode_groups(self.carried, self.codec),
             "carried_aborted": encode_partials(self.carried_aborted, self.codec),
-            "planned": None if self._planned is None else {"prompt_ids": list(self._planned[0]),
-                                                           "revisited": self._planned[1]},
+            "planned": None
+            if self._planned is None
+            else {"prompt_ids": list(self._planned[0]), "revisited": self._planned[1]},
             "trained_prompts": sorted(self._trained_prompts),
         }
 
@@ -395,6 +446,7 @@ class BatchReplenisher:
         self.carried = decode_groups(state["carried"], self.codec)
         self.carried_aborted = decode_partials(state.get("carried_aborted", []), self.codec)  # absent before version 3
         planned = state.get("planned")  # absent in states written before plan_next_round existed
-        self._planned = None if planned is None else ([int(i) for i in planned["prompt_ids"]],
-                                                      int(planned["revisited"]))
+        self._planned = (
+            None if planned is None else ([int(i) for i in planned["prompt_ids"]], int(planned["revisited"]))
+        )
         self._trained_prompts = {int(i) for i in state.get("trained_prompts", [])}  # absent before coverage was kept

@@ -23,8 +23,15 @@ class ShortfallError(RuntimeError):
     ``on_shortfall=error``."""
 
 
-def shortfall_message(config: SamplerConfig, *, step: int, found: int, limit: str, counters: Mapping[str, int],
-                      keep_rate_estimate: float | None) -> str:
+def shortfall_message(
+    config: SamplerConfig,
+    *,
+    step: int,
+    found: int,
+    limit: str,
+    counters: Mapping[str, int],
+    keep_rate_estimate: float | None,
+) -> str:
     """The shortfall message (module docstring).
 
     Args:
@@ -43,9 +50,9 @@ def shortfall_message(config: SamplerConfig, *, step: int, found: int, limit: st
     reason = {
         "rounds": f"the round limit algorithm.filter_groups.max_num_gen_batches={config.max_num_gen_batches}",
         "budget": f"the step's budget of max_num_gen_batches x max(data.gen_batch_size, data.train_batch_size) = "
-                  f"{budget} prompts",
+        f"{budget} prompts",
         "yield": f"the rest of the step's budget of {budget} prompts could not be expected to fill the batch at "
-                 f"the keep-rate estimate {100 * (keep_rate_estimate or 0.0):.1f}%",
+        f"the keep-rate estimate {100 * (keep_rate_estimate or 0.0):.1f}%",
     }[limit]
     partial = config.on_shortfall == ShortfallPolicy.PARTIAL
     knobs = _knobs(config, budget_spent=limit != "rounds", scarce=scarce)

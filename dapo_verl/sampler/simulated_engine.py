@@ -138,14 +138,29 @@ class SimulatedEngine:
 
     streaming = True
 
-    def __init__(self, pass_rate: Callable[[int, int], float], *, group_size: int, lengths: LongTailLengths,
-                 max_response_length: int, prompt_tokens: int = 0, max_running: int | None = None,
-                 cost: CostModel | None = None, seed: int = 0) -> None:
-        if group_size < 2 or max_response_length < 1 or prompt_tokens < 0 or (max_running is not None
-                                                                               and max_running < 1):
-            raise ValueError(f"SimulatedEngine(group_size={group_size}, max_response_length={max_response_length}, "
-                             f"prompt_tokens={prompt_tokens}, max_running={max_running}): expected group_size >= 2, "
-                             f"max_response_length >= 1, prompt_tokens >= 0 and max_running >= 1 or None.")
+    def __init__(
+        self,
+        pass_rate: Callable[[int, int], float],
+        *,
+        group_size: int,
+        lengths: LongTailLengths,
+        max_response_length: int,
+        prompt_tokens: int = 0,
+        max_running: int | None = None,
+        cost: CostModel | None = None,
+        seed: int = 0,
+    ) -> None:
+        if (
+            group_size < 2
+            or max_response_length < 1
+            or prompt_tokens < 0
+            or (max_running is not None and max_running < 1)
+        ):
+            raise ValueError(
+                f"SimulatedEngine(group_size={group_size}, max_response_length={max_response_length}, "
+                f"prompt_tokens={prompt_tokens}, max_running={max_running}): expected group_size >= 2, "
+                f"max_response_length >= 1, prompt_tokens >= 0 and max_running >= 1 or None."
+            )
         self.pass_rate, self.group_size, self.lengths = pass_rate, group_size, lengths
         self.max_response_length, self.prompt_tokens = max_response_length, prompt_tokens
         self.max_running, self.cost, self.seed = max_running, cost or IterationCost(), seed
@@ -189,9 +204,13 @@ class SimulatedEngine:
             r.done += self.decode_iterations - r.admitted_at
             self.tokens_generated += self.decode_iterations - r.admitted_at
         for group in self._groups.values():
-            partial = PartialGroup(prompt_id=group.request.prompt_id, tokens=sum(r.done for r in group.responses),
-                                   finished=sum(r.done >= r.target for r in group.responses),
-                                   group_size=self.group_size, payload=[_copy(r) for r in group.responses])
+            partial = PartialGroup(
+                prompt_id=group.request.prompt_id,
+                tokens=sum(r.done for r in group.responses),
+                finished=sum(r.done >= r.target for r in group.responses),
+                group_size=self.group_size,
+                payload=[_copy(r) for r in group.responses],
+            )
             aborted.partial.append((group.request, partial))
         self._groups, self._waiting, self._running, self._context_base = {}, [], [], 0
         return aborted
@@ -216,14 +235,16 @@ class SimulatedEngine:
         assert request.resume is not None
         payload = request.resume.payload
         if not isinstance(payload, list) or not all(isinstance(r, _Response) for r in payload):
-            raise ValueError(f"request {request.request_id} resumes a partial group whose payload is "
-                             f"{type(payload).__name__}; resume only what this engine's abort() returned.")
+            raise ValueError(
+                f"request {request.request_id} resumes a partial group whose payload is "
+                f"{type(payload).__name__}; resume only what this engine's abort() returned."
+            )
         return [_copy(r) for r in payload]
 
     def _admit(self) -> None:
         """Start waiting responses while there is room, paying their prefill."""
         room = len(self._waiting) if self.max_running is None else self.max_running - len(self._running)
-        admitted, self._waiting = self._waiting[:max(room, 0)], self._waiting[max(room, 0):]
+        admitted, self._waiting = self._waiting[: max(room, 0)], self._waiting[max(room, 0) :]
         tokens = 0
         for group, r in admitted:
             r.admitted_at = self.decode_iterations
@@ -257,10 +278,13 @@ class SimulatedEngine:
     def _result(self, group: _Group) -> GroupResult:
         responses = group.responses
         correct = torch.tensor([r.correct for r in responses])
-        return GroupResult(prompt_id=group.request.prompt_id, metric=correct,
-                           response_lengths=torch.tensor([r.target for r in responses]),
-                           truncated=torch.tensor([r.truncated for r in responses]),
-                           scores=correct.to(torch.float32) * 2 - 1)
+        return GroupResult(
+            prompt_id=group.request.prompt_id,
+            metric=correct,
+            response_lengths=torch.tensor([r.target for r in responses]),
+            truncated=torch.tensor([r.truncated for r in responses]),
+            scores=correct.to(torch.float32) * 2 - 1,
+        )
 
 
 def _copy(response: _Response) -> _Response:

@@ -30,7 +30,11 @@ def group_latencies(gen: torch.Generator, count: int) -> list[float]:
 
 
 def drifting_pass_rates(
-    num_prompts: int, *, seed: int = 0, start_logit_mean: float = -1.0, start_logit_std: float = 2.0,
+    num_prompts: int,
+    *,
+    seed: int = 0,
+    start_logit_mean: float = -1.0,
+    start_logit_std: float = 2.0,
     drift_per_step: float = 0.02,
 ) -> Callable[[int, int], float]:
     """Pass rates that start spread out and rise as training proceeds.
@@ -63,8 +67,15 @@ class SimulatedPolicy:
         calls: Number of generate calls so far.
     """
 
-    def __init__(self, pass_rate: Callable[[int, int], float], *, group_size: int = 8,
-                 max_response_length: int = 64, slack: int = 8, seed: int = 0) -> None:
+    def __init__(
+        self,
+        pass_rate: Callable[[int, int], float],
+        *,
+        group_size: int = 8,
+        max_response_length: int = 64,
+        slack: int = 8,
+        seed: int = 0,
+    ) -> None:
         self.pass_rate = pass_rate
         self.group_size = group_size
         self.max_response_length = max_response_length
@@ -81,12 +92,14 @@ class SimulatedPolicy:
             correct = torch.rand(self.group_size, generator=self._gen) < p
             raw = torch.randint(1, self.max_response_length + self.slack + 1, (self.group_size,), generator=self._gen)
             lengths = raw.clamp(max=self.max_response_length)
-            groups.append(GroupResult(
-                prompt_id=prompt_id,
-                metric=correct,
-                response_lengths=lengths,
-                truncated=raw >= self.max_response_length,
-                scores=correct.to(torch.float32) * 2 - 1,
-                payload={"prompt_id": torch.tensor(prompt_id), "correct": correct},
-            ))
+            groups.append(
+                GroupResult(
+                    prompt_id=prompt_id,
+                    metric=correct,
+                    response_lengths=lengths,
+                    truncated=raw >= self.max_response_length,
+                    scores=correct.to(torch.float32) * 2 - 1,
+                    payload={"prompt_id": torch.tensor(prompt_id), "correct": correct},
+                )
+            )
         return groups

@@ -72,23 +72,40 @@ if TYPE_CHECKING:
     from dapo_verl.sampler.prediction import SuccessPredictor
 
 __all__ = [
-    "budget_can_fill", "estimate_sample_size", "inflight_target", "max_request_size", "predicted_request",
-    "predicted_round_size", "request_size", "round_request", "step_prompt_budget", "update_keep_rate", "yield_stops",
+    "budget_can_fill",
+    "estimate_sample_size",
+    "inflight_target",
+    "max_request_size",
+    "predicted_request",
+    "predicted_round_size",
+    "request_size",
+    "round_request",
+    "step_prompt_budget",
+    "update_keep_rate",
+    "yield_stops",
 ]
 
 
-def _check(config: object, missing: object = None, keep_rate: object = None, budget_left: object = None, *,
-           budget_low: int = 0) -> None:
+def _check(
+    config: object, missing: object = None, keep_rate: object = None, budget_left: object = None, *, budget_low: int = 0
+) -> None:
     """Raise, naming the argument, unless the sizing inputs given (not None) fit: a SamplerConfig, ``missing`` an
     integer >= 1, ``keep_rate`` in [0, 1], ``budget_left`` an integer >= ``budget_low``."""
     if not isinstance(config, SamplerConfig):
-        raise TypeError(f"config is a {type(config).__name__}; it must be a dapo_verl.config.SamplerConfig. Build it "
-                        f"with SamplerConfig(...) or DapoConfig.from_verl(...).sampler.")
+        raise TypeError(
+            f"config is a {type(config).__name__}; it must be a dapo_verl.config.SamplerConfig. Build it "
+            f"with SamplerConfig(...) or DapoConfig.from_verl(...).sampler."
+        )
     if missing is not None:
         require_int("missing", missing, low=1, fix="Pass the groups still needed to fill the batch.")
     if keep_rate is not None:
-        require_real("keep_rate", keep_rate, low=0.0, high=1.0,
-                     fix="Pass the running share of groups kept, or None before the first round.")
+        require_real(
+            "keep_rate",
+            keep_rate,
+            low=0.0,
+            high=1.0,
+            fix="Pass the running share of groups kept, or None before the first round.",
+        )
     if budget_left is not None:
         require_int("budget_left", budget_left, low=budget_low, fix="Pass the prompts the step may still generate.")
 
@@ -149,8 +166,14 @@ def request_size(config: SamplerConfig, missing: int, keep_rate: float | None) -
     return max(missing, math.ceil(min(wanted, cap)))
 
 
-def predicted_request(config: SamplerConfig, missing: int, predictions: Sequence[float],
-                      calibration: float | None, *, stop_at_floor: bool = True) -> tuple[int, bool]:
+def predicted_request(
+    config: SamplerConfig,
+    missing: int,
+    predictions: Sequence[float],
+    calibration: float | None,
+    *,
+    stop_at_floor: bool = True,
+) -> tuple[int, bool]:
     """The shortest prefix of ``predictions`` expected to fill ``missing`` groups in one round (module docstring).
 
     Args:
@@ -173,8 +196,9 @@ def predicted_request(config: SamplerConfig, missing: int, predictions: Sequence
     _check(config, missing)
     _check_predictions(predictions)
     if calibration is not None:
-        require_real("calibration", calibration, low=0.0,
-                     fix="Pass observed over predicted informative groups, or None for 1.")
+        require_real(
+            "calibration", calibration, low=0.0, fix="Pass observed over predicted informative groups, or None for 1."
+        )
     require_flag("stop_at_floor", stop_at_floor, fix="False takes as many prompts as the probability needs.")
     z = NormalDist().inv_cdf(config.single_round_probability)
     factor = 1.0 if calibration is None else calibration
@@ -196,22 +220,31 @@ def predicted_request(config: SamplerConfig, missing: int, predictions: Sequence
 def _check_predictions(predictions: object) -> None:
     """Raise unless ``predictions`` is a sequence of probabilities; one pass in C on the good path."""
     if not isinstance(predictions, Sequence) or isinstance(predictions, str):
-        raise TypeError(f"predictions is a {type(predictions).__name__}; it must be a list of probabilities, one per "
-                        f"prompt the round would take, in order.")
+        raise TypeError(
+            f"predictions is a {type(predictions).__name__}; it must be a list of probabilities, one per "
+            f"prompt the round would take, in order."
+        )
     try:
-        fits = not predictions or (min(predictions) >= 0.0 and max(predictions) <= 1.0
-                                   and math.isfinite(math.fsum(predictions)))
+        fits = not predictions or (
+            min(predictions) >= 0.0 and max(predictions) <= 1.0 and math.isfinite(math.fsum(predictions))
+        )
     except TypeError:
         fits = False
     if fits:
         return
     for index, value in enumerate(predictions):  # the error path: name the first offender
-        require_real(f"predictions[{index}]", value, low=0.0, high=1.0,
-                     fix="Each prediction is a prompt's chance of an informative group, in [0, 1].")
+        require_real(
+            f"predictions[{index}]",
+            value,
+            low=0.0,
+            high=1.0,
+            fix="Each prediction is a prompt's chance of an informative group, in [0, 1].",
+        )
 
 
-def predicted_round_size(config: SamplerConfig, predictor: SuccessPredictor | None, keep_rate: float | None,
-                         missing: int, budget_left: int) -> RoundSize | None:
+def predicted_round_size(
+    config: SamplerConfig, predictor: SuccessPredictor | None, keep_rate: float | None, missing: int, budget_left: int
+) -> RoundSize | None:
     """Sizes a round from the predicted yield of the prompts it takes (:func:`predicted_request`), within the bounds
     the keep rate sets, asking the prompt stream for more candidates while the best it drew fall short; None where
     the predictions do not size it (no predictor or no prediction yet, barrier rounds, or a probe round when the
@@ -225,8 +258,13 @@ def predicted_round_size(config: SamplerConfig, predictor: SuccessPredictor | No
         budget_left: Prompts the step may still generate (>= 0).
     """
     _check(config, missing, keep_rate, budget_left)
-    if (predictor is None or predictor.group_size is None or keep_rate is None
-            or config.refill == RefillStrategy.BARRIER or not budget_can_fill(config, missing, keep_rate, budget_left)):
+    if (
+        predictor is None
+        or predictor.group_size is None
+        or keep_rate is None
+        or config.refill == RefillStrategy.BARRIER
+        or not budget_can_fill(config, missing, keep_rate, budget_left)
+    ):
         return None
     cap = max(1, min(budget_left, max_request_size(config, missing)))
 
@@ -258,8 +296,9 @@ def budget_can_fill(config: SamplerConfig, missing: int, keep_rate: float | None
     return keep_rate * budget_left >= missing
 
 
-def yield_stops(config: SamplerConfig, missing: int, keep_rate: float | None, budget_left: int,
-                groups_seen: float) -> bool:
+def yield_stops(
+    config: SamplerConfig, missing: int, keep_rate: float | None, budget_left: int, groups_seen: float
+) -> bool:
     """Whether a step stops generating after its first round because the rest of its budget cannot be expected to
     fill the batch (module docstring): only with ``on_shortfall=partial`` and adaptive refill, only once the
     keep-rate estimate rests on as many groups as it averages (``groups_seen >= N_est``), and only when
@@ -267,14 +306,20 @@ def yield_stops(config: SamplerConfig, missing: int, keep_rate: float | None, bu
     """
     _check(config, missing, keep_rate, budget_left)
     require_real("groups_seen", groups_seen, low=0.0, fix="Pass the groups the keep-rate estimate has seen.")
-    if (config.on_shortfall != ShortfallPolicy.PARTIAL or config.refill == RefillStrategy.BARRIER
-            or not config.enable or keep_rate is None or groups_seen < estimate_sample_size(config)):
+    if (
+        config.on_shortfall != ShortfallPolicy.PARTIAL
+        or config.refill == RefillStrategy.BARRIER
+        or not config.enable
+        or keep_rate is None
+        or groups_seen < estimate_sample_size(config)
+    ):
         return False
     return not budget_can_fill(config, missing, keep_rate, budget_left)
 
 
-def inflight_target(config: SamplerConfig, missing: int, keep_rate: float | None, budget_left: int, *,
-                    streaming: bool) -> int:
+def inflight_target(
+    config: SamplerConfig, missing: int, keep_rate: float | None, budget_left: int, *, streaming: bool
+) -> int:
     """Groups a step should have generating for ``missing`` groups: one round (:func:`round_request`), times
     ``stream_oversample`` on a streaming engine, within ``budget_left``."""
     size = round_request(config, missing, keep_rate, budget_left)
@@ -325,8 +370,14 @@ def update_keep_rate(
         require_real("estimate", estimate, low=0.0, high=1.0, fix="Pass the current keep rate, or None.")
     generated = require_int("generated", generated, low=0, fix="Pass the groups generated in this round.")
     require_int("kept", kept, low=0, high=generated, fix=f"Pass how many of the {generated} groups were informative.")
-    require_real("smoothing", smoothing, low=0.0, high=1.0, low_open=True,
-                 fix="Pass algorithm.filter_groups.keep_rate_smoothing, in (0, 1].")
+    require_real(
+        "smoothing",
+        smoothing,
+        low=0.0,
+        high=1.0,
+        low_open=True,
+        fix="Pass algorithm.filter_groups.keep_rate_smoothing, in (0, 1].",
+    )
     if round_size is not None:
         require_int("round_size", round_size, low=1, fix="Pass train_batch_size, or None.")
     if generated == 0:

@@ -17,7 +17,14 @@ from typing import Any
 import torch
 
 __all__ = [
-    "read_amount", "read_amounts", "read_count", "read_flag", "read_ids", "read_rng_state", "read_rows", "require_keys",
+    "read_amount",
+    "read_amounts",
+    "read_count",
+    "read_flag",
+    "read_ids",
+    "read_rng_state",
+    "read_rows",
+    "require_keys",
     "state_mapping",
 ]
 
@@ -42,8 +49,9 @@ def state_mapping(owner: str, state: object, known: Collection[str]) -> Mapping[
         raise TypeError(f"the {owner} state is {type(state).__name__}, not a mapping. {_fix(owner)}")
     unknown = sorted(str(key) for key in state if key not in known)
     if unknown:
-        raise ValueError(f"the {owner} state has unknown keys {unknown}; a {owner} state holds only {sorted(known)}. "
-                         f"{_fix(owner)}")
+        raise ValueError(
+            f"the {owner} state has unknown keys {unknown}; a {owner} state holds only {sorted(known)}. {_fix(owner)}"
+        )
     return state
 
 
@@ -67,7 +75,8 @@ def read_count(owner: str, key: str, value: Any, *, low: int | None = 0, high: i
     whole = isinstance(value, Integral) or (isinstance(value, float) and value.is_integer())
     if isinstance(value, bool) or not whole or (low is not None and value < low) or (high is not None and value > high):
         bounds = {(True, True): "", (False, True): f" >= {low}", (True, False): f" <= {high}"}.get(
-            (low is None, high is None), f" in [{low}, {high}]")
+            (low is None, high is None), f" in [{low}, {high}]"
+        )
         raise _refuse(owner, key, value, f"an integer{bounds}")
     return int(value)
 

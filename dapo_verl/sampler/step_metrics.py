@@ -65,6 +65,7 @@ class SamplerView(Protocol):
     @property
     def trained_prompts(self) -> int: ...
 
+
 PREFIX = "dapo/sampler/"
 
 
@@ -78,8 +79,16 @@ def _or_minus_one(value: float | None) -> float:
     return -1.0 if value is None else value
 
 
-def step_metrics(sampler: SamplerView, before: tuple[dict, ...], trained: int, from_carry: int,
-                 ages: list[tuple[int, int]], *, partial: bool, inflight_at_full: int = 0) -> dict[str, float]:
+def step_metrics(
+    sampler: SamplerView,
+    before: tuple[dict, ...],
+    trained: int,
+    from_carry: int,
+    ages: list[tuple[int, int]],
+    *,
+    partial: bool,
+    inflight_at_full: int = 0,
+) -> dict[str, float]:
     """The step's metrics (module docstring), keyed ``dapo/sampler/<name>``.
 
     Args:
@@ -95,8 +104,9 @@ def step_metrics(sampler: SamplerView, before: tuple[dict, ...], trained: int, f
     c0, d0, a0 = before
     delta = {k: sampler.counters[k] - c0[k] for k in sampler.counters}
     dropped = {f"dropped/{k}": float(count - d0[k]) for k, count in sampler.dropped.items()}  # every reason, in order
-    dropped_aborted = {f"dropped_aborted/{k}": float(count - a0[k])
-                       for k, count in sampler.ledger.dropped_aborted.items()}
+    dropped_aborted = {
+        f"dropped_aborted/{k}": float(count - a0[k]) for k, count in sampler.ledger.dropped_aborted.items()
+    }
     staleness = [age for age, _ in ages[:from_carry]]
     trained_tokens = delta["response_tokens_trained"]
     generated = delta["groups_generated"]

@@ -88,6 +88,7 @@ class PromptScorer(Protocol):
 
     def load_state_dict(self, state: dict[str, Any]) -> None: ...
 
+
 _EPOCH_SEED_STRIDE = 1_000_003
 
 
@@ -127,15 +128,26 @@ class PromptStream:
         selection_window: float = 8.0,
         explore_fraction: float = 0.05,
     ) -> None:
-        self.num_prompts = require_int("num_prompts", num_prompts, low=1, fix=(
-            "It is the number of prompts in the training data: a positive integer (0 means the prompt source is "
-            "empty; check the training data path)."))
+        self.num_prompts = require_int(
+            "num_prompts",
+            num_prompts,
+            low=1,
+            fix=(
+                "It is the number of prompts in the training data: a positive integer (0 means the prompt source is "
+                "empty; check the training data path)."
+            ),
+        )
         self.seed = require_int("seed", seed, low=0, high=MAX_SEED, fix="Use the run's data.seed.")
         self.shuffle = require_flag("shuffle", shuffle, fix="True visits prompts in a seeded random order.")
-        self.skip_uninformative = require_flag("skip_uninformative", skip_uninformative,
-                                               fix="Use True to pass over prompts predicted to be uninformative.")
-        self.history = PromptHistory(num_prompts, smoothing_groups=smoothing_groups,
-                                     max_skip_probability=max_skip_probability, exhausted_streak=exhausted_streak)
+        self.skip_uninformative = require_flag(
+            "skip_uninformative", skip_uninformative, fix="Use True to pass over prompts predicted to be uninformative."
+        )
+        self.history = PromptHistory(
+            num_prompts,
+            smoothing_groups=smoothing_groups,
+            max_skip_probability=max_skip_probability,
+            exhausted_streak=exhausted_streak,
+        )
         self.epoch = 0
         self.position = 0
         self.prompts_consumed = 0
@@ -145,10 +157,12 @@ class PromptStream:
         self._revisit: dict[int, None] = {}  # prompt ids waiting for a revisit, oldest first (an ordered set)
         self._handed_out: set[int] = set()  # revisits handed out whose group has not been recorded yet
         self.scorer = scorer
-        self.selection_window = require_real("selection_window", selection_window, low=1.0,
-                                             fix="Use e.g. 8.0 candidates per prompt taken.")
-        self.explore_fraction = require_real("explore_fraction", explore_fraction, low=0.0, high=1.0,
-                                             fix="Use e.g. 0.05 (one place in 20 explores).")
+        self.selection_window = require_real(
+            "selection_window", selection_window, low=1.0, fix="Use e.g. 8.0 candidates per prompt taken."
+        )
+        self.explore_fraction = require_real(
+            "explore_fraction", explore_fraction, low=0.0, high=1.0, fix="Use e.g. 0.05 (one place in 20 explores)."
+        )
         self._scored: dict[int, float] = {}  # prompts handed out by ranked selection -> their score, until recorded
         self._rng = torch.Generator().manual_seed(seed)
         self._order = self._permutation(0)
@@ -289,8 +303,9 @@ class PromptStream:
         self.prompts_revisited += len(due)
         return due
 
-    def record(self, prompt_id: int, reason: DropReason, *, correct: int | None = None,
-               group_size: int | None = None) -> float | None:
+    def record(
+        self, prompt_id: int, reason: DropReason, *, correct: int | None = None, group_size: int | None = None
+    ) -> float | None:
         """Update a prompt's history after its group was scored.
 
         Args:
@@ -363,20 +378,25 @@ class PromptStream:
                 a prompt outside the pool); the stream, its history and its scorer are then unchanged.
         """
         owner, last = "PromptStream", self.num_prompts - 1
-        parts = require_keys(owner, state, ("num_prompts", "epoch", "position", "prompts_consumed",
-                                            "prompts_skipped", "rng"))
+        parts = require_keys(
+            owner, state, ("num_prompts", "epoch", "position", "prompts_consumed", "prompts_skipped", "rng")
+        )
         if read_count(owner, "num_prompts", parts["num_prompts"]) != self.num_prompts:
             raise ValueError(
                 f"The saved sampler state covers {parts['num_prompts']} prompts but the prompt source has "
                 f"{self.num_prompts}; resume with the same training data, or start a fresh run."
             )
-        counts = {key: read_count(owner, key, parts.get(key, 0)) for key in (
-            "epoch", "prompts_consumed", "prompts_skipped", "prompts_revisited")}
+        counts = {
+            key: read_count(owner, key, parts.get(key, 0))
+            for key in ("epoch", "prompts_consumed", "prompts_skipped", "prompts_revisited")
+        }
         position = read_count(owner, "position", parts["position"], high=self.num_prompts)
         revisit = read_ids(owner, "revisit", parts.get("revisit", []), self.num_prompts)
         handed_out = read_ids(owner, "handed_out", parts.get("handed_out", []), self.num_prompts)
-        scored = {read_count(owner, "scored", pid, high=last): read_amount(owner, "scored", score, low=None)
-                  for pid, score in read_rows(owner, "scored", parts.get("scored", []), 2)}
+        scored = {
+            read_count(owner, "scored", pid, high=last): read_amount(owner, "scored", score, low=None)
+            for pid, score in read_rows(owner, "scored", parts.get("scored", []), 2)
+        }
         rng = read_rng_state(owner, "rng", parts["rng"])
         history_before = self.history.state_dict()
         self.history.load_state_dict(parts.get("history", {}))
@@ -387,8 +407,12 @@ class PromptStream:
             self.history.load_state_dict(history_before)
             raise
         self.epoch, self.position, self.prompts_consumed, self.prompts_skipped, self.prompts_revisited = (
-            counts["epoch"], position, counts["prompts_consumed"], counts["prompts_skipped"],
-            counts["prompts_revisited"])
+            counts["epoch"],
+            position,
+            counts["prompts_consumed"],
+            counts["prompts_skipped"],
+            counts["prompts_revisited"],
+        )
         self._revisit, self._handed_out, self._scored = dict.fromkeys(revisit), set(handed_out), scored
         self._rng.set_state(rng)
         self._order = self._permutation(self.epoch)

@@ -10,26 +10,53 @@ from dapo_verl.rehearsal.run import RehearsalOptions, rehearse
 from dapo_verl.report.derived import RATIO_METRICS, RATIO_PARTS, derive_ratios
 
 # The dapo_trainer config takes verl's defaults for sizes verl cannot guess; a user sets these too.
-SIZES = ["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
-         "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=2",
-         "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=2", "actor_rollout_ref.actor.ppo_mini_batch_size=2"]
+SIZES = [
+    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
+    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=2",
+    "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=2",
+    "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+]
 # Surplus carried and prompts skipped by history: the sampler state a resume has to restore.
-CARRY = ["algorithm.filter_groups.refill=barrier", "data.gen_batch_size=8", "algorithm.filter_groups.surplus=carry",
-         "algorithm.filter_groups.skip_uninformative=true"]
+CARRY = [
+    "algorithm.filter_groups.refill=barrier",
+    "data.gen_batch_size=8",
+    "algorithm.filter_groups.surplus=carry",
+    "algorithm.filter_groups.skip_uninformative=true",
+]
 # Prompts chosen by prediction: the predictor's beliefs, calibration and noted predictions join the saved state.
 PREDICTED = ["algorithm.filter_groups.prompt_selection=predicted"]
 
 
-def run_rehearsal(tmp_path: Path, config: str, *overrides: str, steps: int = 3, resume: bool = True,
-                  gpus: int = 1, overlap: bool = False, engine: str | None = None):
+def run_rehearsal(
+    tmp_path: Path,
+    config: str,
+    *overrides: str,
+    steps: int = 3,
+    resume: bool = True,
+    gpus: int = 1,
+    overlap: bool = False,
+    engine: str | None = None,
+):
     # Sequential, the default: the suite already keeps both cores busy, where overlapping the two runs only adds
     # contention and memory. engine=None: vLLM when it is installed.
-    options = RehearsalOptions(config_name=config, overrides=tuple(overrides), out_dir=tmp_path / "rehearsal",
-                               steps=steps, resume=resume, gpus=gpus, timeout_s=600, overlap=overlap, engine=engine)
+    options = RehearsalOptions(
+        config_name=config,
+        overrides=tuple(overrides),
+        out_dir=tmp_path / "rehearsal",
+        steps=steps,
+        resume=resume,
+        gpus=gpus,
+        timeout_s=600,
+        overlap=overlap,
+        engine=engine,
+    )
     report = rehearse(options, echo=lambda line: None).report
     out = options.out_dir
-    failures = [f"{r['name']} {r['state']}: {r['error'] or r.get('why', '')}" for r in report["runs"]
-                if r["state"] != "finished"]
+    failures = [
+        f"{r['name']} {r['state']}: {r['error'] or r.get('why', '')}"
+        for r in report["runs"]
+        if r["state"] != "finished"
+    ]
     assert not failures, f"{failures}; logs under {out}"
     return report, read_jsonl(out / "run1" / "metrics.jsonl"), out
 
@@ -46,8 +73,11 @@ def assert_dapo_metrics_every_step(logged, steps, *, predicted=False):
     for step, data in trained.items():
         missing = [key for key in REQUIRED_METRICS if key not in data]
         assert not missing, f"step {step} lacks {missing}"
-        assert (data["dapo/sampler/gen_rounds"] >= 1 or data["dapo/sampler/groups_from_carry"] > 0
-                or data["dapo/sampler/resumed_groups"] > 0)  # streaming: a step may only continue aborted groups
+        assert (
+            data["dapo/sampler/gen_rounds"] >= 1
+            or data["dapo/sampler/groups_from_carry"] > 0
+            or data["dapo/sampler/resumed_groups"] > 0
+        )  # streaming: a step may only continue aborted groups
         assert 0 < data["dapo/sampler/pool_trained_fraction"] <= 1
         if predicted:  # the predictor's calibration in verl's own log: predicted against observed informative groups
             missing = [key for key in PREDICTION_METRICS if key not in data]
@@ -61,8 +91,11 @@ def assert_dapo_metrics_every_step(logged, steps, *, predicted=False):
     return trained
 
 
-CLIPPED_PROBABILITY_PARTS = (*sorted(RATIO_PARTS), "actor/dapo/clip_upper_old_prob_max",
-                             "actor/dapo/clip_higher_kept_old_prob_max")
+CLIPPED_PROBABILITY_PARTS = (
+    *sorted(RATIO_PARTS),
+    "actor/dapo/clip_upper_old_prob_max",
+    "actor/dapo/clip_higher_kept_old_prob_max",
+)
 
 
 def assert_clipped_probability_parts(data, where):

@@ -85,11 +85,14 @@ def _kill_after_a_checkpoint(command, out, delay_s, log):
 
 def _assert_same_run(reference_dir, out, steps):
     assert not history_differences(read_history(reference_dir / "metrics.jsonl"), read_history(out / "metrics.jsonl"))
-    _, diffs = state_differences(read_checkpoint(checkpoint_dir(reference_dir, steps)),
-                                 read_checkpoint(checkpoint_dir(out, steps)))
+    _, diffs = state_differences(
+        read_checkpoint(checkpoint_dir(reference_dir, steps)), read_checkpoint(checkpoint_dir(out, steps))
+    )
     assert diffs == []
-    _, diffs = state_differences(load_file(str(reference_dir / "model" / "model.safetensors")),
-                                 load_file(str(out / "model" / "model.safetensors")))
+    _, diffs = state_differences(
+        load_file(str(reference_dir / "model" / "model.safetensors")),
+        load_file(str(out / "model" / "model.safetensors")),
+    )
     assert diffs == []
 
 

@@ -13,25 +13,45 @@ from dapo_verl.local.train import run
 pytestmark = pytest.mark.e2e
 
 TINY = [
-    "trainer.total_training_steps=6", "trainer.test_freq=3", "trainer.save_freq=3",
-    "data.train_batch_size=4", "data.gen_batch_size=8", "actor_rollout_ref.rollout.n=4",
-    "actor_rollout_ref.actor.ppo_mini_batch_size=2", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=3",
+    "trainer.total_training_steps=6",
+    "trainer.test_freq=3",
+    "trainer.save_freq=3",
+    "data.train_batch_size=4",
+    "data.gen_batch_size=8",
+    "actor_rollout_ref.rollout.n=4",
+    "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=3",
     "local.task.heldout_size=50",
 ]
 KEYS = [
-    "actor/pg_loss", "actor/pg_clipfrac", "actor/entropy", "actor/grad_norm", "critic/score/mean",
-    "response_length/mean", "response_length/clip_ratio", "actor/dapo/clip_upper_fraction",
-    "actor/dapo/clip_lower_fraction", "actor/dapo/dual_clip_fraction", "actor/dapo/clip_higher_kept_fraction",
-    "actor/dapo/ratio_mean", "actor/dapo/ratio_min", "actor/dapo/ratio_max", "dapo/sampler/keep_rate",
-    "dapo/sampler/gen_rounds", "dapo/sampler/prefilter_acc", "dapo/sampler/generated_per_trained",
+    "actor/pg_loss",
+    "actor/pg_clipfrac",
+    "actor/entropy",
+    "actor/grad_norm",
+    "critic/score/mean",
+    "response_length/mean",
+    "response_length/clip_ratio",
+    "actor/dapo/clip_upper_fraction",
+    "actor/dapo/clip_lower_fraction",
+    "actor/dapo/dual_clip_fraction",
+    "actor/dapo/clip_higher_kept_fraction",
+    "actor/dapo/ratio_mean",
+    "actor/dapo/ratio_min",
+    "actor/dapo/ratio_max",
+    "dapo/sampler/keep_rate",
+    "dapo/sampler/gen_rounds",
+    "dapo/sampler/prefilter_acc",
+    "dapo/sampler/generated_per_trained",
     "dapo/sampler/dropped/all_wrong",
 ]
 
 
 def _comparable(records):
     """Every metric except wall-clock timings, which no two runs share."""
-    return [{"step": r["step"], "data": {k: v for k, v in r["data"].items() if not k.startswith("timing_s/")}}
-            for r in records]
+    return [
+        {"step": r["step"], "data": {k: v for k, v in r["data"].items() if not k.startswith("timing_s/")}}
+        for r in records
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -47,9 +67,16 @@ def runs(tmp_path_factory):
 def test_cli_run_writes_every_output(runs):
     assert runs["code"] == 0
     out = runs["root"] / "whole"
-    for name in ("config.yaml", "metrics.jsonl", "summary.json", "plots/training_curves.png",
-                 "checkpoints/global_step_3/state.safetensors", "checkpoints/global_step_6/state.safetensors",
-                 "model/config.json", "model/tokenizer.json"):
+    for name in (
+        "config.yaml",
+        "metrics.jsonl",
+        "summary.json",
+        "plots/training_curves.png",
+        "checkpoints/global_step_3/state.safetensors",
+        "checkpoints/global_step_6/state.safetensors",
+        "model/config.json",
+        "model/tokenizer.json",
+    ):
         assert (out / name).is_file(), name
     assert (out / "checkpoints/latest_checkpointed_iteration.txt").read_text().strip() == "6"
     assert list((out / "tensorboard").glob("events.out.tfevents.*"))
@@ -87,9 +114,18 @@ def test_resume_reproduces_the_uninterrupted_run_exactly(runs):
 
 def test_without_filtering_uninformative_groups_reach_the_loss(runs):
     cache = f"local.cache_dir={runs['root'] / 'cache'}"
-    result = run([*TINY, cache, "algorithm.filter_groups.enable=false", "trainer.total_training_steps=3",
-                  "trainer.save_freq=-1", "trainer.test_freq=-1", "trainer.val_before_train=false"],
-                 runs["root"] / "unfiltered")
+    result = run(
+        [
+            *TINY,
+            cache,
+            "algorithm.filter_groups.enable=false",
+            "trainer.total_training_steps=3",
+            "trainer.save_freq=-1",
+            "trainer.test_freq=-1",
+            "trainer.val_before_train=false",
+        ],
+        runs["root"] / "unfiltered",
+    )
     assert sum(value for _, value in result.series("actor/dapo/uninformative_groups")) > 0
     assert all(value == 4.0 for _, value in result.series("dapo/sampler/groups_trained"))
 
@@ -97,20 +133,41 @@ def test_without_filtering_uninformative_groups_reach_the_loss(runs):
 def test_resume_from_an_explicit_checkpoint_path_continues_that_run(runs):
     whole = [json.loads(line) for line in (runs["root"] / "whole" / "metrics.jsonl").read_text().splitlines()]
     checkpoint = runs["root"] / "whole" / "checkpoints" / "global_step_3"
-    result = run([*TINY, f"local.cache_dir={runs['root'] / 'cache'}", "trainer.resume_mode=resume_path",
-                  f"trainer.resume_from_path={checkpoint}"], runs["root"] / "from_path")
+    result = run(
+        [
+            *TINY,
+            f"local.cache_dir={runs['root'] / 'cache'}",
+            "trainer.resume_mode=resume_path",
+            f"trainer.resume_from_path={checkpoint}",
+        ],
+        runs["root"] / "from_path",
+    )
     assert result.resumed_from == 3
     assert _comparable(result.history) == _comparable(whole[4:])
 
 
 def test_a_step_without_loss_tokens_logs_undefined_per_token_metrics(runs):
     # A 2-token budget leaves the untrained model's responses truncated; overlong filtering masks them all.
-    result = run(["trainer.total_training_steps=2", "trainer.test_freq=-1", "trainer.save_freq=-1",
-                  "trainer.val_before_train=false", "data.train_batch_size=2", "actor_rollout_ref.rollout.n=4",
-                  "actor_rollout_ref.actor.ppo_mini_batch_size=1", "data.max_response_length=2",
-                  "reward.reward_kwargs.overlong_tokens=1", "algorithm.overlong_filtering=true",
-                  "algorithm.filter_groups.enable=false", "local.task.heldout_size=50", "data.seed=0",
-                  f"local.cache_dir={runs['root'] / 'cache'}"], runs["root"] / "no_loss_tokens", progress=True)
+    result = run(
+        [
+            "trainer.total_training_steps=2",
+            "trainer.test_freq=-1",
+            "trainer.save_freq=-1",
+            "trainer.val_before_train=false",
+            "data.train_batch_size=2",
+            "actor_rollout_ref.rollout.n=4",
+            "actor_rollout_ref.actor.ppo_mini_batch_size=1",
+            "data.max_response_length=2",
+            "reward.reward_kwargs.overlong_tokens=1",
+            "algorithm.overlong_filtering=true",
+            "algorithm.filter_groups.enable=false",
+            "local.task.heldout_size=50",
+            "data.seed=0",
+            f"local.cache_dir={runs['root'] / 'cache'}",
+        ],
+        runs["root"] / "no_loss_tokens",
+        progress=True,
+    )
     assert [value for _, value in result.series("actor/dapo/loss_tokens")] == [0.0, 0.0]
     assert result.series("actor/entropy") == []  # logged as null: undefined, not 0
     lines = (runs["root"] / "no_loss_tokens" / "metrics.jsonl").read_text().splitlines()
@@ -121,9 +178,16 @@ def test_rollout_correction_weighs_carried_groups_only_and_resumes_exactly(tmp_p
     # surplus=carry trains groups a step after they were sampled; rollout_is=token weighs their tokens against the
     # policy that sampled them. A step that trains no carried group has every weight exactly 1, and the sampling
     # log-probs of carried groups survive the checkpoint (the resumed run repeats the uninterrupted one).
-    overrides = [*TINY, f"local.cache_dir={tmp_path / 'cache'}", "trainer.total_training_steps=8",
-                 "trainer.save_freq=4", "trainer.test_freq=4", "algorithm.filter_groups.surplus=carry",
-                 "algorithm.rollout_correction.rollout_is=token", "data.gen_batch_size=16"]
+    overrides = [
+        *TINY,
+        f"local.cache_dir={tmp_path / 'cache'}",
+        "trainer.total_training_steps=8",
+        "trainer.save_freq=4",
+        "trainer.test_freq=4",
+        "algorithm.filter_groups.surplus=carry",
+        "algorithm.rollout_correction.rollout_is=token",
+        "data.gen_batch_size=16",
+    ]
     whole = run(overrides, tmp_path / "whole")
     run([*overrides, "trainer.total_training_steps=4"], tmp_path / "resumed")
     resumed = run(overrides, tmp_path / "resumed")
@@ -139,5 +203,13 @@ def test_rollout_correction_weighs_carried_groups_only_and_resumes_exactly(tmp_p
 
 def test_rollout_correction_with_streaming_is_refused_naming_both_keys(tmp_path):
     with pytest.raises(ValueError, match=r"rollout_is=token with algorithm\.filter_groups\.streaming=true"):
-        run([*TINY, f"local.cache_dir={tmp_path / 'cache'}", "algorithm.filter_groups.streaming=true",
-             "algorithm.filter_groups.surplus=carry", "algorithm.rollout_correction.rollout_is=token"], tmp_path / "r")
+        run(
+            [
+                *TINY,
+                f"local.cache_dir={tmp_path / 'cache'}",
+                "algorithm.filter_groups.streaming=true",
+                "algorithm.filter_groups.surplus=carry",
+                "algorithm.rollout_correction.rollout_is=token",
+            ],
+            tmp_path / "r",
+        )

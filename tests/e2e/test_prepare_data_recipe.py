@@ -20,8 +20,9 @@ SCRIPT = Path(__file__).resolve().parents[2] / "recipes" / "prepare_data.sh"
 def _run(env_vars: dict[str, str], *args: str) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k not in {"DAPO_MATH_PARQUET", "AIME_PARQUET", "DATA_DIR"}}
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"  # the venv's dapo-verl
-    return subprocess.run(["bash", str(SCRIPT), *args], env={**env, **env_vars}, capture_output=True, text=True,
-                          timeout=120)
+    return subprocess.run(
+        ["bash", str(SCRIPT), *args], env={**env, **env_vars}, capture_output=True, text=True, timeout=120
+    )
 
 
 @pytest.fixture

@@ -40,8 +40,12 @@ def _nothing_left(*markers: str) -> None:
 
 def test_the_paper_recipe_runs_as_jobs_on_two_nodes_with_verls_workers_on_both(tmp_path, memory_heavy):
     out = tmp_path / "rehearsal"
-    done = subprocess.run([str(CLI), "rehearse", "dapo_qwen2.5_32b", "--nodes", "2", "--out", str(out)],
-                          capture_output=True, text=True, timeout=1500)
+    done = subprocess.run(
+        [str(CLI), "rehearse", "dapo_qwen2.5_32b", "--nodes", "2", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=1500,
+    )
     report = json.loads((out / "report.json").read_text())
     assert done.returncode == 0 and report["ok"], (done.stdout[-3000:], done.stderr[-3000:])
     cluster = report["cluster"]
@@ -75,13 +79,23 @@ def test_a_broken_job_fails_the_followed_launcher_with_the_jobs_own_error(tmp_pa
     cluster = LocalCluster(2, 1, temp, tmp_path / "cluster", node_env({}), echo=lambda line: None)
     try:
         with cluster:
-            env = {**os.environ, "RAY_ADDRESS": cluster.dashboard_url, "DAPO_MODEL_PATH": str(tmp_path / "model"),
-                   "DAPO_DATA_DIR": str(tmp_path / "data"), "DAPO_OUTPUT_DIR": str(tmp_path / "output"),
-                   "PYTHON": sys.executable, "DAPO_SUBMISSION_ID": "broken-1",
-                   "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
-            done = subprocess.run(["bash", str(RUN_RAY), "dapo_qwen2.5_32b", "--follow",
-                                   "actor_rollout_ref.actor.clip_ratio_hihg=0.3"], env=env, capture_output=True,
-                                  text=True, timeout=600)
+            env = {
+                **os.environ,
+                "RAY_ADDRESS": cluster.dashboard_url,
+                "DAPO_MODEL_PATH": str(tmp_path / "model"),
+                "DAPO_DATA_DIR": str(tmp_path / "data"),
+                "DAPO_OUTPUT_DIR": str(tmp_path / "output"),
+                "PYTHON": sys.executable,
+                "DAPO_SUBMISSION_ID": "broken-1",
+                "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+            }
+            done = subprocess.run(
+                ["bash", str(RUN_RAY), "dapo_qwen2.5_32b", "--follow", "actor_rollout_ref.actor.clip_ratio_hihg=0.3"],
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=600,
+            )
             assert done.returncode == 1, done.stdout[-2000:]
             # The job's own error, streamed from the cluster, then the launcher's verdict.
             assert "clip_ratio_hihg" in done.stdout and "clip_ratio_high" in done.stdout, done.stdout[-2000:]

@@ -85,18 +85,23 @@ def _plant_segment(records: Path) -> str:
 
 def _leftovers(out: Path, ray_folders: list[str], tree: dict[int, str], planted: str) -> list[str]:
     """Everything of the rehearsal still there, one line each."""
-    found = [f"pid {pid} names {marker}: {line[:150]}" for marker in (str(out), *ray_folders)
-             for pid, line in lifetime.processes_naming(marker)]
-    found += [f"pid {pid} (a descendant at the signal) lives" for pid, started in tree.items()
-              if _start_time(pid) == started]
+    found = [
+        f"pid {pid} names {marker}: {line[:150]}"
+        for marker in (str(out), *ray_folders)
+        for pid, line in lifetime.processes_naming(marker)
+    ]
+    found += [
+        f"pid {pid} (a descendant at the signal) lives" for pid, started in tree.items() if _start_time(pid) == started
+    ]
     found += [f"{folder} exists" for folder in ray_folders if Path(folder).exists()]
     recorded = {planted, *(name for run in ("run1", "run2") for name in lifetime.recorded_names(out / run / "engine"))}
     found += [f"/dev/shm/{name} exists" for name in sorted(recorded) if (lifetime.SHM_ROOT / name).exists()]
     return found
 
 
-def _stop_what_the_test_started(command: subprocess.Popen, tree: dict[int, str], out: Path, folders: list[str],
-                                planted: str) -> None:
+def _stop_what_the_test_started(
+    command: subprocess.Popen, tree: dict[int, str], out: Path, folders: list[str], planted: str
+) -> None:
     """On a failure, kill the command, the descendants it had at the signal and whatever names its folders, and
     remove the folders and the planted segment."""
     if command.poll() is None:
@@ -120,8 +125,10 @@ def _assert_interrupted(console: str, report: dict, by: str, processes: int) -> 
     assert said[0].startswith(f"dapo-verl rehearse: interrupted by {by}: run1 interrupted after "), said
     assert "PASSED" not in console and "FAILED" not in console
     assert report["state"] == "interrupted" and report["interrupted_by"] == by and not report["ok"]
-    assert [(run["name"], run["state"]) for run in report["runs"]] == [("run1", "interrupted"),
-                                                                      ("run2 (resume)", "interrupted")]
+    assert [(run["name"], run["state"]) for run in report["runs"]] == [
+        ("run1", "interrupted"),
+        ("run2 (resume)", "interrupted"),
+    ]
     memory = report["memory"]
     assert 2**30 < report["peak_rss_bytes"] < 24 * 2**30, memory  # verl, Ray and torch in a dozen processes or more
     assert 0 < report["peak_pss_bytes"] < report["peak_rss_bytes"], memory  # shared pages count once in PSS
@@ -131,22 +138,45 @@ def _assert_interrupted(console: str, report: dict, by: str, processes: int) -> 
 
 # SIGINT takes SIGTERM's path through stop_signals; it is tested with stand-in processes
 # (tests/unit/test_lifetime.py, tests/unit/test_rehearsal_schedule.py), not with a third whole rehearsal here
-@pytest.mark.parametrize(("signum", "status"), [(signal.SIGTERM, 128 + signal.SIGTERM),
-                                                (signal.SIGKILL, -signal.SIGKILL)])
+@pytest.mark.parametrize(
+    ("signum", "status"), [(signal.SIGTERM, 128 + signal.SIGTERM), (signal.SIGKILL, -signal.SIGKILL)]
+)
 def test_a_rehearsal_stopped_with_its_runs_up_leaves_no_process_folder_or_shared_memory(tmp_path, signum, status):
     out, console = tmp_path / "rehearsal", tmp_path / "console.txt"
     cli = Path(sys.executable).with_name("dapo-verl")
     with open(console, "w") as sink:
-        command = subprocess.Popen(["nice", "-n", "10", str(cli), "rehearse", "dapo_trainer", "--engine", "stand-in",
-                                    "--overlap-resume", "--out", str(out)], stdout=sink, stderr=subprocess.STDOUT,
-                                   env={**os.environ, "PYTHONUNBUFFERED": "1"}, start_new_session=True)
+        command = subprocess.Popen(
+            [
+                "nice",
+                "-n",
+                "10",
+                str(cli),
+                "rehearse",
+                "dapo_trainer",
+                "--engine",
+                "stand-in",
+                "--overlap-resume",
+                "--out",
+                str(out),
+            ],
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            start_new_session=True,
+        )
     tree: dict[int, str] = {}
     ray_folders: list[str] = []
     planted = ""
     try:
         _wait_for_line(console, command, "[run1] step 1/3 logged", STARTUP_S)
-        ray_folders = sorted(set(re.findall(rf"{re.escape(tempfile.gettempdir())}/dvr-[A-Za-z0-9_]+",
-                                            console.read_text() + (out / "run2" / "log.txt").read_text())))
+        ray_folders = sorted(
+            set(
+                re.findall(
+                    rf"{re.escape(tempfile.gettempdir())}/dvr-[A-Za-z0-9_]+",
+                    console.read_text() + (out / "run2" / "log.txt").read_text(),
+                )
+            )
+        )
         assert len(ray_folders) == 2, ray_folders  # the private Ray folder of each run
         planted = _plant_segment(out / "run1" / "engine")
         tree = _descendants(command.pid)
@@ -158,8 +188,10 @@ def test_a_rehearsal_stopped_with_its_runs_up_leaves_no_process_folder_or_shared
         assert command.wait(STOPPED_WITHIN_S) == status, console.read_text()[-3000:]
         while (left := _leftovers(out, ray_folders, tree, planted)) and time.monotonic() - sent < STOPPED_WITHIN_S:
             time.sleep(0.5)
-        print(f"{signal.Signals(signum).name}: {len(tree)} processes, the last gone {time.monotonic() - sent:.1f} s "
-              f"after the signal")
+        print(
+            f"{signal.Signals(signum).name}: {len(tree)} processes, the last gone {time.monotonic() - sent:.1f} s "
+            f"after the signal"
+        )
         assert not left, left
         if signum != signal.SIGKILL:
             by = lifetime.signal_name(signum)
@@ -178,9 +210,26 @@ def test_a_two_node_rehearsal_killed_with_its_job_up_leaves_no_ray_node_process_
     out, console = tmp_path / "rehearsal", tmp_path / "console.txt"
     cli = Path(sys.executable).with_name("dapo-verl")
     with open(console, "w") as sink:
-        command = subprocess.Popen(["nice", "-n", "10", str(cli), "rehearse", "dapo_trainer", "--engine", "stand-in",
-                                    "--nodes", "2", "--out", str(out)], stdout=sink, stderr=subprocess.STDOUT,
-                                   env={**os.environ, "PYTHONUNBUFFERED": "1"}, start_new_session=True)
+        command = subprocess.Popen(
+            [
+                "nice",
+                "-n",
+                "10",
+                str(cli),
+                "rehearse",
+                "dapo_trainer",
+                "--engine",
+                "stand-in",
+                "--nodes",
+                "2",
+                "--out",
+                str(out),
+            ],
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            start_new_session=True,
+        )
     tree: dict[int, str] = {}
     folders: list[str] = []
     planted = ""

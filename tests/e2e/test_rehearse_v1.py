@@ -20,12 +20,14 @@ pytestmark = [pytest.mark.slow, pytest.mark.verl, pytest.mark.e2e]
 
 def test_v1_sync_trains_with_the_replenisher_and_resumes_exactly_on_the_stand_in(tmp_path, memory_heavy):
     # The default path: the resume run starts with the first and waits at verl's checkpoint load for it.
-    report, logged, out = run_rehearsal(tmp_path, "dapo_trainer", "actor_rollout_ref.rollout.n=4", *SIZES, *CARRY,
-                                        overlap=True, engine="stand-in")
+    report, logged, out = run_rehearsal(
+        tmp_path, "dapo_trainer", "actor_rollout_ref.rollout.n=4", *SIZES, *CARRY, overlap=True, engine="stand-in"
+    )
     assert report["rollout_engine"] == "stand-in" and "--engine stand-in" in report["engine_reason"]
     changes = json.loads((out / "changes.json").read_text())
     assert {"key": "actor_rollout_ref.rollout.name", "rehearsal": "dapo_cpu"}.items() <= next(
-        c for c in changes if c["key"] == "actor_rollout_ref.rollout.name").items()
+        c for c in changes if c["key"] == "actor_rollout_ref.rollout.name"
+    ).items()
     assert "weight_sync" not in report  # the probe is for vLLM; the replica is dapo_verl's own code
     trained = assert_dapo_metrics_every_step(logged, 3)
     run2_log = (out / "run2" / "log.txt").read_text()

@@ -20,7 +20,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.verl, pytest.mark.e2e]
 
 # A mini-batch of 2 prompts x 3 responses is 3 rows on each of 2 ranks: micro-batches of 3 (verl asserts they divide).
 ODD_SIZES = [s for s in SIZES if "ppo_micro_batch_size_per_gpu" not in s] + [
-    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=3"]
+    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=3"
+]
 
 
 def test_legacy_trainer_on_two_ranks_with_odd_n_and_partial_batches_and_a_resume(tmp_path):
@@ -28,11 +29,21 @@ def test_legacy_trainer_on_two_ranks_with_odd_n_and_partial_batches_and_a_resume
     # (verl's DataProto.chunk refuses a remainder). One round of 3 prompts (9 rows) per step with
     # on_shortfall=partial: always short, topped up to whole mini-batches that verl's rank balancing can split.
     report, logged, out = run_rehearsal(
-        tmp_path, "dapo_trainer", "trainer.use_v1=false", "actor_rollout_ref.rollout.n=3",
-        "actor_rollout_ref.rollout.agent.num_workers=2", "algorithm.filter_groups.max_num_gen_batches=1",
-        "algorithm.filter_groups.refill=barrier", "data.gen_batch_size=3",
-        "algorithm.filter_groups.on_shortfall=partial", "algorithm.filter_groups.surplus=carry", *ODD_SIZES, gpus=2,
-        steps=2, engine="stand-in")  # 2 steps: checkpoint at 1, resumed at 2; two vLLM engines would need ~13 GB
+        tmp_path,
+        "dapo_trainer",
+        "trainer.use_v1=false",
+        "actor_rollout_ref.rollout.n=3",
+        "actor_rollout_ref.rollout.agent.num_workers=2",
+        "algorithm.filter_groups.max_num_gen_batches=1",
+        "algorithm.filter_groups.refill=barrier",
+        "data.gen_batch_size=3",
+        "algorithm.filter_groups.on_shortfall=partial",
+        "algorithm.filter_groups.surplus=carry",
+        *ODD_SIZES,
+        gpus=2,
+        steps=2,
+        engine="stand-in",
+    )  # 2 steps: checkpoint at 1, resumed at 2; two vLLM engines would need ~13 GB
     trained = assert_dapo_metrics_every_step(logged, 2)
     assert any(data["dapo/sampler/partial"] == 1 for data in trained.values())
     assert any(data["dapo/rollout/padding_responses"] > 0 for data in trained.values())
@@ -56,17 +67,31 @@ def test_a_recipe_whose_data_lacks_the_prompt_column_fails_with_verls_own_error(
     import pyarrow.parquet as pq
 
     bad = tmp_path / "no_prompt.parquet"
-    pq.write_table(pa.table({"question": ["What is 2 - 1?"] * 8, "data_source": ["math_dapo"] * 8,
-                             "reward_model": [{"ground_truth": "1", "style": "rule"}] * 8}), bad)
-    options = RehearsalOptions(config_name="dapo_trainer", overrides=(
-        f"data.train_files={bad}", f"data.val_files={bad}", "actor_rollout_ref.rollout.n=4", *SIZES),
-        out_dir=tmp_path / "rehearsal", timeout_s=600, overlap=False,  # run1 fails: no resume run to start early
-        engine="stand-in")
+    pq.write_table(
+        pa.table(
+            {
+                "question": ["What is 2 - 1?"] * 8,
+                "data_source": ["math_dapo"] * 8,
+                "reward_model": [{"ground_truth": "1", "style": "rule"}] * 8,
+            }
+        ),
+        bad,
+    )
+    options = RehearsalOptions(
+        config_name="dapo_trainer",
+        overrides=(f"data.train_files={bad}", f"data.val_files={bad}", "actor_rollout_ref.rollout.n=4", *SIZES),
+        out_dir=tmp_path / "rehearsal",
+        timeout_s=600,
+        overlap=False,  # run1 fails: no resume run to start early
+        engine="stand-in",
+    )
     report = rehearse(options, echo=lambda line: None).report
     assert not report["ok"]
     # no resume after a failed first run, and the report says why
-    assert [(run["name"], run["state"]) for run in report["runs"]] == [("run1", "failed"),
-                                                                      ("run2 (resume)", "not started")]
+    assert [(run["name"], run["state"]) for run in report["runs"]] == [
+        ("run1", "failed"),
+        ("run2 (resume)", "not started"),
+    ]
     run = report["runs"][0]
     assert run["returncode"] != 0
     assert "prompt" in run["error"], run["error"]  # verl's dataset names the missing key

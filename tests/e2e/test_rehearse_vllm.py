@@ -32,11 +32,16 @@ from tests.e2e.rehearsal_helpers import (
 pytestmark = [pytest.mark.slow, pytest.mark.verl, pytest.mark.e2e]
 
 README_OVERRIDES = [  # docs/verl.md's loss_mode=dapo overrides, verbatim (the cluster's overlong buffer included)
-    "actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.actor.policy_loss.loss_mode=dapo",
-    "actor_rollout_ref.actor.clip_ratio_low=0.2", "actor_rollout_ref.actor.clip_ratio_high=0.28",
-    "actor_rollout_ref.actor.loss_agg_mode=token-mean", "algorithm.adv_estimator=dapo",
-    "reward.reward_manager.name=dapo_verl", "+reward.reward_kwargs.overlong_tokens=4096",
-    "+reward.reward_kwargs.overlong_penalty_factor=1.0"]
+    "actor_rollout_ref.rollout.name=vllm",
+    "actor_rollout_ref.actor.policy_loss.loss_mode=dapo",
+    "actor_rollout_ref.actor.clip_ratio_low=0.2",
+    "actor_rollout_ref.actor.clip_ratio_high=0.28",
+    "actor_rollout_ref.actor.loss_agg_mode=token-mean",
+    "algorithm.adv_estimator=dapo",
+    "reward.reward_manager.name=dapo_verl",
+    "+reward.reward_kwargs.overlong_tokens=4096",
+    "+reward.reward_kwargs.overlong_penalty_factor=1.0",
+]
 
 
 def _vllm_label() -> str:
@@ -109,23 +114,42 @@ def test_the_paper_recipe_runs_on_real_vllm_and_resumes_exactly(tmp_path):
 
 def test_v1_colocate_async_runs_on_real_vllm_and_resumes(tmp_path):
     # Prompts chosen by prediction: its calibration metrics reach verl's log, its state survives the resume.
-    report, logged, out = run_rehearsal(tmp_path, "dapo_trainer", "trainer.v1.trainer_mode=colocate_async",
-                                        "actor_rollout_ref.rollout.n=4", *SIZES, *CARRY, *PREDICTED)
+    report, logged, out = run_rehearsal(
+        tmp_path,
+        "dapo_trainer",
+        "trainer.v1.trainer_mode=colocate_async",
+        "actor_rollout_ref.rollout.n=4",
+        *SIZES,
+        *CARRY,
+        *PREDICTED,
+    )
     assert report["ok"], report
     trained = assert_dapo_metrics_every_step(logged, 3, predicted=True)
     assert next(c for c in report["components"] if c["component"] == "prompt prediction")["active"]
     assert_real_vllm_ran(report, logged, out, 3)
     assert report["resume"]["data_identical"], report["resume"]["differences"]
     resumed = training_steps(read_jsonl(out / "run2" / "metrics.jsonl"))
-    for key in ("dapo/sampler/train_step", "dapo/sampler/history_size", "dapo/sampler/data_epoch",
-                "dapo/sampler/predictor_size", "dapo/sampler/prediction_calibration"):  # the restored predictor
+    for key in (
+        "dapo/sampler/train_step",
+        "dapo/sampler/history_size",
+        "dapo/sampler/data_epoch",
+        "dapo/sampler/predictor_size",
+        "dapo/sampler/prediction_calibration",
+    ):  # the restored predictor
         assert resumed[3][key] == trained[3][key], key
 
 
-LONG_TAIL = ["+actor_rollout_ref.rollout.engine_kwargs.dapo_cpu.response_lengths=long_tail",
-             "data.max_response_length=32", "reward.reward_kwargs.overlong_tokens=6"]  # the recipe's 20% buffer
-STREAMING = ["algorithm.filter_groups.streaming=true", "algorithm.filter_groups.stream_oversample=2.0",
-             "algorithm.filter_groups.surplus=carry", "algorithm.rollout_correction.rollout_is=token"]
+LONG_TAIL = [
+    "+actor_rollout_ref.rollout.engine_kwargs.dapo_cpu.response_lengths=long_tail",
+    "data.max_response_length=32",
+    "reward.reward_kwargs.overlong_tokens=6",
+]  # the recipe's 20% buffer
+STREAMING = [
+    "algorithm.filter_groups.streaming=true",
+    "algorithm.filter_groups.stream_oversample=2.0",
+    "algorithm.filter_groups.surplus=carry",
+    "algorithm.rollout_correction.rollout_is=token",
+]
 
 
 def test_v1_colocate_async_streams_on_real_vllm_and_continues_what_verl_aborted(tmp_path):
@@ -135,22 +159,45 @@ def test_v1_colocate_async_streams_on_real_vllm_and_continues_what_verl_aborted(
     # group finished at once and have nothing left to abort (CI, at step 1). Here the engine runs one sequence at a
     # time and every response runs its 16 tokens (ignore_eos), so groups finish one by one, each a poll's many times
     # apart; and two steps may abort (the checkpoint, save_freq 3, settles step 3; step 4 is the resumed one).
-    report, logged, out = run_rehearsal(tmp_path, "dapo_trainer", "trainer.v1.trainer_mode=colocate_async",
-                                        "actor_rollout_ref.rollout.n=4", "actor_rollout_ref.rollout.max_num_seqs=1",
-                                        "actor_rollout_ref.rollout.ignore_eos=true", "data.max_response_length=16",
-                                        "reward.reward_kwargs.overlong_tokens=3",  # the recipe's 20% of the budget
-                                        *SIZES, *STREAMING, steps=4)
+    report, logged, out = run_rehearsal(
+        tmp_path,
+        "dapo_trainer",
+        "trainer.v1.trainer_mode=colocate_async",
+        "actor_rollout_ref.rollout.n=4",
+        "actor_rollout_ref.rollout.max_num_seqs=1",
+        "actor_rollout_ref.rollout.ignore_eos=true",
+        "data.max_response_length=16",
+        "reward.reward_kwargs.overlong_tokens=3",  # the recipe's 20% of the budget
+        *SIZES,
+        *STREAMING,
+        steps=4,
+    )
     assert report["ok"], report
     trained = assert_dapo_metrics_every_step(logged, 4)
     assert_real_vllm_ran(report, logged, out, 4)
-    sampler = {step: {k.removeprefix("dapo/sampler/"): v for k, v in data.items() if k.startswith("dapo/sampler/")}
-               for step, data in trained.items()}
-    seen = {s: {k: v[k] for k in ("inflight_at_full", "aborted_groups", "resumed_groups", "carried_aborted_groups",
-                                  "dropped_aborted/stale")} for s, v in sampler.items()}
+    sampler = {
+        step: {k.removeprefix("dapo/sampler/"): v for k, v in data.items() if k.startswith("dapo/sampler/")}
+        for step, data in trained.items()
+    }
+    seen = {
+        s: {
+            k: v[k]
+            for k in (
+                "inflight_at_full",
+                "aborted_groups",
+                "resumed_groups",
+                "carried_aborted_groups",
+                "dropped_aborted/stale",
+            )
+        }
+        for s, v in sampler.items()
+    }
     for step in (1, 2):
         # What a step aborted is followed at the next, unless a group aborted twice has outgrown the staleness bound.
-        assert (sampler[step + 1]["resumed_groups"] + sampler[step + 1]["dropped_aborted/stale"]
-                == sampler[step]["carried_aborted_groups"]), seen
+        assert (
+            sampler[step + 1]["resumed_groups"] + sampler[step + 1]["dropped_aborted/stale"]
+            == sampler[step]["carried_aborted_groups"]
+        ), seen
     assert sampler[1]["aborted_groups"] + sampler[2]["aborted_groups"] > 0, seen  # a batch filled mid-generation
     assert sampler[2]["resumed_groups"] + sampler[3]["resumed_groups"] > 0, seen  # ... and verl continued it
     assert max(s["trained_token_age_max"] for s in sampler.values()) <= 1  # continued tokens: at most 1 step old
@@ -169,32 +216,51 @@ def test_v1_sync_streaming_aborts_on_real_vllm_and_discards_what_verl_cannot_con
     # the closed gate late), waits for the agent loop to publish what each aborted request held, and discards those
     # groups. One sequence at a time and twice a round in flight leave requests queued in vLLM when the batch fills.
     # Before the abort rejected late requests, such a step could wait forever on one parked behind the gate.
-    report, logged, out = run_rehearsal(tmp_path, "dapo_trainer", "actor_rollout_ref.rollout.n=4",
-                                        "actor_rollout_ref.rollout.max_num_seqs=1",
-                                        "actor_rollout_ref.rollout.ignore_eos=true", "data.max_response_length=16",
-                                        "reward.reward_kwargs.overlong_tokens=3", *SIZES,
-                                        "algorithm.filter_groups.streaming=true",
-                                        "algorithm.filter_groups.stream_oversample=2.0", steps=3)
+    report, logged, out = run_rehearsal(
+        tmp_path,
+        "dapo_trainer",
+        "actor_rollout_ref.rollout.n=4",
+        "actor_rollout_ref.rollout.max_num_seqs=1",
+        "actor_rollout_ref.rollout.ignore_eos=true",
+        "data.max_response_length=16",
+        "reward.reward_kwargs.overlong_tokens=3",
+        *SIZES,
+        "algorithm.filter_groups.streaming=true",
+        "algorithm.filter_groups.stream_oversample=2.0",
+        steps=3,
+    )
     assert report["ok"], report
     trained = assert_dapo_metrics_every_step(logged, 3)
     assert_real_vllm_ran(report, logged, out, 3)
-    sampler = {step: {k.removeprefix("dapo/sampler/"): v for k, v in data.items() if k.startswith("dapo/sampler/")}
-               for step, data in trained.items()}
+    sampler = {
+        step: {k.removeprefix("dapo/sampler/"): v for k, v in data.items() if k.startswith("dapo/sampler/")}
+        for step, data in trained.items()
+    }
     aborted = sum(s["aborted_groups"] for s in sampler.values())
     assert aborted > 0, sampler  # a batch filled with requests still queued or generating
     assert sum(s["resumed_groups"] + s["carried_aborted_groups"] for s in sampler.values()) == 0  # sync: none kept
     assert sum(s["dropped_aborted/discarded"] for s in sampler.values()) == aborted  # each one discarded
     assert all(s["trained_token_age_max"] == 0 for s in sampler.values())  # strictly on-policy
-    requests = [json.loads(line) for path in (out / "run1" / "engine").glob("requests-*.jsonl")
-                for line in path.read_text().splitlines()]
+    requests = [
+        json.loads(line)
+        for path in (out / "run1" / "engine").glob("requests-*.jsonl")
+        for line in path.read_text().splitlines()
+    ]
     assert any(r["tokens"] < 16 for r in requests)  # ignore_eos: only an aborted request ends short of 16 tokens
     assert not report["resume"]["required"] and "streaming" in report["resume"]["why_not_required"]
 
 
 def test_verl_main_ppo_with_the_loss_mode_dapo_overrides_runs_on_real_vllm(tmp_path):
     # The user's usual command sets the paper's response budget, which the README's 4096-token buffer must fit.
-    report, logged, out = run_rehearsal(tmp_path, "ppo_trainer", *README_OVERRIDES, "data.max_response_length=20480",
-                                        "actor_rollout_ref.rollout.n=4", *SIZES, steps=2)
+    report, logged, out = run_rehearsal(
+        tmp_path,
+        "ppo_trainer",
+        *README_OVERRIDES,
+        "data.max_response_length=20480",
+        "actor_rollout_ref.rollout.n=4",
+        *SIZES,
+        steps=2,
+    )
     assert report["ok"], report
     assert report["entry"].endswith("verl.trainer.main_ppo")
     trained = assert_real_vllm_ran(report, logged, out, 2)
@@ -202,7 +268,8 @@ def test_verl_main_ppo_with_the_loss_mode_dapo_overrides_runs_on_real_vllm(tmp_p
         assert "actor/dapo/clip_upper_fraction" in data and "actor/dapo/clip_higher_kept_fraction" in data
         assert "actor/dapo/actor/clip_upper_fraction" not in data  # verl's actor/ prefix is not doubled
         assert data["actor/pg_clipfrac"] == pytest.approx(
-            data["actor/dapo/clip_upper_fraction"] + data["actor/dapo/clip_lower_fraction"])
+            data["actor/dapo/clip_upper_fraction"] + data["actor/dapo/clip_lower_fraction"]
+        )
         assert "dapo/sampler/gen_rounds" not in data  # verl's own trainer: no replenisher
         assert_clipped_probability_parts(data, "main_ppo")  # the loss's own metrics need no dapo_verl trainer
     # verl's own trainer logs the reward manager's extra info at validation: the soft overlong punishment ran.
@@ -218,14 +285,18 @@ def test_verl_main_ppo_with_the_loss_mode_dapo_overrides_runs_on_real_vllm(tmp_p
 def test_the_legacy_trainer_runs_on_real_vllm_with_long_tailed_lengths(tmp_path):
     # DAPO-like lengths on vLLM itself (min_tokens = max_tokens = a length drawn with the request's seed): most far
     # below the 32-token budget, a tail towards it; drawn again alike by the resumed run.
-    report, logged, out = run_rehearsal(tmp_path, "dapo_trainer", "trainer.use_v1=false",
-                                        "actor_rollout_ref.rollout.n=4", *SIZES, *LONG_TAIL, steps=2)
+    report, logged, out = run_rehearsal(
+        tmp_path, "dapo_trainer", "trainer.use_v1=false", "actor_rollout_ref.rollout.n=4", *SIZES, *LONG_TAIL, steps=2
+    )
     assert report["ok"], report
     trained = assert_dapo_metrics_every_step(logged, 2)
     assert_real_vllm_ran(report, logged, out, 2)
     assert report["resume"]["identical"], report["resume"]["differences"]
-    lengths = sorted(json.loads(line)["tokens"] for path in (out / "run1" / "engine").glob("requests-*.jsonl")
-                     for line in path.read_text().splitlines())  # every request, as vLLM's server answered it
+    lengths = sorted(
+        json.loads(line)["tokens"]
+        for path in (out / "run1" / "engine").glob("requests-*.jsonl")
+        for line in path.read_text().splitlines()
+    )  # every request, as vLLM's server answered it
     assert len(lengths) >= 32 and lengths[-1] <= 32
     assert lengths[len(lengths) // 2] <= 12 < lengths[-1]  # median near 0.15 x 32; a tail well past it
     for data in trained.values():  # verl's own view of what it trained on
@@ -236,11 +307,16 @@ def test_v1_separate_async_lends_its_gpus_only_when_the_buffer_is_short_and_resu
     # verl's GPU switch (hybrid_rollout.enable_switch) decides from DapoReplayBuffer's get_sampleable_count: the
     # carried groups and the finished informative groups of the round prefetched while the step trained.
     report, logged, out = run_rehearsal(
-        tmp_path, "dapo_trainer", "trainer.v1.trainer_mode=separate_async",
+        tmp_path,
+        "dapo_trainer",
+        "trainer.v1.trainer_mode=separate_async",
         "trainer.v1.separate_async.parameter_sync_step=1",
         "trainer.v1.separate_async.hybrid_rollout.enable_switch=true",
-        "actor_rollout_ref.rollout.checkpoint_engine.backend=nccl", "actor_rollout_ref.rollout.n=4",
-        "actor_rollout_ref.actor.ppo_mini_batch_size=4", *SIZES[:3])
+        "actor_rollout_ref.rollout.checkpoint_engine.backend=nccl",
+        "actor_rollout_ref.rollout.n=4",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+        *SIZES[:3],
+    )
     assert report["ok"], report
     trained = assert_dapo_metrics_every_step(logged, 3)
     assert_real_vllm_ran(report, logged, out, 3)

@@ -23,8 +23,9 @@ def report():
 def test_reliability_table_matches_the_checks_ci_runs(report):
     assert report.passed, check_lines(report)
     page = PAGE.read_text()
-    regenerated = update_generated_section(page, render_markdown(report), start_marker=TABLE_START,
-                                           end_marker=TABLE_END)
+    regenerated = update_generated_section(
+        page, render_markdown(report), start_marker=TABLE_START, end_marker=TABLE_END
+    )
     assert regenerated == page, "docs/reliability.md's table is stale: run `dapo-verl reliability --write`"
 
 
@@ -50,17 +51,20 @@ def test_default_fault_injection_survives_every_fault(report):
     assert 0 < result.recomputed_steps <= 2 * 2 * len(result.trials)  # save_freq=2, doubled by a skipped checkpoint
 
 
-@pytest.mark.parametrize(("name", "tried"), [
-    ("changed re-runs", 5),  # refused with the keys and the two ways forward, relabelling nothing
-    ("concurrent writers", None),  # a second writer refused, a killed writer's lock taken over
-    ("SIGINT", 3),  # Ctrl-C stops with a checkpoint; the run ends as if uninterrupted
-    ("failed prepare-data", 4),
-    ("damaged model cache", 5),
-    ("pre-flight refusals", 5),  # doctor, the dry run, rehearse and train refuse what a run refuses
-    ("honest reports", 4),  # compare, prepare-data, re-runs and resumes never report ok over bad input
-    ("silent changes", 4),  # deletions, a moved held-out split, inf inputs, bad schedules: refused
-    ("edge errors", 5),  # a failed checkpoint write, toy --out, seeds, clip bounds, sampler contracts
-])
+@pytest.mark.parametrize(
+    ("name", "tried"),
+    [
+        ("changed re-runs", 5),  # refused with the keys and the two ways forward, relabelling nothing
+        ("concurrent writers", None),  # a second writer refused, a killed writer's lock taken over
+        ("SIGINT", 3),  # Ctrl-C stops with a checkpoint; the run ends as if uninterrupted
+        ("failed prepare-data", 4),
+        ("damaged model cache", 5),
+        ("pre-flight refusals", 5),  # doctor, the dry run, rehearse and train refuse what a run refuses
+        ("honest reports", 4),  # compare, prepare-data, re-runs and resumes never report ok over bad input
+        ("silent changes", 4),  # deletions, a moved held-out split, inf inputs, bad schedules: refused
+        ("edge errors", 5),  # a failed checkpoint write, toy --out, seeds, clip bounds, sampler contracts
+    ],
+)
 def test_every_guard_held(report, name, tried):
     (result,) = [g for g in report.guards if g.name == name]
     assert result.passed, result.problems

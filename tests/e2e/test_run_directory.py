@@ -73,8 +73,9 @@ def test_a_second_writer_is_refused_and_told_who_holds_the_directory(tmp_path, c
 def test_a_lock_left_by_a_killed_run_is_taken_over(tmp_path, cache, caplog):
     out = tmp_path / "run"
     out.mkdir()
-    (out / ".lock").write_text(json.dumps({"pid": 999999, "host": "elsewhere", "command": "dapo-verl train",
-                                           "started": "2025-01-01 00:00:00"}))
+    (out / ".lock").write_text(
+        json.dumps({"pid": 999999, "host": "elsewhere", "command": "dapo-verl train", "started": "2025-01-01 00:00:00"})
+    )
     with caplog.at_level(logging.INFO, logger="dapo_verl"):
         result = run(_tiny(cache, steps=2), out)
     assert result.steps == 2
@@ -85,12 +86,16 @@ def test_a_lock_left_by_a_killed_run_is_taken_over(tmp_path, cache, caplog):
 # -- the binding ----------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("override", "key"), [
-    ("actor_rollout_ref.actor.clip_ratio_high=0.2", "actor_rollout_ref.actor.clip_ratio_high"),
-    ("data.seed=1", "data.seed"),
-])
-def test_a_rerun_with_a_changed_setting_is_refused_and_relabels_nothing(finished, tmp_path, cache, capsys,
-                                                                        override, key):
+@pytest.mark.parametrize(
+    ("override", "key"),
+    [
+        ("actor_rollout_ref.actor.clip_ratio_high=0.2", "actor_rollout_ref.actor.clip_ratio_high"),
+        ("data.seed=1", "data.seed"),
+    ],
+)
+def test_a_rerun_with_a_changed_setting_is_refused_and_relabels_nothing(
+    finished, tmp_path, cache, capsys, override, key
+):
     out = _copy(finished, tmp_path)
     before = {name: (out / name).read_bytes() for name in ("config.yaml", "summary.json", "metrics.jsonl")}
     overrides = [o for o in _tiny(cache) if not o.startswith(key + "=")] + [override]
@@ -133,8 +138,9 @@ def test_another_model_size_cannot_continue_even_when_changes_are_allowed(finish
 
 
 @pytest.mark.parametrize("key", ["data.seed", "local.task.heldout_size"])
-def test_a_change_of_the_held_out_split_cannot_continue_even_when_changes_are_allowed(finished, tmp_path, cache,
-                                                                                    capsys, key):
+def test_a_change_of_the_held_out_split_cannot_continue_even_when_changes_are_allowed(
+    finished, tmp_path, cache, capsys, key
+):
     out = _copy(finished, tmp_path)
     before = {name: (out / name).read_bytes() for name in ("config.yaml", "summary.json", "metrics.jsonl")}
     value = {"data.seed": "5", "local.task.heldout_size": "60"}[key]
@@ -154,8 +160,11 @@ def test_a_finished_run_started_again_changes_nothing_it_recorded(finished, tmp_
     before = _snapshot(out)
     result = run(_tiny(cache), out)
     assert _snapshot(out) == before  # summary.json (wall time, resumed_from), history, model: byte for byte
-    assert (result.steps, result.resumed_from, result.final_accuracy) == (4, finished[1].resumed_from,
-                                                                         finished[1].final_accuracy)
+    assert (result.steps, result.resumed_from, result.final_accuracy) == (
+        4,
+        finished[1].resumed_from,
+        finished[1].final_accuracy,
+    )
     assert main(["train", "--out", str(out), *_tiny(cache, steps=3)]) == 2  # a shorter run would relabel it
     line = _one_line_error(capsys)
     assert "trained for 4 steps, more than trainer.total_training_steps=3" in line
@@ -215,16 +224,26 @@ def test_out_naming_a_file_is_a_one_line_error(tmp_path, cache, capsys):
 
 def test_a_missing_resume_path_is_a_one_line_error(tmp_path, cache, capsys):
     missing = tmp_path / "nowhere" / "global_step_3"
-    code = main(["train", "--out", str(tmp_path / "run"), *_tiny(cache), "trainer.resume_mode=resume_path",
-                 f"trainer.resume_from_path={missing}"])
+    code = main(
+        [
+            "train",
+            "--out",
+            str(tmp_path / "run"),
+            *_tiny(cache),
+            "trainer.resume_mode=resume_path",
+            f"trainer.resume_from_path={missing}",
+        ]
+    )
     assert code == 2
     assert f"No checkpoint at {missing}" in _one_line_error(capsys)
 
 
-@pytest.mark.parametrize(("code", "words"), [(errno.ENOSPC, "No space left on device"),
-                                             (errno.EROFS, "Read-only file system")])
-def test_a_failed_write_is_a_one_line_error_and_the_run_resumes_after_it(tmp_path, cache, capsys, monkeypatch,
-                                                                          code, words):
+@pytest.mark.parametrize(
+    ("code", "words"), [(errno.ENOSPC, "No space left on device"), (errno.EROFS, "Read-only file system")]
+)
+def test_a_failed_write_is_a_one_line_error_and_the_run_resumes_after_it(
+    tmp_path, cache, capsys, monkeypatch, code, words
+):
     out = tmp_path / "run"
     real = train_module.save_checkpoint
 
@@ -274,8 +293,7 @@ def test_ctrl_c_stops_at_a_step_boundary_after_writing_a_checkpoint(tmp_path, ca
     assert result.resumed_from == 3 and result.steps == 8
     reference = run(_tiny(cache, steps=8), tmp_path / "reference")
     strip = [{k: v for k, v in r["data"].items() if not k.startswith("timing_s/")} for r in result.history]
-    assert strip == [{k: v for k, v in r["data"].items() if not k.startswith("timing_s/")}
-                     for r in reference.history]
+    assert strip == [{k: v for k, v in r["data"].items() if not k.startswith("timing_s/")} for r in reference.history]
 
 
 _STOP_SIGNAL_AT_STEP_3 = """
@@ -298,8 +316,12 @@ sys.exit(main(sys.argv[2:]))
 def test_sigterm_and_sighup_stop_like_ctrl_c_and_exit_128_plus_the_signal(tmp_path, cache, name):
     # In a process of its own: without the CLI's handler the signal would end the test's process.
     out = tmp_path / "run"
-    done = subprocess.run([sys.executable, "-c", _STOP_SIGNAL_AT_STEP_3, name, "train", "--out", str(out),
-                           *_tiny(cache, steps=8)], capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        [sys.executable, "-c", _STOP_SIGNAL_AT_STEP_3, name, "train", "--out", str(out), *_tiny(cache, steps=8)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 128 + getattr(signal, name), done.stderr[-2000:]
     line = one_line_error(done.stderr)
     assert line is not None and line.startswith(f"dapo-verl train: stopped by {name} after step 3,"), done.stderr

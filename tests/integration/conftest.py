@@ -19,8 +19,15 @@ import dapo_verl.adapter.register  # noqa: F401  (explicit registration: tests m
 def actor_config(loss_mode="dapo", *, low=0.2, high=0.28, c=3.0, agg="token-mean", clip_ratio=0.2) -> ActorConfig:
     """A worker-side actor config as verl builds it (verified pattern from verl's own CPU tests)."""
     return ActorConfig(
-        strategy="fsdp", rollout_n=1, ppo_micro_batch_size_per_gpu=1, clip_ratio=clip_ratio, clip_ratio_low=low,
-        clip_ratio_high=high, clip_ratio_c=c, loss_agg_mode=agg, policy_loss=PolicyLossConfig(loss_mode=loss_mode),
+        strategy="fsdp",
+        rollout_n=1,
+        ppo_micro_batch_size_per_gpu=1,
+        clip_ratio=clip_ratio,
+        clip_ratio_low=low,
+        clip_ratio_high=high,
+        clip_ratio_c=c,
+        loss_agg_mode=agg,
+        policy_loss=PolicyLossConfig(loss_mode=loss_mode),
     )
 
 
@@ -39,16 +46,30 @@ def random_rollout(gen: torch.Generator, *, batch=8, prompt_len=3, response_len=
     old = -torch.rand(batch, response_len, generator=gen, dtype=dtype) * 2
     adv_rows = torch.randn(batch, generator=gen, dtype=dtype)
     return {
-        "prompts": input_ids[:, :prompt_len], "responses": input_ids[:, prompt_len:], "input_ids": input_ids,
-        "attention_mask": attention_mask, "position_ids": position_ids, "response_mask": response_mask.long(),
-        "old_log_probs": old, "advantages": adv_rows.unsqueeze(-1) * response_mask, "full_logp": full_logp,
+        "prompts": input_ids[:, :prompt_len],
+        "responses": input_ids[:, prompt_len:],
+        "input_ids": input_ids,
+        "attention_mask": attention_mask,
+        "position_ids": position_ids,
+        "response_mask": response_mask.long(),
+        "old_log_probs": old,
+        "advantages": adv_rows.unsqueeze(-1) * response_mask,
+        "full_logp": full_logp,
     }
 
 
 def micro_batch(rollout: dict, rows: torch.Tensor, *, dp_size: int, batch_num_tokens, global_batch_size):
     """(model_output, TensorDict) for ppo_loss, the way verl's engine hands a micro-batch to the loss."""
-    keys = ["prompts", "responses", "input_ids", "attention_mask", "position_ids", "response_mask",
-            "old_log_probs", "advantages"]
+    keys = [
+        "prompts",
+        "responses",
+        "input_ids",
+        "attention_mask",
+        "position_ids",
+        "response_mask",
+        "old_log_probs",
+        "advantages",
+    ]
     td = TensorDict({k: rollout[k][rows] for k in keys}, batch_size=[len(rows)])
     td = left_right_2_no_padding(td)
     tu.assign_non_tensor(td, dp_size=dp_size, batch_num_tokens=batch_num_tokens, global_batch_size=global_batch_size)

@@ -56,25 +56,46 @@ class PromptDataset(torch.utils.data.Dataset):
         return self.size
 
     def __getitem__(self, i: int) -> dict:
-        return {"raw_prompt": [{"role": "user", "content": f"q {i % 10}"}], "data_source": "math_dapo",
-                "reward_model": {"ground_truth": str(i % 10), "style": "rule"}, "extra_info": {"index": i},
-                "index": i, "dummy_tensor": torch.tensor([0], dtype=torch.uint8)}
+        return {
+            "raw_prompt": [{"role": "user", "content": f"q {i % 10}"}],
+            "data_source": "math_dapo",
+            "reward_model": {"ground_truth": str(i % 10), "style": "rule"},
+            "extra_info": {"index": i},
+            "index": i,
+            "dummy_tensor": torch.tensor([0], dtype=torch.uint8),
+        }
 
 
 def compose_config(tmp_path, *overrides: str):
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base=None):
-        return compose("dapo_trainer", overrides=[
-            "data.train_batch_size=4", "data.max_prompt_length=16", f"data.max_response_length={RESPONSE_LEN}",
-            "data.dataloader_num_workers=0", "data.shuffle=False", "actor_rollout_ref.rollout.n=4",
-            "actor_rollout_ref.rollout.agent.num_workers=2", "actor_rollout_ref.actor.ppo_mini_batch_size=2",
-            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
-            "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=2", "critic.enable=False",
-            "reward.reward_model.enable=False", "reward.reward_kwargs.overlong_tokens=2", "trainer.logger=['file']",
-            "trainer.use_v1=False",
-            "trainer.total_epochs=1", "trainer.n_gpus_per_node=1", "trainer.val_before_train=False",
-            "trainer.test_freq=-1", "trainer.save_freq=1", "trainer.resume_mode=auto",
-            f"trainer.default_local_dir={tmp_path / 'ckpt'}", *overrides,
-        ])
+        return compose(
+            "dapo_trainer",
+            overrides=[
+                "data.train_batch_size=4",
+                "data.max_prompt_length=16",
+                f"data.max_response_length={RESPONSE_LEN}",
+                "data.dataloader_num_workers=0",
+                "data.shuffle=False",
+                "actor_rollout_ref.rollout.n=4",
+                "actor_rollout_ref.rollout.agent.num_workers=2",
+                "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+                "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
+                "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=2",
+                "critic.enable=False",
+                "reward.reward_model.enable=False",
+                "reward.reward_kwargs.overlong_tokens=2",
+                "trainer.logger=['file']",
+                "trainer.use_v1=False",
+                "trainer.total_epochs=1",
+                "trainer.n_gpus_per_node=1",
+                "trainer.val_before_train=False",
+                "trainer.test_freq=-1",
+                "trainer.save_freq=1",
+                "trainer.resume_mode=auto",
+                f"trainer.default_local_dir={tmp_path / 'ckpt'}",
+                *overrides,
+            ],
+        )
 
 
 class ReplicaState:
@@ -118,11 +139,19 @@ class FakeRolloutManager:
         rm_scores = torch.zeros(rows, RESPONSE_LEN)
         rm_scores[torch.arange(rows), attention[:, PROMPT_LEN:].sum(-1) - 1] = torch.tensor(scores)
         return DataProto.from_dict(
-            tensors={"prompts": prompts, "responses": responses, "input_ids": torch.cat([prompts, responses], 1),
-                     "attention_mask": attention, "position_ids": (attention.cumsum(1) - 1).clamp_min(0),
-                     "rm_scores": rm_scores},
-            non_tensors={"multi_modal_inputs": np.array([{} for _ in range(rows)], dtype=object),
-                         "acc": np.array(accs, dtype=object), "score": np.array(scores, dtype=object)},
+            tensors={
+                "prompts": prompts,
+                "responses": responses,
+                "input_ids": torch.cat([prompts, responses], 1),
+                "attention_mask": attention,
+                "position_ids": (attention.cumsum(1) - 1).clamp_min(0),
+                "rm_scores": rm_scores,
+            },
+            non_tensors={
+                "multi_modal_inputs": np.array([{} for _ in range(rows)], dtype=object),
+                "acc": np.array(accs, dtype=object),
+                "score": np.array(scores, dtype=object),
+            },
             meta_info={"timing": {}, "reward_extra_keys": ["acc", "score"]},
         )
 
@@ -145,24 +174,34 @@ class FakeActorWorkerGroup:
     def compute_log_prob(self, td):
         rows = td.batch_size[0]
         if rows % self.DP_RANKS or (self.log_prob_micro and (rows // self.DP_RANKS) % self.log_prob_micro):
-            raise AssertionError(f"{rows} rows do not split into micro-batches of {self.log_prob_micro} on "
-                                 f"{self.DP_RANKS} ranks (verl's prepare_micro_batches asserts the same)")
+            raise AssertionError(
+                f"{rows} rows do not split into micro-batches of {self.log_prob_micro} on "
+                f"{self.DP_RANKS} ranks (verl's prepare_micro_batches asserts the same)"
+            )
         ids = td["input_ids"]
         values = torch.zeros(ids.values().shape[0])
         nested = torch.nested.nested_tensor_from_jagged(values, offsets=ids.offsets())
-        return tu.get_tensordict({"log_probs": nested, "entropy": nested.clone()},
-                                 non_tensor_dict={"metrics": {"mfu": 0.0}})
+        return tu.get_tensordict(
+            {"log_probs": nested, "entropy": nested.clone()}, non_tensor_dict={"metrics": {"mfu": 0.0}}
+        )
 
     def update_actor(self, td):
         rows, mini = td.batch_size[0], tu.get_non_tensor_data(td, "mini_batch_size", None)
         if rows % self.DP_RANKS or mini % self.DP_RANKS or (rows // self.DP_RANKS) % (mini // self.DP_RANKS):
-            raise AssertionError(f"{rows} rows do not split into mini-batches of {mini} on {self.DP_RANKS} ranks "
-                                 f"(verl's make_iterator asserts the same)")
-        self.updates.append({
-            "uid": list(td["uid"]), "acc": [bool(a) for a in td["acc"]],
-            "advantages": td["advantages"].to_padded_tensor(0.0) if td["advantages"].is_nested else td["advantages"],
-            "index": [int(info["index"]) for info in td["extra_info"]],
-        })
+            raise AssertionError(
+                f"{rows} rows do not split into mini-batches of {mini} on {self.DP_RANKS} ranks "
+                f"(verl's make_iterator asserts the same)"
+            )
+        self.updates.append(
+            {
+                "uid": list(td["uid"]),
+                "acc": [bool(a) for a in td["acc"]],
+                "advantages": td["advantages"].to_padded_tensor(0.0)
+                if td["advantages"].is_nested
+                else td["advantages"],
+                "index": [int(info["index"]) for info in td["extra_info"]],
+            }
+        )
         return tu.get_tensordict({"dummy": torch.zeros(1)}, non_tensor_dict={"metrics": {"mfu": 0.0, "pg_loss": 0.1}})
 
     def save_checkpoint(self, local_path, hdfs_path=None, global_step=0, max_ckpt_to_keep=None):
@@ -192,17 +231,25 @@ def build_trainer(config, dataset_size=24, *, mixed_prompts=True):
     tok = tokenizer()
     dataset = PromptDataset(dataset_size)
     trainer = DapoRayTrainer(
-        config=config, tokenizer=tok, processor=None, role_worker_mapping={Role.ActorRollout: object},
-        resource_pool_manager=ResourcePoolManager(resource_pool_spec={"global_pool": [1]},
-                                                  mapping={Role.ActorRollout: "global_pool"}),
-        train_dataset=dataset, val_dataset=dataset, collate_fn=None,
+        config=config,
+        tokenizer=tok,
+        processor=None,
+        role_worker_mapping={Role.ActorRollout: object},
+        resource_pool_manager=ResourcePoolManager(
+            resource_pool_spec={"global_pool": [1]}, mapping={Role.ActorRollout: "global_pool"}
+        ),
+        train_dataset=dataset,
+        val_dataset=dataset,
+        collate_fn=None,
     )
     state = ReplicaState()
     rollout = config.actor_rollout_ref.rollout
     trainer.actor_rollout_wg = FakeActorWorkerGroup(
-        None if rollout.log_prob_use_dynamic_bsz else rollout.log_prob_micro_batch_size_per_gpu)
+        None if rollout.log_prob_use_dynamic_bsz else rollout.log_prob_micro_batch_size_per_gpu
+    )
     trainer.async_rollout_manager = FakeRolloutManager(
-        tok, state, workers=config.actor_rollout_ref.rollout.agent.num_workers, mixed_prompts=mixed_prompts)
+        tok, state, workers=config.actor_rollout_ref.rollout.agent.num_workers, mixed_prompts=mixed_prompts
+    )
     trainer.checkpoint_manager = FakeCheckpointManager(state)
     for name in ("reward_loop_manager", "llm_server_manager", "teacher_model_manager", "distillation_config"):
         setattr(trainer, name, None)

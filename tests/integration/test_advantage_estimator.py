@@ -20,8 +20,11 @@ from dapo_verl.adapter.advantages import compute_dapo_outcome_advantage  # noqa:
 def _batch(gen, rows=12, length=5, binary=False):
     mask = (torch.rand(rows, length, generator=gen) > 0.2).double()
     mask[:, 0] = 1
-    scores = torch.randint(0, 2, (rows,), generator=gen).double() * 2 - 1 if binary else torch.randn(
-        rows, generator=gen, dtype=torch.float64)
+    scores = (
+        torch.randint(0, 2, (rows,), generator=gen).double() * 2 - 1
+        if binary
+        else torch.randn(rows, generator=gen, dtype=torch.float64)
+    )
     rewards = torch.zeros(rows, length, dtype=torch.float64)
     last = mask.sum(-1).long() - 1
     rewards[torch.arange(rows), last] = scores
@@ -68,8 +71,9 @@ def test_through_verl_compute_advantage_with_dataproto(gen):
     rewards, mask, uids = _batch(gen)
     results = {}
     for estimator in ("dapo", "grpo"):
-        data = DataProto.from_dict(tensors={"token_level_rewards": rewards, "response_mask": mask},
-                                   non_tensors={"uid": uids})
+        data = DataProto.from_dict(
+            tensors={"token_level_rewards": rewards, "response_mask": mask}, non_tensors={"uid": uids}
+        )
         out = compute_advantage(data, adv_estimator=estimator, config=AlgoConfig(adv_estimator=estimator))
         results[estimator] = out.batch["advantages"]
     _assert_equal_to_grpo(results["dapo"], results["grpo"])
@@ -95,8 +99,10 @@ def _v1_batch(gen, sessions_outputs):
     mask = torch.ones(rows, length, dtype=torch.float64)
     rewards = torch.zeros(rows, length, dtype=torch.float64)
     rewards[:, -1] = torch.randint(0, 2, (rows,), generator=gen).double() * 2 - 1
-    data = DataProto.from_dict(tensors={"token_level_rewards": rewards, "response_mask": mask},
-                               non_tensors={"uid": np.array(["p"] * rows, dtype=object)})
+    data = DataProto.from_dict(
+        tensors={"token_level_rewards": rewards, "response_mask": mask},
+        non_tensors={"uid": np.array(["p"] * rows, dtype=object)},
+    )
     return data, keys
 
 
@@ -112,8 +118,9 @@ def test_v1_multi_output_sessions_the_documented_difference_from_grpo(gen, sessi
     config = OmegaConf.create({"norm_adv_by_std_in_grpo": True})
     results = {}
     for name in ("grpo", "dapo"):
-        out = compute_advantage_for_multi_trajectories(data.slice(0, len(data)), batch_keys=keys,
-                                                       adv_estimator=name, num_repeat=len(sessions), config=config)
+        out = compute_advantage_for_multi_trajectories(
+            data.slice(0, len(data)), batch_keys=keys, adv_estimator=name, num_repeat=len(sessions), config=config
+        )
         results[name] = out.batch["advantages"][:, 0]
     if max(sessions) == 1:
         torch.testing.assert_close(results["dapo"], results["grpo"], rtol=1e-6, atol=1e-6)
@@ -121,8 +128,11 @@ def test_v1_multi_output_sessions_the_documented_difference_from_grpo(gen, sessi
         session = [key.split("_")[1] for key in keys]
         finals = [i for i in range(len(keys)) if i + 1 == len(keys) or session[i + 1] != session[i]]
         grpo_finals = results["grpo"][finals]
-        expected = compute_dapo_outcome_advantage(data.batch["token_level_rewards"][finals],
-                                                  data.batch["response_mask"][finals], config,
-                                                  np.array(["p"] * len(finals), dtype=object))[0][:, 0]
+        expected = compute_dapo_outcome_advantage(
+            data.batch["token_level_rewards"][finals],
+            data.batch["response_mask"][finals],
+            config,
+            np.array(["p"] * len(finals), dtype=object),
+        )[0][:, 0]
         torch.testing.assert_close(grpo_finals, expected, rtol=1e-6, atol=1e-6)  # GRPO: final outputs only
         assert not torch.allclose(results["dapo"], results["grpo"])  # dapo: every output counts

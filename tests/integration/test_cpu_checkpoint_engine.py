@@ -31,10 +31,13 @@ def test_every_tensor_reaches_every_receiver_in_buckets():
 
     assert CheckpointEngineRegistry.get(CPU_CHECKPOINT_BACKEND) is ZmqCheckpointEngine
     generator = torch.Generator().manual_seed(0)
-    weights = {"embed.weight": torch.randn(8, 4, generator=generator),
-               "big": torch.randn(64, generator=generator),  # 256 bytes: over a 100-byte bucket, sent alone
-               "empty": torch.empty(0), "half": torch.randn(3, 2, generator=generator).to(torch.bfloat16),
-               "count": torch.arange(5)}
+    weights = {
+        "embed.weight": torch.randn(8, 4, generator=generator),
+        "big": torch.randn(64, generator=generator),  # 256 bytes: over a 100-byte bucket, sent alone
+        "empty": torch.empty(0),
+        "half": torch.randn(3, 2, generator=generator).to(torch.bfloat16),
+        "count": torch.arange(5),
+    }
     actors = [ZmqCheckpointEngine(bucket_size=100) for _ in range(2)]  # two FSDP ranks: rank 0 sends
     rollouts = [ZmqCheckpointEngine(bucket_size=100) for _ in range(2)]
     metadata = [engine.prepare() for engine in [*actors, *rollouts]]

@@ -41,8 +41,9 @@ def server(stand_in):
 
 def _prompt_ids(stand_in, problem="What is 3 - 2?"):
     tok = AutoTokenizer.from_pretrained(stand_in)
-    text = tok.apply_chat_template([{"role": "user", "content": dapo_prompt(problem)}], add_generation_prompt=True,
-                                   tokenize=False)
+    text = tok.apply_chat_template(
+        [{"role": "user", "content": dapo_prompt(problem)}], add_generation_prompt=True, tokenize=False
+    )
     return tok, tok(text)["input_ids"]
 
 
@@ -124,8 +125,9 @@ def test_weight_update_loads_and_checks_names(server):
 @given(st.integers(0, 2**31), st.integers(-1, 6), st.floats(0.05, 1.0), st.floats(0.1, 2.0))
 def test_sampling_respects_top_k_and_top_p(seed, top_k, top_p, temperature):
     logits = torch.randn(12, generator=torch.Generator().manual_seed(seed))
-    token, logp = sample_next_token(logits, temperature=temperature, top_k=top_k, top_p=top_p,
-                                    generator=torch.Generator().manual_seed(seed))
+    token, logp = sample_next_token(
+        logits, temperature=temperature, top_k=top_k, top_p=top_p, generator=torch.Generator().manual_seed(seed)
+    )
     ranked = torch.argsort(logits, descending=True).tolist()
     if top_k > 0:
         assert ranked.index(token) < top_k
@@ -141,8 +143,13 @@ def test_greedy_sampling_is_argmax():
 
 
 def _long_tail_server(stand_in, **options):
-    config = RolloutConfig(name="dapo_cpu", prompt_length=128, response_length=64, tensor_model_parallel_size=1,
-                           engine_kwargs={"dapo_cpu": {"response_lengths": "long_tail", **options}})
+    config = RolloutConfig(
+        name="dapo_cpu",
+        prompt_length=128,
+        response_length=64,
+        tensor_model_parallel_size=1,
+        engine_kwargs={"dapo_cpu": {"response_lengths": "long_tail", **options}},
+    )
     return CpuRolloutServer(config, HFModelConfig(path=str(stand_in)), replica_rank=0)
 
 
@@ -164,14 +171,19 @@ def test_long_tail_lengths_are_mostly_short_with_a_tail_to_the_budget_and_log_pr
     output = max(outputs, key=lambda o: len(o.token_ids))  # the model's own log-probabilities, EOS forced or not
     ids = asked[id(output)]
     with torch.no_grad():
-        logits = server.model(input_ids=torch.tensor([ids + output.token_ids])).logits[0, len(ids) - 1:-1]
+        logits = server.model(input_ids=torch.tensor([ids + output.token_ids])).logits[0, len(ids) - 1 : -1]
     expected = torch.log_softmax(logits, dim=-1).gather(1, torch.tensor(output.token_ids)[:, None]).squeeze(1)
     assert torch.allclose(torch.tensor(output.log_probs), expected, atol=1e-4)
 
 
 def test_abort_returns_what_was_generated_parks_new_requests_and_resume_lets_them_run(stand_in):
-    config = RolloutConfig(name="dapo_cpu", prompt_length=128, response_length=512, tensor_model_parallel_size=1,
-                           engine_kwargs={"dapo_cpu": {"response_lengths": "long_tail", "median_fraction": 1.0}})
+    config = RolloutConfig(
+        name="dapo_cpu",
+        prompt_length=128,
+        response_length=512,
+        tensor_model_parallel_size=1,
+        engine_kwargs={"dapo_cpu": {"response_lengths": "long_tail", "median_fraction": 1.0}},
+    )
     server = CpuRolloutServer(config, HFModelConfig(path=str(stand_in)), replica_rank=0)
     _, ids = _prompt_ids(stand_in)
     params = {**SAMPLING, "max_tokens": 512}
@@ -206,13 +218,21 @@ def test_abort_with_reject_request_fails_new_requests_until_resumed(server, stan
     assert asyncio.run(run()).stop_reason == "completed"
 
 
-@pytest.mark.parametrize(("options", "message"), [
-    ({"response_lengths": "pareto"}, "response_lengths='pareto'; expected model"),
-    ({"median_fraction": 0}, "median_fraction=0; expected a share"),
-    ({"lengths": "long_tail"}, "unknown keys \\['lengths'\\]"),
-])
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"response_lengths": "pareto"}, "response_lengths='pareto'; expected model"),
+        ({"median_fraction": 0}, "median_fraction=0; expected a share"),
+        ({"lengths": "long_tail"}, "unknown keys \\['lengths'\\]"),
+    ],
+)
 def test_bad_length_options_are_refused_naming_the_key(stand_in, options, message):
-    config = RolloutConfig(name="dapo_cpu", prompt_length=128, response_length=64, tensor_model_parallel_size=1,
-                           engine_kwargs={"dapo_cpu": options})
+    config = RolloutConfig(
+        name="dapo_cpu",
+        prompt_length=128,
+        response_length=64,
+        tensor_model_parallel_size=1,
+        engine_kwargs={"dapo_cpu": options},
+    )
     with pytest.raises(ValueError, match=f"actor_rollout_ref.rollout.engine_kwargs.dapo_cpu.*{message}"):
         CpuRolloutServer(config, HFModelConfig(path=str(stand_in)), replica_rank=0)

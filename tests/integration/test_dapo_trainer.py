@@ -17,8 +17,13 @@ from dapo_verl.main import validate_dapo_config  # noqa: E402
 from dapo_verl.sampler import ShortfallError  # noqa: E402
 from tests.integration.fake_verl import build_trainer, compose_config  # noqa: E402
 
-CARRY = ["data.gen_batch_size=8", "algorithm.filter_groups.refill=barrier", "algorithm.filter_groups.surplus=carry",
-         "algorithm.filter_groups.skip_uninformative=false", "algorithm.filter_groups.revisit_informative=false"]
+CARRY = [
+    "data.gen_batch_size=8",
+    "algorithm.filter_groups.refill=barrier",
+    "algorithm.filter_groups.surplus=carry",
+    "algorithm.filter_groups.skip_uninformative=false",
+    "algorithm.filter_groups.revisit_informative=false",
+]
 
 
 def _fit(tmp_path, monkeypatch, steps, *extra, log="log.jsonl", **kwargs):
@@ -47,9 +52,14 @@ def test_every_update_gets_a_full_batch_of_informative_contiguous_groups(tmp_pat
         assert all(index % 3 == 2 for index in update["index"])
     assert any(step["dapo/sampler/groups_from_carry"] > 0 for step in metrics.values())
     for step in metrics.values():
-        for key in ("dapo/sampler/gen_rounds", "dapo/sampler/prefilter_acc", "dapo/sampler/dropped/all_correct",
-                    "dapo/sampler/dropped/all_wrong", "dapo/sampler/train_step",
-                    "timing_s/dapo_sampling"):
+        for key in (
+            "dapo/sampler/gen_rounds",
+            "dapo/sampler/prefilter_acc",
+            "dapo/sampler/dropped/all_correct",
+            "dapo/sampler/dropped/all_wrong",
+            "dapo/sampler/train_step",
+            "timing_s/dapo_sampling",
+        ):
             assert key in step
         assert step["dapo/sampler/prefilter_acc"] < 1.0
     assert os.path.exists(tmp_path / "ckpt" / "global_step_3" / SAMPLER_STATE_FILE)
@@ -77,9 +87,15 @@ def test_odd_group_sizes_split_evenly_over_the_agent_loop_workers(tmp_path, monk
 
 def test_partial_batches_are_topped_up_to_whole_mini_batches_on_both_ranks(tmp_path, monkeypatch):
     # One round of 4 prompts finds about one mixed group in three: short batches, trained anyway.
-    trainer, metrics = _fit(tmp_path, monkeypatch, 3, "algorithm.filter_groups.on_shortfall=partial",
-                            "algorithm.filter_groups.max_num_gen_batches=1", "algorithm.filter_groups.refill=barrier",
-                            "data.gen_batch_size=4")
+    trainer, metrics = _fit(
+        tmp_path,
+        monkeypatch,
+        3,
+        "algorithm.filter_groups.on_shortfall=partial",
+        "algorithm.filter_groups.max_num_gen_batches=1",
+        "algorithm.filter_groups.refill=barrier",
+        "data.gen_batch_size=4",
+    )
     updates = trainer.actor_rollout_wg.updates
     assert all(metrics[step]["dapo/sampler/partial"] == 1 for step in (1, 2, 3))
     for step, update in zip((1, 2, 3), updates):
@@ -97,10 +113,16 @@ def test_partial_batches_are_topped_up_to_whole_mini_batches_on_both_ranks(tmp_p
 def test_partial_batches_of_odd_groups_split_into_log_prob_micro_batches_on_both_ranks(tmp_path, monkeypatch):
     # n=3 on 2 ranks with log-prob micro-batches of 2: a batch needs a multiple of 4 groups (12 rows, 6 per rank),
     # more than whole mini-batches (2 groups) and an even row count (2 groups) ask for.
-    trainer, metrics = _fit(tmp_path, monkeypatch, 3, "actor_rollout_ref.rollout.n=3",
-                            "algorithm.filter_groups.on_shortfall=partial",
-                            "algorithm.filter_groups.max_num_gen_batches=1", "algorithm.filter_groups.refill=barrier",
-                            "data.gen_batch_size=4")
+    trainer, metrics = _fit(
+        tmp_path,
+        monkeypatch,
+        3,
+        "actor_rollout_ref.rollout.n=3",
+        "algorithm.filter_groups.on_shortfall=partial",
+        "algorithm.filter_groups.max_num_gen_batches=1",
+        "algorithm.filter_groups.refill=barrier",
+        "data.gen_batch_size=4",
+    )
     for step, update in zip((1, 2, 3), trainer.actor_rollout_wg.updates):
         assert len(update["uid"]) % (2 * 2 * 3) == 0
         groups = len(update["uid"]) // 3
@@ -109,9 +131,15 @@ def test_partial_batches_of_odd_groups_split_into_log_prob_micro_batches_on_both
 
 def test_stop_when_exhausted_ends_the_run_with_a_checkpoint(tmp_path, monkeypatch):
     # Two prompts in three are always all-correct or all-wrong: after 2 visits each, 2/3 of the pool is exhausted.
-    trainer, metrics = _fit(tmp_path, monkeypatch, 30, *CARRY, "algorithm.filter_groups.stop_when_exhausted=true",
-                            "algorithm.filter_groups.exhausted_streak=2",
-                            "algorithm.filter_groups.exhausted_pool_fraction=0.5")
+    trainer, metrics = _fit(
+        tmp_path,
+        monkeypatch,
+        30,
+        *CARRY,
+        "algorithm.filter_groups.stop_when_exhausted=true",
+        "algorithm.filter_groups.exhausted_streak=2",
+        "algorithm.filter_groups.exhausted_pool_fraction=0.5",
+    )
     steps = sorted(s for s in metrics if s > 0)
     assert len(steps) < 30 and trainer.total_training_steps == steps[-1]
     assert metrics[steps[-1]]["dapo/sampler/pool_exhausted_fraction"] >= 0.5
@@ -153,8 +181,9 @@ def test_validation_requests_pass_through_to_the_real_rollout_manager(tmp_path, 
 def test_dapo_config_checks(tmp_path):
     validate_dapo_config(compose_config(tmp_path, "trainer.use_v1=true"))  # v1 runs the replenisher as its sampler
     with pytest.raises(ValueError, match="trainer.v1.sampler.custom_sampler is .*DapoReplayBuffer"):
-        validate_dapo_config(compose_config(tmp_path, "trainer.use_v1=true",
-                                            "trainer.v1.sampler.custom_sampler.name=X"))
+        validate_dapo_config(
+            compose_config(tmp_path, "trainer.use_v1=true", "trainer.v1.sampler.custom_sampler.name=X")
+        )
     with pytest.raises(ValueError, match="trainer.checkpoint_callback_class=None: without"):
         validate_dapo_config(compose_config(tmp_path, "trainer.use_v1=true", "trainer.checkpoint_callback_class=null"))
     with pytest.raises(ValueError, match="a colocated reward model scores responses only after generation"):
@@ -169,13 +198,15 @@ def test_dapo_config_checks(tmp_path):
 
 @pytest.mark.slow
 def test_main_shows_the_resolved_dapo_config_without_starting_anything():
-    job = subprocess.run([sys.executable, "-m", "dapo_verl.main", "--cfg", "job"], capture_output=True, text=True,
-                         check=True)
+    job = subprocess.run(
+        [sys.executable, "-m", "dapo_verl.main", "--cfg", "job"], capture_output=True, text=True, check=True
+    )
     assert "loss_mode: dapo" in job.stdout and "adv_estimator: dapo" in job.stdout
     assert "name: dapo_verl" in job.stdout and "use_v1: true" in job.stdout
     assert "path: pkg://dapo_verl.adapter.v1_sampler" in job.stdout and "name: DapoReplayBuffer" in job.stdout
-    usage = subprocess.run([sys.executable, "-m", "dapo_verl.main", "--help"], capture_output=True, text=True,
-                           check=True)
+    usage = subprocess.run(
+        [sys.executable, "-m", "dapo_verl.main", "--help"], capture_output=True, text=True, check=True
+    )
     assert "Override anything in the config" in usage.stdout
 
 

@@ -18,8 +18,10 @@ from tests.data_prep_samples import write_aime_bytedtsinghua, write_aime_h4, wri
 
 pytestmark = pytest.mark.verl
 
-_CHAT_TEMPLATE = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
-                  "{% if add_generation_prompt %}assistant:{% endif %}")
+_CHAT_TEMPLATE = (
+    "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}assistant:{% endif %}"
+)
 
 
 def _tokenizer():
@@ -42,14 +44,23 @@ def prepared(tmp_path: Path, monkeypatch):
     # datasets.load_dataset would otherwise cache under ~/.cache/huggingface (FIT_ON_CPU.md).
     monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "hf"))
     monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "hf")
-    return prepare_data(out_dir=tmp_path / "data", dapo_math=write_dapo_math(tmp_path / "in" / "dapo.parquet"),
-                        aime=write_aime_bytedtsinghua(tmp_path / "in" / "aime.parquet"),
-                        options=PrepareOptions(aime_repeat=32))
+    return prepare_data(
+        out_dir=tmp_path / "data",
+        dapo_math=write_dapo_math(tmp_path / "in" / "dapo.parquet"),
+        aime=write_aime_bytedtsinghua(tmp_path / "in" / "aime.parquet"),
+        options=PrepareOptions(aime_repeat=32),
+    )
 
 
 def _dataset(path: Path, tmp_path: Path, **config) -> RLHFDataset:
-    base = {"cache_dir": str(tmp_path / "verl_cache"), "prompt_key": "prompt", "max_prompt_length": 2048,
-            "filter_overlong_prompts": True, "filter_overlong_prompts_workers": 1, "truncation": "left"}
+    base = {
+        "cache_dir": str(tmp_path / "verl_cache"),
+        "prompt_key": "prompt",
+        "max_prompt_length": 2048,
+        "filter_overlong_prompts": True,
+        "filter_overlong_prompts_workers": 1,
+        "truncation": "left",
+    }
     return RLHFDataset(data_files=[str(path)], tokenizer=_tokenizer(), config=OmegaConf.create({**base, **config}))
 
 

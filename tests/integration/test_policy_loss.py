@@ -24,20 +24,34 @@ def _direct(gen, dtype=torch.float64, spread=1.0, b=6, length=7):
     return logp, old, adv, mask
 
 
-@pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "token-sum",
-                                 "seq-mean-token-sum-norm"])
+@pytest.mark.parametrize(
+    "agg", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "token-sum", "seq-mean-token-sum-norm"]
+)
 @pytest.mark.parametrize("with_weights", [False, True])
 def test_equals_vanilla_loss_and_gradient_in_float64(gen, agg, with_weights):
     for _trial in range(3):
         logp, old, adv, mask = _direct(gen)
         weights = torch.rand(logp.shape, generator=gen, dtype=logp.dtype) * 2 if with_weights else None
         config = actor_config(high=0.28, c=3.0, agg=agg)
-        ours, metrics = compute_policy_loss_dapo(old_log_prob=old, log_prob=logp, advantages=adv, response_mask=mask,
-                                                 loss_agg_mode=agg, config=config, rollout_is_weights=weights)
+        ours, metrics = compute_policy_loss_dapo(
+            old_log_prob=old,
+            log_prob=logp,
+            advantages=adv,
+            response_mask=mask,
+            loss_agg_mode=agg,
+            config=config,
+            rollout_is_weights=weights,
+        )
         (our_grad,) = torch.autograd.grad(ours, logp)
-        theirs, their_metrics = compute_policy_loss_vanilla(old_log_prob=old, log_prob=logp, advantages=adv,
-                                                            response_mask=mask, loss_agg_mode=agg, config=config,
-                                                            rollout_is_weights=weights)
+        theirs, their_metrics = compute_policy_loss_vanilla(
+            old_log_prob=old,
+            log_prob=logp,
+            advantages=adv,
+            response_mask=mask,
+            loss_agg_mode=agg,
+            config=config,
+            rollout_is_weights=weights,
+        )
         (their_grad,) = torch.autograd.grad(theirs, logp)
         torch.testing.assert_close(ours, theirs, rtol=1e-12, atol=1e-14)
         torch.testing.assert_close(our_grad, their_grad, rtol=1e-12, atol=1e-14)
@@ -48,19 +62,23 @@ def test_equals_vanilla_loss_and_gradient_in_float64(gen, agg, with_weights):
 def test_clip_ratio_fallback_matches_vanilla(gen):
     logp, old, adv, mask = _direct(gen)
     config = actor_config(low=None, high=None, clip_ratio=0.15)
-    ours, _ = compute_policy_loss_dapo(old_log_prob=old, log_prob=logp, advantages=adv, response_mask=mask,
-                                       config=config)
-    theirs, _ = compute_policy_loss_vanilla(old_log_prob=old, log_prob=logp, advantages=adv, response_mask=mask,
-                                            config=config)
+    ours, _ = compute_policy_loss_dapo(
+        old_log_prob=old, log_prob=logp, advantages=adv, response_mask=mask, config=config
+    )
+    theirs, _ = compute_policy_loss_vanilla(
+        old_log_prob=old, log_prob=logp, advantages=adv, response_mask=mask, config=config
+    )
     torch.testing.assert_close(ours, theirs, rtol=1e-12, atol=1e-14)
 
 
 def test_dapo_metrics_split_the_clip_fraction(gen):
     logp, old, adv, mask = _direct(gen, spread=0.3)
-    _, metrics = compute_policy_loss_dapo(old_log_prob=old, log_prob=logp, advantages=adv, response_mask=mask,
-                                          config=actor_config())
+    _, metrics = compute_policy_loss_dapo(
+        old_log_prob=old, log_prob=logp, advantages=adv, response_mask=mask, config=actor_config()
+    )
     assert metrics["actor/pg_clipfrac"] == pytest.approx(
-        metrics["actor/dapo/clip_upper_fraction"] + metrics["actor/dapo/clip_lower_fraction"])
+        metrics["actor/dapo/clip_upper_fraction"] + metrics["actor/dapo/clip_lower_fraction"]
+    )
     for key in ("clip_higher_kept_fraction", "dual_clip_fraction", "ratio_mean", "ratio_min", "ratio_max"):
         assert f"actor/dapo/{key}" in metrics
     assert all(isinstance(v, float) for v in metrics.values())
@@ -74,8 +92,13 @@ def test_dapo_waits_for_the_device_no_more_often_than_vanilla(gen, mask_dtype):
         leaf = logp.detach().clone().requires_grad_(True)
         with count_host_syncs() as syncs[mode]:
             loss, _metrics = get_policy_loss_fn(mode)(
-                old_log_prob=old, log_prob=leaf, advantages=adv, response_mask=mask.to(mask_dtype),
-                loss_agg_mode="token-mean", config=actor_config(mode))
+                old_log_prob=old,
+                log_prob=leaf,
+                advantages=adv,
+                response_mask=mask.to(mask_dtype),
+                loss_agg_mode="token-mean",
+                config=actor_config(mode),
+            )
             loss.backward()
     assert syncs["vanilla"] == ["aten::_local_scalar_dense"] * 3  # one .item() per metric
     assert len(syncs["dapo"]) <= len(syncs["vanilla"])
@@ -92,8 +115,9 @@ def _grad_via_ppo_loss(rollout, loss_mode, partition, *, dp_size):
     for rank_rows in partition:
         grad = torch.zeros_like(full)
         for rows in rank_rows:
-            output, td = micro_batch(rollout, rows, dp_size=dp_size, batch_num_tokens=total_tokens,
-                                     global_batch_size=batch)
+            output, td = micro_batch(
+                rollout, rows, dp_size=dp_size, batch_num_tokens=total_tokens, global_batch_size=batch
+            )
             loss, _metrics = ppo_loss(config, output, td)
             (g,) = torch.autograd.grad(loss, full)
             grad += g
@@ -109,7 +133,8 @@ def test_gradient_is_invariant_to_micro_batch_and_data_parallel_split(gen, loss_
     whole, whole_loss = _grad_via_ppo_loss(rollout, loss_mode, [[rows]], dp_size=1)
     micro, micro_loss = _grad_via_ppo_loss(rollout, loss_mode, [[rows[:3], rows[3:5], rows[5:]]], dp_size=1)
     ranks, ranks_loss = _grad_via_ppo_loss(
-        rollout, loss_mode, [[rows[:2], rows[2:4]], [rows[4:5], rows[5:]]], dp_size=2)
+        rollout, loss_mode, [[rows[:2], rows[2:4]], [rows[4:5], rows[5:]]], dp_size=2
+    )
     torch.testing.assert_close(micro, whole, rtol=1e-12, atol=1e-15)
     torch.testing.assert_close(ranks, whole, rtol=1e-12, atol=1e-15)
     assert micro_loss == pytest.approx(whole_loss, rel=1e-12)
@@ -145,8 +170,14 @@ def test_group_token_mean_through_verl_aggregation_equals_the_core_per_group_mea
     weighted, _ = compute_dapo_outcome_advantage(token_rewards, mask.double(), {"group_token_mean": True}, uids)
     config = actor_config(agg="seq-mean-token-sum")
     config.global_batch_info["global_batch_size"] = 8
-    folded, _ = compute_policy_loss_dapo(old_log_prob=old, log_prob=logp, advantages=weighted, response_mask=mask,
-                                         loss_agg_mode="seq-mean-token-sum", config=config)
+    folded, _ = compute_policy_loss_dapo(
+        old_log_prob=old,
+        log_prob=logp,
+        advantages=weighted,
+        response_mask=mask,
+        loss_agg_mode="seq-mean-token-sum",
+        config=config,
+    )
     plain = group_advantages_by_index(rewards, uids)
     loss_mat = clipped_surrogate_loss_matrix(logp, old, plain, mask, clip_low=0.2, clip_high=0.28, clip_ratio_c=3.0)
     direct = aggregate_loss(loss_mat, mask, "token_mean_group", group_index=torch.tensor([0, 0, 1, 1, 2, 2, 3, 3]))
@@ -167,8 +198,13 @@ def _step_metrics_as_verl_aggregates(rollout, minibatches, *, dp_size):
         for rows_of_rank in ranks:
             rank: dict = {}
             for rows in rows_of_rank:
-                output, td = micro_batch(rollout, rows, dp_size=dp_size, batch_num_tokens=tokens,
-                                         global_batch_size=sum(len(r) for rr in ranks for r in rr))
+                output, td = micro_batch(
+                    rollout,
+                    rows,
+                    dp_size=dp_size,
+                    batch_num_tokens=tokens,
+                    global_batch_size=sum(len(r) for rr in ranks for r in rr),
+                )
                 append_to_dict(rank, ppo_loss(config, output, td)[1])  # as forward_backward_batch collects them
             per_rank.append(rank)
         if dp_size == 1:
@@ -187,23 +223,35 @@ def test_clipped_token_probability_is_exact_through_verls_metric_aggregation(gen
 
     rollout = random_rollout(gen, batch=12, response_len=8)
     length = rollout["responses"].shape[1]
-    logp = rollout["full_logp"].detach()[:, -length - 1:-1]  # verl's logits predict the next token: shift by one
+    logp = rollout["full_logp"].detach()[:, -length - 1 : -1]  # verl's logits predict the next token: shift by one
     rollout["old_log_probs"] = (logp + 0.5 * torch.randn(logp.shape, generator=gen, dtype=logp.dtype)).clamp(max=0)
     sign = torch.tensor([1.0, 1.0, -1.0], dtype=logp.dtype).repeat(4).unsqueeze(1)  # (12, 1): two in three A > 0
     rollout["advantages"] = rollout["advantages"].abs() * sign
     rows = torch.randperm(12, generator=gen)
-    split = {1: [[[rows[:1], rows[1:5]]], [[rows[5:7], rows[7:]]]],  # 2 mini-batches, 2 micro-batches each
-             2: [[[rows[:1], rows[1:3]], [rows[3:4], rows[4:6]]], [[rows[6:7], rows[7:9]], [rows[9:11], rows[11:]]]]}
+    split = {
+        1: [[[rows[:1], rows[1:5]]], [[rows[5:7], rows[7:]]]],  # 2 mini-batches, 2 micro-batches each
+        2: [[[rows[:1], rows[1:3]], [rows[3:4], rows[4:6]]], [[rows[6:7], rows[7:9]], [rows[9:11], rows[11:]]]],
+    }
     logged = _step_metrics_as_verl_aggregates(rollout, split[dp_size], dp_size=dp_size)
-    whole = clip_diagnostics(logp, rollout["old_log_probs"], rollout["advantages"], rollout["response_mask"],
-                             clip_low=0.2, clip_high=0.28, clip_ratio_c=3.0)
+    whole = clip_diagnostics(
+        logp,
+        rollout["old_log_probs"],
+        rollout["advantages"],
+        rollout["response_mask"],
+        clip_low=0.2,
+        clip_high=0.28,
+        clip_ratio_c=3.0,
+    )
     assert float(whole["clip_upper_tokens"]) >= 3 and float(whole["clip_higher_kept_tokens"]) >= 1  # non-trivial
     ratios = derive_ratios(logged)
     assert ratios["actor/dapo/clip_upper_old_prob_mean"] == pytest.approx(
-        float(whole["clip_upper_old_prob_sum"] / whole["clip_upper_tokens"]), rel=1e-9)
+        float(whole["clip_upper_old_prob_sum"] / whole["clip_upper_tokens"]), rel=1e-9
+    )
     assert ratios["actor/dapo/clip_higher_kept_old_prob_mean"] == pytest.approx(
-        float(whole["clip_higher_kept_old_prob_sum"] / whole["clip_higher_kept_tokens"]), rel=1e-9)
+        float(whole["clip_higher_kept_old_prob_sum"] / whole["clip_higher_kept_tokens"]), rel=1e-9
+    )
     assert ratios["actor/dapo/clip_upper_positive_share"] == pytest.approx(
-        float(whole["clip_upper_tokens"] / whole["positive_advantage_tokens"]), rel=1e-9)
+        float(whole["clip_upper_tokens"] / whole["positive_advantage_tokens"]), rel=1e-9
+    )
     # verl averages each micro-batch's value: the max is a lower bound of the step's, never above it
     assert 0 < logged["actor/dapo/clip_upper_old_prob_max"] <= float(whole["clip_upper_old_prob_max"]) + 1e-12

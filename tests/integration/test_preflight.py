@@ -30,8 +30,15 @@ from dapo_verl.rehearsal.run import RehearsalError, RehearsalOptions, compose_re
 
 pytestmark = pytest.mark.verl
 
-RECIPES = ["dapo_qwen2.5_32b", "dapo_wo_ds_qwen2.5_32b", "dapo_qwen2.5_7b", "dapo_qwen2.5_math_1.5b",
-           "dapo_clip_ablation_eps_high_0.2", "dapo_clip_ablation_eps_high_0.28", "dapo_trainer"]
+RECIPES = [
+    "dapo_qwen2.5_32b",
+    "dapo_wo_ds_qwen2.5_32b",
+    "dapo_qwen2.5_7b",
+    "dapo_qwen2.5_math_1.5b",
+    "dapo_clip_ablation_eps_high_0.2",
+    "dapo_clip_ablation_eps_high_0.28",
+    "dapo_trainer",
+]
 README = (Path(__file__).parents[2] / "README.md").read_text()
 
 
@@ -42,9 +49,12 @@ def readme_doctor_overrides() -> list[str]:
     return shlex.split(block.group(1).replace("\\\n", " "))[3:]
 
 
-MICRO_BATCHES = ["actor_rollout_ref.rollout.n=4", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
-                 "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=2",
-                 "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=2"]  # docs/rehearse.md's dapo_trainer
+MICRO_BATCHES = [
+    "actor_rollout_ref.rollout.n=4",
+    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
+    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=2",
+    "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=2",
+]  # docs/rehearse.md's dapo_trainer
 
 # override -> the key the refusal must name (each refused at start-up by train, verl or the rehearsal)
 REFUSED = {
@@ -86,16 +96,18 @@ REFUSED = {
     "actor_rollout_ref.rollout.dtype=fp16": "actor_rollout_ref.rollout.dtype",
     "actor_rollout_ref.rollout.logprobs_mode=logprobs": "actor_rollout_ref.rollout.logprobs_mode",
     "actor_rollout_ref.rollout.scheduling_policy=lifo": "actor_rollout_ref.rollout.scheduling_policy",
-    "+actor_rollout_ref.rollout.engine_kwargs.vllm.gpu_memory_utilization=2":
-        "actor_rollout_ref.rollout.engine_kwargs.vllm.gpu_memory_utilization",
+    "+actor_rollout_ref.rollout.engine_kwargs.vllm.gpu_memory_utilization=2": (
+        "actor_rollout_ref.rollout.engine_kwargs.vllm.gpu_memory_utilization"
+    ),
 }
 
 
 def _problems(name, *overrides):
     entry = VERL_ENTRY if name == "ppo_trainer" else DAPO_ENTRY
     try:
-        compose_and_check(lambda: compose_recipe(name, list(overrides))[0], entry_module=entry,
-                          unset_env_is_problem=False)
+        compose_and_check(
+            lambda: compose_recipe(name, list(overrides))[0], entry_module=entry, unset_env_is_problem=False
+        )
     except ConfigRefused as refused:
         return refused.problems
     return []
@@ -124,8 +136,12 @@ def _without(overrides, *prefixes):
 
 def test_independent_problems_verl_would_raise_one_at_a_time_are_all_reported():
     # verl's validate_config stops at its first error; each of these three hides the next one there.
-    overrides = [*_without(readme_doctor_overrides(), "actor_rollout_ref.actor.ppo_micro",
-                           "actor_rollout_ref.rollout.log_prob_micro"), "trainer.n_gpus_per_node=3"]
+    overrides = [
+        *_without(
+            readme_doctor_overrides(), "actor_rollout_ref.actor.ppo_micro", "actor_rollout_ref.rollout.log_prob_micro"
+        ),
+        "trainer.n_gpus_per_node=3",
+    ]
     problems = _problems("ppo_trainer", *overrides)
     keys = [p.key for p in problems]
     assert keys.count("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu") == 1
@@ -134,16 +150,24 @@ def test_independent_problems_verl_would_raise_one_at_a_time_are_all_reported():
     batch = next(p.message for p in problems if p.key == "data.train_batch_size")
     assert "multiple of 3" in batch and "actor_rollout_ref.rollout.n" in batch
     # two problems from different checks: the overlong buffer against verl's default budget, and no engine
-    problems = _problems("ppo_trainer", *_without(readme_doctor_overrides(), "data.max_response_length",
-                                                  "actor_rollout_ref.rollout.name"))
+    problems = _problems(
+        "ppo_trainer",
+        *_without(readme_doctor_overrides(), "data.max_response_length", "actor_rollout_ref.rollout.name"),
+    )
     assert {p.key for p in problems} == {"reward.reward_kwargs.overlong_tokens", "actor_rollout_ref.rollout.name"}
 
 
 def test_an_error_the_check_cannot_settle_says_that_verls_later_checks_did_not_run():
     from dapo_verl.adapter.preflight_verl import validate_config_problems
 
-    config, _ = compose_recipe("ppo_trainer", [*readme_doctor_overrides(), "actor_rollout_ref.rollout.val_kwargs."
-                                               "do_sample=true", "actor_rollout_ref.rollout.temperature=0"])
+    config, _ = compose_recipe(
+        "ppo_trainer",
+        [
+            *readme_doctor_overrides(),
+            "actor_rollout_ref.rollout.val_kwargs.do_sample=true",
+            "actor_rollout_ref.rollout.temperature=0",
+        ],
+    )
     problems = validate_config_problems(OmegaConf.create(OmegaConf.to_container(config, resolve=True)))
     assert len(problems) == 1 and "temperature should be greater than 0" in problems[0].message
     assert "stops at this error: run the check again once it is fixed" in problems[0].message
@@ -158,19 +182,32 @@ def test_the_check_refuses_what_a_run_refuses_naming_the_key(override):
 
 
 def test_every_problem_is_reported_at_once_the_refused_overrides_and_the_rest():
-    problems = _problems("dapo_qwen2.5_32b", "actor_rollout_ref.actor.clip_ratio_hihg=0.3",
-                         "actor_rollout_ref.actor.policy_loss.loss_mode=dapoo", "actor_rollout_ref.rollout.n=1")
+    problems = _problems(
+        "dapo_qwen2.5_32b",
+        "actor_rollout_ref.actor.clip_ratio_hihg=0.3",
+        "actor_rollout_ref.actor.policy_loss.loss_mode=dapoo",
+        "actor_rollout_ref.rollout.n=1",
+    )
     keys = [p.key for p in problems]
-    assert keys[0] == "actor_rollout_ref.actor.clip_ratio_hihg" and "did you mean actor_rollout_ref.actor.clip_" \
-        "ratio_high?" in problems[0].message
+    assert (
+        keys[0] == "actor_rollout_ref.actor.clip_ratio_hihg"
+        and "did you mean actor_rollout_ref.actor.clip_ratio_high?" in problems[0].message
+    )
     assert {"actor_rollout_ref.actor.policy_loss.loss_mode", "actor_rollout_ref.rollout.n"} <= set(keys)
     assert "Did you mean dapo?" in next(p.message for p in problems if p.key.endswith("loss_mode"))
 
 
 def test_an_added_key_of_ones_own_or_a_free_form_section_is_accepted():
-    assert _problems("dapo_trainer", "++trainer.v1.trainerr_mode=sync", "+trainer.my_own_setting=1",
-                     "+ray_kwargs.ray_init.runtime_env.env_vars.VERL_LOGGING_LEVEL=INFO",
-                     "+actor_rollout_ref.model.override_config.attn_implementation=eager") == []
+    assert (
+        _problems(
+            "dapo_trainer",
+            "++trainer.v1.trainerr_mode=sync",
+            "+trainer.my_own_setting=1",
+            "+ray_kwargs.ray_init.runtime_env.env_vars.VERL_LOGGING_LEVEL=INFO",
+            "+actor_rollout_ref.model.override_config.attn_implementation=eager",
+        )
+        == []
+    )
 
 
 def test_unset_environment_variables_are_noted_and_refused_only_for_a_real_run():
@@ -184,8 +221,14 @@ def test_unset_environment_variables_are_noted_and_refused_only_for_a_real_run()
 
 def test_doctor_refuses_with_a_non_zero_exit_one_line_per_problem_and_no_ok_for_the_config(monkeypatch, capsys):
     monkeypatch.setattr(doctor, "run_checks", lambda: [])  # the plugin checks start a fresh process; not the point
-    code = main(["doctor", "dapo_qwen2.5_32b", "actor_rollout_ref.actor.policy_loss.loss_mode=dapoo",
-                 "actor_rollout_ref.actor.clip_ratio_hihg=0.3"])
+    code = main(
+        [
+            "doctor",
+            "dapo_qwen2.5_32b",
+            "actor_rollout_ref.actor.policy_loss.loss_mode=dapoo",
+            "actor_rollout_ref.actor.clip_ratio_hihg=0.3",
+        ]
+    )
     out = capsys.readouterr().out
     assert code != 0
     failed = [line for line in out.splitlines() if line.startswith("[FAIL] config:")]
@@ -210,8 +253,9 @@ def test_a_typo_given_to_rehearse_is_one_line_and_nothing_is_written(tmp_path, c
     assert code == 2 and "Traceback" not in err
     assert err.count("\n") == 1 and "did you mean actor_rollout_ref.actor.clip_ratio_high?" in err
     with pytest.raises(ConfigRefused, match="actor_rollout_ref.rollout.n=1"):
-        rehearse(RehearsalOptions(config_name="dapo_trainer", overrides=("actor_rollout_ref.rollout.n=1",),
-                                  out_dir=out))
+        rehearse(
+            RehearsalOptions(config_name="dapo_trainer", overrides=("actor_rollout_ref.rollout.n=1",), out_dir=out)
+        )
     assert not out.exists()
 
 
@@ -251,14 +295,17 @@ def test_the_memory_bound_refuses_only_what_cannot_fit(monkeypatch):
 
     pages = 24 * 2**30 // os.sysconf("SC_PAGE_SIZE")  # a 24 GiB machine, as these are
     monkeypatch.setattr(rehearsal_run.os, "sysconf", lambda name: pages if name == "SC_PHYS_PAGES" else 4096)
-    fits = [RehearsalOptions(config_name="dapo_trainer", out_dir=Path("x"), **kw) for kw in (
-        {"nodes": 2}, {"gpus": 2}, {"nodes": 2, "gpus": 2}, {"overlap": True})]
+    fits = [
+        RehearsalOptions(config_name="dapo_trainer", out_dir=Path("x"), **kw)
+        for kw in ({"nodes": 2}, {"gpus": 2}, {"nodes": 2, "gpus": 2}, {"overlap": True})
+    ]
     for options in fits:  # what the tests and the docs rehearse, on either engine
         for engine in Engine:
             rehearsal_run._check_memory(options, engine)
     with pytest.raises(RehearsalError, match=r"8 data-parallel rank\(s\) on the vllm engine hold at least 27 GiB"):
-        rehearsal_run._check_memory(RehearsalOptions(config_name="dapo_trainer", out_dir=Path("x"), nodes=4, gpus=2),
-                                    Engine.VLLM)
+        rehearsal_run._check_memory(
+            RehearsalOptions(config_name="dapo_trainer", out_dir=Path("x"), nodes=4, gpus=2), Engine.VLLM
+        )
 
 
 @functools.cache
@@ -276,18 +323,25 @@ def _engine(**rollout):
 
 def test_each_refused_engine_value_is_one_line_with_the_value_vllm_range_and_fix():
     (memory,) = _engine(gpu_memory_utilization=1.5)
-    assert memory.startswith("actor_rollout_ref.rollout.gpu_memory_utilization=1.5 is outside vLLM's range 0 < "
-                             "gpu_memory_utilization <= 1")
+    assert memory.startswith(
+        "actor_rollout_ref.rollout.gpu_memory_utilization=1.5 is outside vLLM's range 0 < gpu_memory_utilization <= 1"
+    )
     assert "Set actor_rollout_ref.rollout.gpu_memory_utilization to a share in (0, 1]" in memory
     (seqs,) = _engine(max_num_seqs=0)
     assert "max_num_seqs=0 is outside vLLM's range max_num_seqs >= 1" in seqs and "to an integer >= 1" in seqs
     (length,) = _engine(max_model_len=1024)
     assert "max_model_len=1024 is below prompt_length + response_length = 512 + 20480 = 20992" in length
-    assert "verl caps each response at 1024 tokens of prompt and response, cutting responses short of " \
-           "response_length=20480" in length and "max_model_len >= 20992" in length
+    assert (
+        "verl caps each response at 1024 tokens of prompt and response, cutting responses short of "
+        "response_length=20480"
+        in length
+        and "max_model_len >= 20992" in length
+    )
     (engine,) = _engine(**{"engine_kwargs.vllm.max_model_len": 4096})
-    assert engine.startswith("actor_rollout_ref.rollout.engine_kwargs.vllm.max_model_len=4096 is below") and \
-        "vLLM stops each sequence at 4096 tokens" in engine
+    assert (
+        engine.startswith("actor_rollout_ref.rollout.engine_kwargs.vllm.max_model_len=4096 is below")
+        and "vLLM stops each sequence at 4096 tokens" in engine
+    )
     (budget,) = _engine(max_num_batched_tokens=100)
     assert "max_num_batched_tokens=100 is below actor_rollout_ref.rollout.max_num_seqs=256" in budget
     assert "max_num_batched_tokens >= 256 or actor_rollout_ref.rollout.max_num_seqs <= 100" in budget
@@ -296,17 +350,38 @@ def test_each_refused_engine_value_is_one_line_with_the_value_vllm_range_and_fix
     (kind,) = _engine(dtype="fp16")
     assert "dtype='fp16' is not one of vLLM's dtype values (auto, half, float16, bfloat16, float, float32)" in kind
     (given,) = _engine(**{"engine_kwargs.vllm.max-num-seqs": "9000"})  # vLLM reads engine_kwargs as text
-    assert given.startswith("actor_rollout_ref.rollout.max_num_batched_tokens=8192 is below "
-                            "actor_rollout_ref.rollout.engine_kwargs.vllm.max-num-seqs='9000'")
+    assert given.startswith(
+        "actor_rollout_ref.rollout.max_num_batched_tokens=8192 is below "
+        "actor_rollout_ref.rollout.engine_kwargs.vllm.max-num-seqs='9000'"
+    )
 
 
 def test_engine_values_vllm_accepts_pass_at_the_edges_of_its_ranges():
-    assert _engine(gpu_memory_utilization=1, max_num_seqs=1, max_num_batched_tokens=1, tensor_model_parallel_size=1,
-                   max_model_len=20992, dtype="auto", logprobs_mode=None, scheduling_policy="priority") == []
+    assert (
+        _engine(
+            gpu_memory_utilization=1,
+            max_num_seqs=1,
+            max_num_batched_tokens=1,
+            tensor_model_parallel_size=1,
+            max_model_len=20992,
+            dtype="auto",
+            logprobs_mode=None,
+            scheduling_policy="priority",
+        )
+        == []
+    )
     assert _engine(max_num_batched_tokens=256, max_num_seqs=256) == []
     assert _engine(enable_chunked_prefill=False, max_num_batched_tokens=100) == []  # verl raises it to max_model_len
-    assert _engine(**{"engine_kwargs.vllm.gpu_memory_utilization": "0.9", "engine_kwargs.vllm.max_num_seqs": None,
-                      "engine_kwargs.vllm.max_model_len": "32k"}) == []  # text as vLLM parses it; null dropped
+    assert (
+        _engine(
+            **{
+                "engine_kwargs.vllm.gpu_memory_utilization": "0.9",
+                "engine_kwargs.vllm.max_num_seqs": None,
+                "engine_kwargs.vllm.max_model_len": "32k",
+            }
+        )
+        == []
+    )  # text as vLLM parses it; null dropped
     # vLLM's ranges are vLLM's; the length rule holds for every engine (verl caps responses the same way)
     assert _engine(name="sglang", dtype="fp16") == []
     assert len(_engine(name="sglang", max_model_len=1024)) == 1
@@ -314,7 +389,9 @@ def test_engine_values_vllm_accepts_pass_at_the_edges_of_its_ranges():
 
 LENGTH_TEXTS = ["32k", "32K", "25.6k", "2.5K", "auto", "AUTO", "-1", " 21000", "abc", "0.8", "1M", "256", "float32"]
 
-_VLLM_AGREES = f"LENGTH_TEXTS = {LENGTH_TEXTS!r}\n" + """
+_VLLM_AGREES = (
+    f"LENGTH_TEXTS = {LENGTH_TEXTS!r}\n"
+    + """
 import json, typing
 from vllm.config.cache import CacheConfig
 from vllm.config.model import LogprobsMode, ModelDType
@@ -351,6 +428,7 @@ print(json.dumps({
     "max_model_len": [readable(text) for text in LENGTH_TEXTS],
 }))
 """
+)
 
 
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM (the vllm extra) is not installed")
@@ -364,7 +442,8 @@ def test_vllm_itself_refuses_what_the_check_refuses_and_accepts_what_it_passes()
     assert vllm["max_num_batched_tokens"] == [True, False] and vllm["budget"] == [True, False]
     assert vllm["tensor_parallel_size"] == [True, False] and vllm["data_parallel_size"] == [True, False]
     assert {argument: list(known) for argument, (_, known) in VLLM_CHOICES.items()} == {
-        argument: vllm[argument] for argument in VLLM_CHOICES}
+        argument: vllm[argument] for argument in VLLM_CHOICES
+    }
     # the same values, through the check
     assert [bool(_engine(gpu_memory_utilization=v)) for v in (1.5, 0, 1, 0.8)] == vllm["gpu_memory_utilization"]
     assert [bool(_engine(max_num_seqs=v)) for v in (0, 1.5, 1, 256)] == vllm["max_num_seqs"]
@@ -385,15 +464,29 @@ def test_vllm_itself_refuses_what_the_check_refuses_and_accepts_what_it_passes()
 
 def test_doctor_and_rehearse_refuse_engine_values_before_anything_starts(monkeypatch, capsys, tmp_path):
     monkeypatch.setattr(doctor, "run_checks", lambda: [])
-    code = main(["doctor", "dapo_trainer", "actor_rollout_ref.rollout.gpu_memory_utilization=1.5",
-                 "actor_rollout_ref.rollout.max_num_seqs=0", "actor_rollout_ref.rollout.max_model_len=1024"])
+    code = main(
+        [
+            "doctor",
+            "dapo_trainer",
+            "actor_rollout_ref.rollout.gpu_memory_utilization=1.5",
+            "actor_rollout_ref.rollout.max_num_seqs=0",
+            "actor_rollout_ref.rollout.max_model_len=1024",
+        ]
+    )
     out = capsys.readouterr().out
     failed = [line for line in out.splitlines() if line.startswith("[FAIL] config:")]
     assert code != 0 and len(failed) == 3 and "[ok] config" not in out
-    assert all(f"rollout.{key}" in "".join(failed) for key in ("gpu_memory_utilization=1.5", "max_num_seqs=0",
-                                                                 "max_model_len=1024"))
+    assert all(
+        f"rollout.{key}" in "".join(failed)
+        for key in ("gpu_memory_utilization=1.5", "max_num_seqs=0", "max_model_len=1024")
+    )
     out_dir = tmp_path / "rehearsal"
     with pytest.raises(ConfigRefused, match="gpu_memory_utilization=1.5 is outside vLLM's range"):
-        rehearse(RehearsalOptions(config_name="dapo_trainer", out_dir=out_dir,
-                                  overrides=("actor_rollout_ref.rollout.gpu_memory_utilization=1.5",)))
+        rehearse(
+            RehearsalOptions(
+                config_name="dapo_trainer",
+                out_dir=out_dir,
+                overrides=("actor_rollout_ref.rollout.gpu_memory_utilization=1.5",),
+            )
+        )
     assert not out_dir.exists()

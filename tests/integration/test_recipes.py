@@ -145,8 +145,11 @@ def _flat(config: DictConfig, *, resolve: bool) -> dict[str, Any]:
 
 @pytest.fixture
 def paths(monkeypatch, tmp_path) -> dict[str, Path]:
-    values = {"DAPO_MODEL_PATH": tmp_path / "model", "DAPO_DATA_DIR": tmp_path / "data",
-              "DAPO_OUTPUT_DIR": tmp_path / "out"}
+    values = {
+        "DAPO_MODEL_PATH": tmp_path / "model",
+        "DAPO_DATA_DIR": tmp_path / "data",
+        "DAPO_OUTPUT_DIR": tmp_path / "out",
+    }
     for name, value in values.items():
         monkeypatch.setenv(name, str(value))
     return values
@@ -241,9 +244,12 @@ def test_without_dynamic_sampling_differs_from_the_paper_recipe_only_where_it_sa
     full, wo_ds = (_flat(_compose(name), resolve=True) for name in (PAPER, "dapo_wo_ds_qwen2.5_32b"))
     changed = {key for key in full if full[key] != wo_ds[key]}
     identity = {key for key in changed if "dapo-wo-ds-clip-0.2-0.28" in str(wo_ds[key])}
-    assert changed - identity == {"algorithm.filter_groups.enable", "data.gen_batch_size",
-                                  "actor_rollout_ref.rollout.gpu_memory_utilization",
-                                  "trainer.total_training_steps"}
+    assert changed - identity == {
+        "algorithm.filter_groups.enable",
+        "data.gen_batch_size",
+        "actor_rollout_ref.rollout.gpu_memory_utilization",
+        "trainer.total_training_steps",
+    }
     assert "trainer.experiment_name" in identity
 
 
@@ -287,8 +293,9 @@ def test_compare_groups_the_ablation_logs_into_one_arm_per_eps_high(paths):
     assert labels[0.28, 0] == labels[0.28, 1] == "clip-ablation-eps-high-0.28"
 
 
-@pytest.mark.parametrize(("variable", "key"), [("DAPO_MODEL_PATH", "actor_rollout_ref.model.path"),
-                                               ("DAPO_DATA_DIR", "data.train_files")])
+@pytest.mark.parametrize(
+    ("variable", "key"), [("DAPO_MODEL_PATH", "actor_rollout_ref.model.path"), ("DAPO_DATA_DIR", "data.train_files")]
+)
 def test_missing_path_variable_fails_naming_it(paths, monkeypatch, variable, key):
     monkeypatch.delenv(variable)
     config = _compose(PAPER)
@@ -297,15 +304,21 @@ def test_missing_path_variable_fails_naming_it(paths, monkeypatch, variable, key
 
 
 def test_verl_overlong_buffer_keys_are_read_next_to_ours(paths):
-    agreeing = _compose(PAPER, "+reward.reward_kwargs.overlong_buffer_cfg.enable=true",
-                        "+reward.reward_kwargs.overlong_buffer_cfg.len=4096",
-                        "+reward.reward_kwargs.overlong_buffer_cfg.penalty_factor=1.0",
-                        "+reward.reward_kwargs.max_resp_len=20480")
+    agreeing = _compose(
+        PAPER,
+        "+reward.reward_kwargs.overlong_buffer_cfg.enable=true",
+        "+reward.reward_kwargs.overlong_buffer_cfg.len=4096",
+        "+reward.reward_kwargs.overlong_buffer_cfg.penalty_factor=1.0",
+        "+reward.reward_kwargs.max_resp_len=20480",
+    )
     overlong, budget = reward_settings(agreeing)
     assert (overlong.overlong_tokens, overlong.overlong_penalty_factor, budget) == (4096, 1.0, 20480)
     contradicting = _compose(PAPER, "+reward.reward_kwargs.overlong_buffer_cfg.len=2048")
-    with pytest.raises(ValueError, match=r"overlong_tokens=4096 contradicts reward\.reward_kwargs\.overlong_buffer_cfg"
-                                         r"\.len=2048"):
+    with pytest.raises(
+        ValueError,
+        match=r"overlong_tokens=4096 contradicts reward\.reward_kwargs\.overlong_buffer_cfg"
+        r"\.len=2048",
+    ):
         reward_settings(contradicting)
     with pytest.raises(ValueError, match="overlong_tokens=4096 contradicts"):
         validate_dapo_config(contradicting)

@@ -38,7 +38,10 @@ PROBE = textwrap.dedent(
 def _probe(setup="import verl", env=None, imported_before="False"):
     result = subprocess.run(
         [sys.executable, "-c", PROBE.format(setup=setup, imported_before=imported_before)],
-        capture_output=True, text=True, env={**os.environ, **(env or {})}, check=False,
+        capture_output=True,
+        text=True,
+        env={**os.environ, **(env or {})},
+        check=False,
     )
     return result
 
@@ -47,8 +50,12 @@ def test_import_verl_alone_registers_everything_in_a_fresh_process():
     result = _probe("import sys\nimport verl\nbefore = 'dapo_verl' in sys.modules", imported_before="before")
     assert result.returncode == 0, result.stderr
     seen = json.loads(result.stdout.strip().splitlines()[-1])
-    assert seen == {"loss": "dapo_verl.adapter.losses", "adv": "dapo_verl.adapter.advantages",
-                    "reward": "dapo_verl.adapter.reward", "dapo_imported_before_verl": True}
+    assert seen == {
+        "loss": "dapo_verl.adapter.losses",
+        "adv": "dapo_verl.adapter.advantages",
+        "reward": "dapo_verl.adapter.reward",
+        "dapo_imported_before_verl": True,
+    }
 
 
 @pytest.mark.slow
@@ -113,11 +120,17 @@ def test_doctor_names_match_the_registered_names():
 
 @pytest.mark.slow
 def test_doctor_command_reports_health_and_the_fix():
-    healthy = subprocess.run([sys.executable, "-m", "dapo_verl.cli", "doctor"], capture_output=True, text=True,
-                             check=False)
+    healthy = subprocess.run(
+        [sys.executable, "-m", "dapo_verl.cli", "doctor"], capture_output=True, text=True, check=False
+    )
     assert healthy.returncode == 0, healthy.stdout + healthy.stderr
     assert "verl sees dapo_verl." in healthy.stdout
-    broken = subprocess.run([sys.executable, "-m", "dapo_verl.cli", "doctor"], capture_output=True, text=True,
-                            env={**os.environ, "VERL_USE_EXTERNAL_PLUGINS": "none"}, check=False)
+    broken = subprocess.run(
+        [sys.executable, "-m", "dapo_verl.cli", "doctor"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "VERL_USE_EXTERNAL_PLUGINS": "none"},
+        check=False,
+    )
     assert broken.returncode == 1
     assert "VERL_USE_EXTERNAL_MODULES=dapo_verl.adapter.register" in broken.stdout

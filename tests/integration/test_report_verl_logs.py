@@ -14,10 +14,25 @@ from dapo_verl.report import LogFormat, load_run  # noqa: E402
 
 STEPS = [
     (0, {"val-core/aime-2024/acc/mean@32": np.float64(0.125), "val-aux/num_turns/mean": np.int64(1)}),
-    (1, {"actor/entropy": np.float32(0.5), "actor/pg_loss": -0.25, "response_length/mean": 321.5,
-         "dapo/sampler/gen_rounds": 2, "critic/score/mean": 0.0}),
-    (2, {"actor/entropy": 0.375, "actor/pg_clipfrac": np.float64(0.0625), "response_length/mean": np.int64(300),
-         "val-core/aime-2024/acc/mean@32": 0.25}),
+    (
+        1,
+        {
+            "actor/entropy": np.float32(0.5),
+            "actor/pg_loss": -0.25,
+            "response_length/mean": 321.5,
+            "dapo/sampler/gen_rounds": 2,
+            "critic/score/mean": 0.0,
+        },
+    ),
+    (
+        2,
+        {
+            "actor/entropy": 0.375,
+            "actor/pg_clipfrac": np.float64(0.0625),
+            "response_length/mean": np.int64(300),
+            "val-core/aime-2024/acc/mean@32": 0.25,
+        },
+    ),
 ]
 
 
@@ -35,9 +50,14 @@ def test_the_three_verl_loggers_read_back_to_the_same_table(tmp_path, monkeypatc
     tensorboard.finish()
     (tmp_path / "stdout.log").write_text(capsys.readouterr().out)
 
-    runs = {fmt: load_run(path) for fmt, path in [(LogFormat.JSONL, tmp_path / "file"),
-                                                  (LogFormat.TENSORBOARD, tmp_path / "tb"),
-                                                  (LogFormat.CONSOLE, tmp_path / "stdout.log")]}
+    runs = {
+        fmt: load_run(path)
+        for fmt, path in [
+            (LogFormat.JSONL, tmp_path / "file"),
+            (LogFormat.TENSORBOARD, tmp_path / "tb"),
+            (LogFormat.CONSOLE, tmp_path / "stdout.log"),
+        ]
+    }
     expected = {key for _, data in STEPS for key in data}
     for fmt, run in runs.items():
         assert run.format is fmt and set(run.metrics) == expected, fmt

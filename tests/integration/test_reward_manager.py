@@ -36,9 +36,11 @@ def _item(tokenizer, text, answer="7", *, length=None, eos=True):
     attention = torch.cat([torch.ones(1, 2, dtype=torch.long), (responses != tokenizer.pad_token_id).long()], dim=1)
     return DataProto.from_dict(
         tensors={"prompts": torch.ones(1, 2, dtype=torch.long), "responses": responses, "attention_mask": attention},
-        non_tensors={"data_source": np.array(["math_dapo"], dtype=object),
-                     "reward_model": np.array([{"ground_truth": answer}], dtype=object),
-                     "extra_info": np.array([{}], dtype=object)},
+        non_tensors={
+            "data_source": np.array(["math_dapo"], dtype=object),
+            "reward_model": np.array([{"ground_truth": answer}], dtype=object),
+            "extra_info": np.array([{}], dtype=object),
+        },
     )
 
 
@@ -76,8 +78,9 @@ def test_full_length_without_eos_is_truncated_with_eos_is_not(tiny_tokenizer):
 
 def test_matches_verl_dapo_manager_up_to_the_limit(tiny_tokenizer):
     ours = DapoRewardManager(_config(overlong_tokens=4, overlong_penalty_factor=0.5), tiny_tokenizer, None)
-    verl_cfg = _config(overlong_buffer_cfg={"enable": True, "len": 4, "penalty_factor": 0.5, "log": True},
-                       max_resp_len=MAX_LEN)
+    verl_cfg = _config(
+        overlong_buffer_cfg={"enable": True, "len": 4, "penalty_factor": 0.5, "log": True}, max_resp_len=MAX_LEN
+    )
     theirs = DAPORewardManager(verl_cfg, tiny_tokenizer, None)
     for text, length in (("Answer: 7", 3), ("Answer: 3", 6), ("wrong", 7), ("Answer: 7", 8)):
         a = _run(ours, _item(tiny_tokenizer, text, length=length))
@@ -88,18 +91,22 @@ def test_matches_verl_dapo_manager_up_to_the_limit(tiny_tokenizer):
 def test_quadratic_schedule_and_verl_alias_keys(tiny_tokenizer):
     quad = DapoRewardManager(_config(overlong_tokens=4, overlong_schedule="quadratic"), tiny_tokenizer, None)
     assert _run(quad, _item(tiny_tokenizer, "Answer: 7", length=6))["reward_score"] == pytest.approx(0.75)
-    alias = DapoRewardManager(_config(overlong_buffer_cfg={"enable": True, "len": 2, "penalty_factor": 1.0}),
-                              tiny_tokenizer, None)
+    alias = DapoRewardManager(
+        _config(overlong_buffer_cfg={"enable": True, "len": 2, "penalty_factor": 1.0}), tiny_tokenizer, None
+    )
     assert alias.overlong.overlong_tokens == 2
 
 
-@pytest.mark.parametrize(("kwargs", "match"), [
-    ({"overlong_schedule": "cubic"}, "overlong_schedule='cubic' is not one of"),
-    ({"overlong_penalty_factor": -1.0}, "overlong_penalty_factor=-1.0 must be >= 0.0"),
-    ({"overlong_tokens": 16}, "overlong_tokens=16 exceeds data.max_response_length=8"),
-    ({"overlong_tokens": 0}, "overlong_tokens=0 must be > 0"),
-    ({"overlong_tokens": 4, "overlong_buffer_cfg": {"len": 3}}, "contradicts"),
-])
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"overlong_schedule": "cubic"}, "overlong_schedule='cubic' is not one of"),
+        ({"overlong_penalty_factor": -1.0}, "overlong_penalty_factor=-1.0 must be >= 0.0"),
+        ({"overlong_tokens": 16}, "overlong_tokens=16 exceeds data.max_response_length=8"),
+        ({"overlong_tokens": 0}, "overlong_tokens=0 must be > 0"),
+        ({"overlong_tokens": 4, "overlong_buffer_cfg": {"len": 3}}, "contradicts"),
+    ],
+)
 def test_misconfiguration_fails_at_start_up_naming_the_key(tiny_tokenizer, kwargs, match):
     with pytest.raises(ValueError, match=match):
         DapoRewardManager(_config(**kwargs), tiny_tokenizer, None)
@@ -119,16 +126,22 @@ def test_verl_loads_the_manager_by_its_registered_name(tiny_tokenizer):
 
 
 def test_overlong_metrics_and_filtering_transform(tiny_tokenizer):
-    stats = overlong_metrics({"overlong_penalty": np.array([0.0, -0.5, -1.0, 0.0]),
-                              "truncated": np.array([False, False, True, False])})
-    assert stats == {"dapo/overlong/in_buffer_fraction": 0.5, "dapo/overlong/truncated_fraction": 0.25,
-                     "dapo/overlong/penalty_mean": -0.375}
+    stats = overlong_metrics(
+        {"overlong_penalty": np.array([0.0, -0.5, -1.0, 0.0]), "truncated": np.array([False, False, True, False])}
+    )
+    assert stats == {
+        "dapo/overlong/in_buffer_fraction": 0.5,
+        "dapo/overlong/truncated_fraction": 0.25,
+        "dapo/overlong/penalty_mean": -0.375,
+    }
     assert overlong_metrics({}) == {}
-    batch = DataProto.concat([
-        _item(tiny_tokenizer, "Answer: 7", length=MAX_LEN, eos=False),
-        _item(tiny_tokenizer, "Answer: 7", length=MAX_LEN, eos=True),
-        _item(tiny_tokenizer, "Answer: 7"),
-    ])
+    batch = DataProto.concat(
+        [
+            _item(tiny_tokenizer, "Answer: 7", length=MAX_LEN, eos=False),
+            _item(tiny_tokenizer, "Answer: 7", length=MAX_LEN, eos=True),
+            _item(tiny_tokenizer, "Answer: 7"),
+        ]
+    )
     metrics = apply_overlong_filtering(batch, tiny_tokenizer.eos_token_id)
     assert batch.batch["response_mask"].sum(-1).tolist() == [0, MAX_LEN, 3]
     assert metrics["dapo/overlong/filtered_fraction"] == pytest.approx(1 / 3)

@@ -38,8 +38,12 @@ MIXED = drifting_pass_rates(64, seed=3, start_logit_mean=0.0, start_logit_std=2.
 CARRY = ["algorithm.filter_groups.surplus=carry"]
 # ~3x what a step needs, from prompts chosen without prediction: at this scenario's ~50% keep rate the surplus piles up
 # and goes stale (ranked by prediction, nearly every group of the 64-prompt pool is informative and little is left over)
-SURPLUS = ["algorithm.filter_groups.refill=barrier", f"data.gen_batch_size={3 * TBS}", *CARRY,
-           "algorithm.filter_groups.prompt_selection=streak"]
+SURPLUS = [
+    "algorithm.filter_groups.refill=barrier",
+    f"data.gen_batch_size={3 * TBS}",
+    *CARRY,
+    "algorithm.filter_groups.prompt_selection=streak",
+]
 VERL_BUFFER = ["trainer.v1.sampler.custom_sampler.path=null", "trainer.v1.sampler.custom_sampler.name=null"]
 
 
@@ -62,10 +66,18 @@ def make_trainer(transfer_queue, tmp_path) -> Iterator[Callable[..., SimulatedTr
     clear_all()
     rollouts: list[SimulatedRollout] = []
 
-    def make(*overrides: str, mode: str = "sync", pass_rate=MIXED, resume: bool = False, folder: str = "ckpt",
-             begin: bool = True, **rollout_kwargs) -> SimulatedTrainer:
-        config = compose_v1_config(tmp_path / folder, f"data.train_batch_size={TBS}",
-                                   f"actor_rollout_ref.rollout.n={N}", *overrides, mode=mode)
+    def make(
+        *overrides: str,
+        mode: str = "sync",
+        pass_rate=MIXED,
+        resume: bool = False,
+        folder: str = "ckpt",
+        begin: bool = True,
+        **rollout_kwargs,
+    ) -> SimulatedTrainer:
+        config = compose_v1_config(
+            tmp_path / folder, f"data.train_batch_size={TBS}", f"actor_rollout_ref.rollout.n={N}", *overrides, mode=mode
+        )
         rollout = SimulatedRollout(config, pass_rate, seed=0, **rollout_kwargs)
         rollouts.append(rollout)
         trainer = SimulatedTrainer(config, rollout, dataset_size=64, resume=resume)
@@ -135,8 +147,15 @@ def test_simulated_agent_loop_writes_verls_keys_tags_and_status_order(make_train
         assert keys == [f"{uid}_{session}_0" for session in range(N)]
         for key in keys:
             tag = listing[key]
-            assert set(tag) == {"status", "prompt_len", "response_len", "seq_len", "global_steps", "min_global_steps",
-                                "max_global_steps"}
+            assert set(tag) == {
+                "status",
+                "prompt_len",
+                "response_len",
+                "seq_len",
+                "global_steps",
+                "min_global_steps",
+                "max_global_steps",
+            }
             assert tag["status"] == "success" and tag["seq_len"] == tag["prompt_len"] + tag["response_len"]
             assert tag["global_steps"] == tag["min_global_steps"] == tag["max_global_steps"] == 1
         values = tq.kv_batch_get(keys=keys, partition_id="train", select_fields=["extra_fields", "rm_scores", "index"])
@@ -157,7 +176,8 @@ def test_batched_writer_writes_what_verls_agent_loop_writes(make_trainer):
             rollout.sleep()
         listing = train_keys()
         written[writer] = {
-            (rollout.groups[_uid(key)].index, key[len(_uid(key)):]): tag for key, tag in listing.items()}
+            (rollout.groups[_uid(key)].index, key[len(_uid(key)) :]): tag for key, tag in listing.items()
+        }
         clear_all()
     assert written["verl"] == written["batched"]
 
@@ -183,8 +203,12 @@ def test_every_step_serves_exactly_train_batch_size_complete_informative_groups(
 
 
 def test_parameter_sync_step_slices_one_step_and_reports_its_counters_once(make_trainer):
-    trainer = make_trainer("trainer.v1.separate_async.parameter_sync_step=2",
-                           f"actor_rollout_ref.actor.ppo_mini_batch_size={TBS // 2}", *CARRY, mode="separate_async")
+    trainer = make_trainer(
+        "trainer.v1.separate_async.parameter_sync_step=2",
+        f"actor_rollout_ref.actor.ppo_mini_batch_size={TBS // 2}",
+        *CARRY,
+        mode="separate_async",
+    )
     buffer = trainer.replay_buffer
     for step in (1, 2, 3):
         ready = buffer.get_sampleable_count(step, "train")  # carried and prefetched groups (test_v1_switch.py)
@@ -238,8 +262,13 @@ def test_rounds_keep_the_recipes_gen_batch_size_although_verl_forces_it_to_one(m
 @pytest.mark.parametrize("mode", ["sync", "colocate_async"])
 def test_resumed_run_serves_what_an_uninterrupted_run_serves(make_trainer, tmp_path, mode, selection):
     # Predicted: the predictor's beliefs, prior, calibration and noted predictions are part of the saved state.
-    run = [*SURPLUS[:-1], f"algorithm.filter_groups.prompt_selection={selection}", "trainer.save_freq=2",
-           "trainer.total_training_steps=4", "trainer.resume_mode=auto"]
+    run = [
+        *SURPLUS[:-1],
+        f"algorithm.filter_groups.prompt_selection={selection}",
+        "trainer.save_freq=2",
+        "trainer.total_training_steps=4",
+        "trainer.resume_mode=auto",
+    ]
     whole = make_trainer(*run, mode=mode, folder="whole")
     uninterrupted = _steps(whole, 4)
     expected_counters = dict(_replenisher(whole).counters), dict(_replenisher(whole).dropped)
@@ -268,8 +297,14 @@ def test_a_resume_restores_the_data_epoch_before_verls_fit_derives_its_epoch(mak
     # its loop only while that is below trainer.total_epochs (TB:467). Here a step reads more than the whole pool
     # (8 prompts of 64 per step at verl's count, far more by ranked selection), so by verl's own divisor the resumed
     # run would be past its only epoch and train nothing.
-    run = ["data.train_batch_size=32", "algorithm.filter_groups.prompt_selection=predicted", "trainer.save_freq=2",
-           "trainer.total_training_steps=4", "trainer.total_epochs=1", "trainer.resume_mode=auto"]
+    run = [
+        "data.train_batch_size=32",
+        "algorithm.filter_groups.prompt_selection=predicted",
+        "trainer.save_freq=2",
+        "trainer.total_training_steps=4",
+        "trainer.total_epochs=1",
+        "trainer.resume_mode=auto",
+    ]
     first = make_trainer(*run, folder="resumed")
     _steps(first, 2)
     saved_epoch = _replenisher(first).stream.epoch
@@ -303,11 +338,16 @@ def test_sync_checkpoint_steps_carry_nothing_because_verl_does_not_save_tq(make_
 
 @pytest.mark.parametrize("max_staleness", [1, 2])
 def test_carried_groups_are_never_older_than_max_staleness_steps(make_trainer, max_staleness):
-    trainer = make_trainer("algorithm.filter_groups.refill=barrier", f"data.gen_batch_size={6 * TBS}", *CARRY,
-                           f"algorithm.filter_groups.max_staleness_steps={max_staleness}")
+    trainer = make_trainer(
+        "algorithm.filter_groups.refill=barrier",
+        f"data.gen_batch_size={6 * TBS}",
+        *CARRY,
+        f"algorithm.filter_groups.max_staleness_steps={max_staleness}",
+    )
     records = _steps(trainer, 5)
-    ages = [record.step - tag["global_steps"] for record in records for batch, _ in record.slices
-            for tag in batch.tags]  # the trajectory tag's global_steps is the step it was submitted in
+    ages = [
+        record.step - tag["global_steps"] for record in records for batch, _ in record.slices for tag in batch.tags
+    ]  # the trajectory tag's global_steps is the step it was submitted in
     assert max(ages) == max_staleness  # carried groups were trained up to the bound, never beyond
     assert _replenisher(trainer).dropped["stale"] > 0  # older ones were dropped
     _assert_tq_holds_only_carried_groups(trainer)
@@ -319,17 +359,24 @@ def _hopeless_except(every: int) -> Callable[[int, int], float]:
 
 
 def test_round_limit_with_on_shortfall_error_raises_the_samplers_error(make_trainer):
-    trainer = make_trainer("algorithm.filter_groups.max_num_gen_batches=2",
-                           "algorithm.filter_groups.on_shortfall=error", pass_rate=lambda index, step: 0.0)
+    trainer = make_trainer(
+        "algorithm.filter_groups.max_num_gen_batches=2",
+        "algorithm.filter_groups.on_shortfall=error",
+        pass_rate=lambda index, step: 0.0,
+    )
     with pytest.raises(ShortfallError, match="raise algorithm.filter_groups.max_num_gen_batches"):
         _steps(trainer, 1)
     assert 1 <= len(trainer.rollout.dispatches) <= 2  # never beyond the round limit
 
 
 def test_round_limit_with_on_shortfall_partial_serves_the_groups_found(make_trainer):
-    trainer = make_trainer("algorithm.filter_groups.max_num_gen_batches=1",
-                           "algorithm.filter_groups.on_shortfall=partial", "algorithm.filter_groups.refill=barrier",
-                           f"data.gen_batch_size={TBS}", pass_rate=_hopeless_except(2))
+    trainer = make_trainer(
+        "algorithm.filter_groups.max_num_gen_batches=1",
+        "algorithm.filter_groups.on_shortfall=partial",
+        "algorithm.filter_groups.refill=barrier",
+        f"data.gen_batch_size={TBS}",
+        pass_rate=_hopeless_except(2),
+    )
     records = _steps(trainer, 3)
     assert trainer.rollout.dispatches == [TBS] * 3  # one round per step
     for record in records:
@@ -342,8 +389,11 @@ def test_round_limit_with_on_shortfall_partial_serves_the_groups_found(make_trai
 
 
 def test_partial_step_that_found_no_informative_group_fails_naming_the_knobs(make_trainer):
-    trainer = make_trainer("algorithm.filter_groups.max_num_gen_batches=1",
-                           "algorithm.filter_groups.on_shortfall=partial", pass_rate=lambda index, step: 0.0)
+    trainer = make_trainer(
+        "algorithm.filter_groups.max_num_gen_batches=1",
+        "algorithm.filter_groups.on_shortfall=partial",
+        pass_rate=lambda index, step: 0.0,
+    )
     with pytest.raises(RuntimeError, match=r"found no informative group in .*max_num_gen_batches=1 rounds"):
         _steps(trainer, 1)
     assert _replenisher(trainer).conservation_gap() == 0
@@ -356,8 +406,9 @@ def test_partial_step_that_found_no_informative_group_fails_naming_the_knobs(mak
 
 
 def test_validation_partition_passes_through_unfiltered_and_leaves_training_state_alone(make_trainer):
-    trainer = make_trainer(*SURPLUS, "actor_rollout_ref.rollout.val_kwargs.n=2",
-                           pass_rate=lambda index, step: 1.0 if index % 2 else 0.5)
+    trainer = make_trainer(
+        *SURPLUS, "actor_rollout_ref.rollout.val_kwargs.n=2", pass_rate=lambda index, step: 1.0 if index % 2 else 0.5
+    )
     _steps(trainer, 1)
     replenisher = _replenisher(trainer)
     state = dict(replenisher.counters), dict(replenisher.dropped), [g.payload.uid for _, g in replenisher.carried]
@@ -369,8 +420,11 @@ def test_validation_partition_passes_through_unfiltered_and_leaves_training_stat
     assert len(val_uids) == 8  # the whole validation batch, all-correct groups included
     assert sorted(batch.keys) == sorted(f"{uid}_{s}_0" for uid in val_uids for s in range(2))
     assert train_keys() == train_before
-    assert (dict(replenisher.counters), dict(replenisher.dropped),
-            [g.payload.uid for _, g in replenisher.carried]) == state
+    assert (
+        dict(replenisher.counters),
+        dict(replenisher.dropped),
+        [g.payload.uid for _, g in replenisher.carried],
+    ) == state
     tq.kv_clear(keys=batch.keys, partition_id="val")  # as verl's _validate does after scoring
     assert not train_keys("val")
     _steps(trainer, 1)  # training continues from the same state
@@ -477,8 +531,12 @@ def _tracked_uids(trainer: SimulatedTrainer) -> set[str]:
     """Prompt keys the buffer answers for: carried groups of both kinds, those in flight, dropped ones still running."""
     buffer, replenisher = trainer.replay_buffer, _replenisher(trainer)
     assert buffer._engine is not None
-    return ({g.payload.uid for _, g in replenisher.carried} | {p.payload.uid for _, p in replenisher.carried_aborted}
-            | set(buffer._engine.inflight_uids) | buffer._abandoned)
+    return (
+        {g.payload.uid for _, g in replenisher.carried}
+        | {p.payload.uid for _, p in replenisher.carried_aborted}
+        | set(buffer._engine.inflight_uids)
+        | buffer._abandoned
+    )
 
 
 def test_streaming_in_colocate_async_leaves_unfinished_groups_to_verl_and_follows_them_first(make_trainer):
@@ -490,8 +548,15 @@ def test_streaming_in_colocate_async_leaves_unfinished_groups_to_verl_and_follow
     _assert_informative_full_batches(records)
     assert _total(records, "aborted_groups") > 0  # the batch filled with groups still generating ...
     assert _total(records, "resumed_groups") > 0  # ... which were followed at the next step, as verl continued them
-    assert max(record.step - tag["min_global_steps"] for record in records for batch, _ in record.slices
-               for tag in batch.tags) <= 1  # verl's own version tags: never older than max_staleness_steps (1)
+    assert (
+        max(
+            record.step - tag["min_global_steps"]
+            for record in records
+            for batch, _ in record.slices
+            for tag in batch.tags
+        )
+        <= 1
+    )  # verl's own version tags: never older than max_staleness_steps (1)
     assert _replenisher(trainer).conservation_gap() == 0
 
 
@@ -553,10 +618,13 @@ def test_streaming_checkpointed_steps_let_unfinished_groups_finish_and_a_resume_
     assert _replenisher(resumed).conservation_gap() == 0
 
 
-@pytest.mark.parametrize(("mode", "extra", "expected"), [
-    ("separate_async", [], "not available in trainer.v1.trainer_mode=separate_async"),
-    ("colocate_async", ["algorithm.filter_groups.surplus=discard"], "Set surplus=carry"),
-])
+@pytest.mark.parametrize(
+    ("mode", "extra", "expected"),
+    [
+        ("separate_async", [], "not available in trainer.v1.trainer_mode=separate_async"),
+        ("colocate_async", ["algorithm.filter_groups.surplus=discard"], "Set surplus=carry"),
+    ],
+)
 def test_streaming_where_verl_cannot_stream_so_is_refused_naming_the_keys(make_trainer, mode, extra, expected):
     with pytest.raises(ValueError, match=expected):
         make_trainer(*STREAM, *extra, mode=mode, begin=False)

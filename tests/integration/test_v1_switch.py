@@ -35,10 +35,16 @@ from tools.verl_fakes.v1_trainer import SimulatedTrainer, StepRecord, compose_v1
 
 STEP_TIMEOUT_S = 120.0
 STEPS = 6
-SWITCH = ["trainer.v1.separate_async.hybrid_rollout.enable_switch=true",
-          "trainer.v1.separate_async.parameter_sync_step=1", f"actor_rollout_ref.actor.ppo_mini_batch_size={TBS}",
-          "actor_rollout_ref.rollout.nnodes=1", "actor_rollout_ref.rollout.n_gpus_per_node=1",
-          "trainer.n_gpus_per_node=1", f"trainer.total_training_steps={STEPS}", *CARRY]
+SWITCH = [
+    "trainer.v1.separate_async.hybrid_rollout.enable_switch=true",
+    "trainer.v1.separate_async.parameter_sync_step=1",
+    f"actor_rollout_ref.actor.ppo_mini_batch_size={TBS}",
+    "actor_rollout_ref.rollout.nnodes=1",
+    "actor_rollout_ref.rollout.n_gpus_per_node=1",
+    "trainer.n_gpus_per_node=1",
+    f"trainer.total_training_steps={STEPS}",
+    *CARRY,
+]
 DECISION = "separate_async/decision/"
 
 
@@ -110,10 +116,17 @@ def make_switching(transfer_queue, tmp_path) -> Iterator[Callable[..., Switching
     clear_all()
     rollouts: list[SimulatedRollout] = []
 
-    def make(*overrides: str, train_budgets: float = 0.0, resume: bool = False, folder: str = "ckpt",
-             begin: bool = True) -> SwitchingTrainer:
-        config = compose_v1_config(tmp_path / folder, f"data.train_batch_size={TBS}",
-                                   f"actor_rollout_ref.rollout.n={N}", *SWITCH, *overrides, mode="separate_async")
+    def make(
+        *overrides: str, train_budgets: float = 0.0, resume: bool = False, folder: str = "ckpt", begin: bool = True
+    ) -> SwitchingTrainer:
+        config = compose_v1_config(
+            tmp_path / folder,
+            f"data.train_batch_size={TBS}",
+            f"actor_rollout_ref.rollout.n={N}",
+            *SWITCH,
+            *overrides,
+            mode="separate_async",
+        )
         rollout = SimulatedRollout(config, MIXED, seed=0, timing="virtual")
         rollouts.append(rollout)
         trainer = SwitchingTrainer(config, rollout, dataset_size=64, resume=resume, train_budgets=train_budgets)
@@ -163,8 +176,7 @@ def _expected_ready(trainer: SwitchingTrainer, step: int, rollout: SimulatedRoll
 
 
 @pytest.mark.parametrize("train_budgets", [0.0, 2.0])
-def test_verls_switch_lends_the_gpus_only_for_a_step_the_prefetched_round_has_not_filled(make_switching,
-                                                                                       train_budgets):
+def test_verls_switch_lends_the_gpus_only_for_a_step_the_prefetched_round_has_not_filled(make_switching, train_budgets):
     # train_budgets: generation time one training step lasts. 0: the next step's round has not started when verl
     # decides. 2.0: every group takes at most 1, so the round has finished and usually fills the next batch.
     trainer = make_switching(train_budgets=train_budgets)
@@ -177,15 +189,18 @@ def test_verls_switch_lends_the_gpus_only_for_a_step_the_prefetched_round_has_no
         record = _step(trainer)
         if (step - 1) in lent or step == 1:  # the GPUs generated for this step (verl starts in rollout mode)
             assert trainer.mode_at_begin == HybridEngineMode.ROLLOUT
-            (_, target, uids), = [w for w in trainer.waits if w[0] == step]
+            ((_, target, uids),) = [w for w in trainer.waits if w[0] == step]
             assert target == threshold and uids == set(record.groups) and len(uids) == TBS
         else:
             assert trainer.mode_at_begin == HybridEngineMode.TRAINER
             assert all(w[0] != step for w in trainer.waits)
         decision = trainer._pending_sync_metrics
         expected = _expected_ready(trainer, step + 1)
-        assert decision[DECISION + "sampleable_count"] == expected["ready"] == buffer.get_sampleable_count(
-            step + 1, "train")
+        assert (
+            decision[DECISION + "sampleable_count"]
+            == expected["ready"]
+            == buffer.get_sampleable_count(step + 1, "train")
+        )
         assert decision[DECISION + "remaining"] == threshold - expected["ready"]
         should = bool(decision[DECISION + "should_switch_to_rollout"])
         if step < STEPS:
@@ -203,8 +218,11 @@ def test_verls_switch_lends_the_gpus_only_for_a_step_the_prefetched_round_has_no
 
 
 def test_the_count_adds_fresh_carried_and_finished_informative_groups_of_the_round_without_waiting(make_switching):
-    trainer = make_switching("algorithm.filter_groups.refill=barrier", f"data.gen_batch_size={6 * TBS}",
-                             "algorithm.filter_groups.max_staleness_steps=1")
+    trainer = make_switching(
+        "algorithm.filter_groups.refill=barrier",
+        f"data.gen_batch_size={6 * TBS}",
+        "algorithm.filter_groups.max_staleness_steps=1",
+    )
     buffer = trainer.replay_buffer
     seen = {"stale": 0, "uninformative": 0, "unfinished": 0, "partial": 0}
     for step in range(1, STEPS):
@@ -236,8 +254,11 @@ def test_a_resumed_run_counts_the_round_finished_before_its_checkpoint(make_swit
     resumed = make_switching(*run, train_budgets=2.0, folder="resumed", resume=True)
     buffer = _buffer(resumed)
     assert buffer._inflight is None and buffer._restored_inflight  # not reconciled before the first sample()
-    assert buffer.get_sampleable_count(3, "train") == expected["ready"] == _expected_ready(resumed, 3,
-                                                                                            first.rollout)["ready"]
+    assert (
+        buffer.get_sampleable_count(3, "train")
+        == expected["ready"]
+        == _expected_ready(resumed, 3, first.rollout)["ready"]
+    )
     record = _step(resumed)
     assert resumed.mode_at_begin == HybridEngineMode.ROLLOUT  # after start-up, as verl's _setup leaves it
     assert bool([w for w in resumed.waits if w[0] == 3]) == (expected["ready"] < TBS)

@@ -18,8 +18,14 @@ GROUPS = "dapo_verl.adapter.verl_config.DapoFilterGroupsConfig"
 
 
 def test_extended_sections_instantiate_through_target_and_stay_verl_dataclasses():
-    node = OmegaConf.create({"_target_": ALGO, "adv_estimator": "dapo", "adv_epsilon": 0.01,
-                             "filter_groups": {"_target_": GROUPS, "surplus": "carry", "metric": "acc"}})
+    node = OmegaConf.create(
+        {
+            "_target_": ALGO,
+            "adv_estimator": "dapo",
+            "adv_epsilon": 0.01,
+            "filter_groups": {"_target_": GROUPS, "surplus": "carry", "metric": "acc"},
+        }
+    )
     algo = omega_conf_to_dataclass(node)
     assert isinstance(algo, AlgoConfig) and isinstance(algo.filter_groups, FilterGroupsConfig)
     assert algo.adv_epsilon == 0.01 and algo.filter_groups.surplus == "carry"
@@ -40,11 +46,14 @@ def test_extension_keys_are_only_the_ones_verl_lacks():
     assert "enable" not in extension_keys("algorithm.filter_groups")
 
 
-@pytest.mark.parametrize(("node", "match"), [
-    ({"_target_": GROUPS, "surplus": "keep"}, r"algorithm.filter_groups.surplus='keep' is not one of"),
-    ({"_target_": GROUPS, "max_num_gen_batches": 0}, "max_num_gen_batches=0 must be >= 1"),
-    ({"_target_": ALGO, "adv_epsilon": -1.0}, "algorithm.adv_epsilon=-1.0 must be >= 0.0"),
-])
+@pytest.mark.parametrize(
+    ("node", "match"),
+    [
+        ({"_target_": GROUPS, "surplus": "keep"}, r"algorithm.filter_groups.surplus='keep' is not one of"),
+        ({"_target_": GROUPS, "max_num_gen_batches": 0}, "max_num_gen_batches=0 must be >= 1"),
+        ({"_target_": ALGO, "adv_epsilon": -1.0}, "algorithm.adv_epsilon=-1.0 must be >= 0.0"),
+    ],
+)
 def test_bad_values_fail_when_verl_builds_the_section(node, match):
     with pytest.raises(Exception, match=match):
         omega_conf_to_dataclass(OmegaConf.create(node))

@@ -41,8 +41,14 @@ def test_loss_and_gradient_invariant_to_row_permutation(seed, b, length, high):
 
 
 @settings(max_examples=60, deadline=None)
-@given(seed=seeds, b=st.integers(1, 8), length=st.integers(1, 12), extra_rows=st.integers(0, 4),
-       extra_cols=st.integers(0, 4), junk=st.sampled_from([0.0, -float("inf"), 1e30, float("nan")]))
+@given(
+    seed=seeds,
+    b=st.integers(1, 8),
+    length=st.integers(1, 12),
+    extra_rows=st.integers(0, 4),
+    extra_cols=st.integers(0, 4),
+    junk=st.sampled_from([0.0, -float("inf"), 1e30, float("nan")]),
+)
 def test_loss_invariant_to_appended_fully_masked_padding(seed, b, length, extra_rows, extra_cols, junk):
     logp, old, adv, mask = _batch(seed, b, length)
     big = torch.full((b + extra_rows, length + extra_cols), junk, dtype=torch.float64)
@@ -76,8 +82,9 @@ def test_advantages_are_permutation_equivariant_and_zero_for_uniform_groups(seed
     perm = torch.randperm(g, generator=gen)
     torch.testing.assert_close(group_advantages(rewards[:, perm]), adv[:, perm])
     labels = [i // g for i in range(p * g)]
-    torch.testing.assert_close(group_advantages_by_index(rewards.reshape(-1), labels), adv.reshape(-1),
-                               rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(
+        group_advantages_by_index(rewards.reshape(-1), labels), adv.reshape(-1), rtol=1e-12, atol=1e-12
+    )
 
 
 @settings(max_examples=60, deadline=None)
@@ -88,10 +95,17 @@ def test_clipped_probability_parts_add_up_over_any_split_into_micro_batches(seed
     logp, old, adv, mask = _batch(seed, b, length)
     cut = min(cut, b - 1)
     whole = clip_diagnostics(logp, old, adv, mask, clip_high=high)
-    parts = [clip_diagnostics(logp[rows], old[rows], adv[rows], mask[rows], clip_high=high)
-             for rows in (slice(0, cut), slice(cut, b))]
-    for key in ("positive_advantage_tokens", "clip_upper_tokens", "clip_upper_old_prob_sum",
-                "clip_higher_kept_tokens", "clip_higher_kept_old_prob_sum"):
+    parts = [
+        clip_diagnostics(logp[rows], old[rows], adv[rows], mask[rows], clip_high=high)
+        for rows in (slice(0, cut), slice(cut, b))
+    ]
+    for key in (
+        "positive_advantage_tokens",
+        "clip_upper_tokens",
+        "clip_upper_old_prob_sum",
+        "clip_higher_kept_tokens",
+        "clip_higher_kept_old_prob_sum",
+    ):
         torch.testing.assert_close(whole[key], parts[0][key] + parts[1][key], rtol=1e-12, atol=1e-14)
     for key in ("clip_upper_old_prob_max", "clip_higher_kept_old_prob_max"):
         assert float(whole[key]) == max(float(p[key]) for p in parts)

@@ -35,8 +35,15 @@ class _Outcomes:
             self.seen[(pid, self.step)] = occurrence + 1
             gen = torch.Generator().manual_seed(hash((self.seed, pid, self.step, occurrence)) % 2**31)
             correct = (torch.rand(self.group_size, generator=gen) < self.rates(pid, self.step)).float()
-            groups.append(GroupResult(prompt_id=pid, metric=correct, response_lengths=torch.full((self.group_size,), 5),
-                                      truncated=torch.zeros(self.group_size, dtype=torch.bool), payload=pid))
+            groups.append(
+                GroupResult(
+                    prompt_id=pid,
+                    metric=correct,
+                    response_lengths=torch.full((self.group_size,), 5),
+                    truncated=torch.zeros(self.group_size, dtype=torch.bool),
+                    payload=pid,
+                )
+            )
         return groups
 
 
@@ -44,14 +51,16 @@ def _config(**overrides) -> SamplerConfig:
     return SamplerConfig(**{"train_batch_size": 6, "seed": 2, "on_shortfall": "partial", **overrides})
 
 
-CONFIGS = st.fixed_dictionaries({
-    "surplus": st.sampled_from(["discard", "carry"]),
-    "refill": st.sampled_from(["adaptive", "barrier"]),
-    "skip_uninformative": st.booleans(),
-    "revisit_informative": st.booleans(),
-    "max_oversample_factor": st.sampled_from([1.5, 4.0]),
-    "max_staleness_steps": st.integers(1, 2),
-})
+CONFIGS = st.fixed_dictionaries(
+    {
+        "surplus": st.sampled_from(["discard", "carry"]),
+        "refill": st.sampled_from(["adaptive", "barrier"]),
+        "skip_uninformative": st.booleans(),
+        "revisit_informative": st.booleans(),
+        "max_oversample_factor": st.sampled_from([1.5, 4.0]),
+        "max_staleness_steps": st.integers(1, 2),
+    }
+)
 
 
 def _served(sampler: BatchReplenisher, outcomes: _Outcomes, steps: int, *, plans: list[list[int]] | None = None):

@@ -21,25 +21,32 @@ from dapo_verl.sampler import (
 )
 from dapo_verl.sampler.simulation import SimulatedPolicy
 
-configs = st.fixed_dictionaries({
-    "train_batch_size": st.integers(1, 12),
-    "gen_batch_size": st.one_of(st.none(), st.integers(1, 24)),
-    "max_num_gen_batches": st.integers(1, 6),
-    "refill": st.sampled_from(["barrier", "adaptive"]),
-    "surplus": st.sampled_from(["discard", "carry"]),
-    "max_staleness_steps": st.integers(1, 3),
-    "on_shortfall": st.sampled_from(["error", "partial"]),
-    "skip_uninformative": st.booleans(),
-    "revisit_informative": st.booleans(),
-    "max_oversample_factor": st.sampled_from([1.0, 2.0, 4.0]),
-    "enable": st.booleans(),
-    "seed": st.integers(0, 1000),
-})
+configs = st.fixed_dictionaries(
+    {
+        "train_batch_size": st.integers(1, 12),
+        "gen_batch_size": st.one_of(st.none(), st.integers(1, 24)),
+        "max_num_gen_batches": st.integers(1, 6),
+        "refill": st.sampled_from(["barrier", "adaptive"]),
+        "surplus": st.sampled_from(["discard", "carry"]),
+        "max_staleness_steps": st.integers(1, 3),
+        "on_shortfall": st.sampled_from(["error", "partial"]),
+        "skip_uninformative": st.booleans(),
+        "revisit_informative": st.booleans(),
+        "max_oversample_factor": st.sampled_from([1.0, 2.0, 4.0]),
+        "enable": st.booleans(),
+        "seed": st.integers(0, 1000),
+    }
+)
 
 
 @settings(max_examples=80, deadline=None)
-@given(overrides=configs, rates=st.lists(st.sampled_from([0.0, 0.1, 0.5, 0.9, 1.0]), min_size=1, max_size=6),
-       group_size=st.integers(2, 6), num_prompts=st.integers(1, 40), steps=st.integers(1, 8))
+@given(
+    overrides=configs,
+    rates=st.lists(st.sampled_from([0.0, 0.1, 0.5, 0.9, 1.0]), min_size=1, max_size=6),
+    group_size=st.integers(2, 6),
+    num_prompts=st.integers(1, 40),
+    steps=st.integers(1, 8),
+)
 def test_batches_are_informative_full_or_flagged_and_conserved(overrides, rates, group_size, num_prompts, steps):
     config = SamplerConfig(**overrides)
     policy = SimulatedPolicy(lambda pid, step: rates[pid % len(rates)], group_size=group_size, seed=config.seed)
@@ -72,8 +79,9 @@ def test_batches_are_informative_full_or_flagged_and_conserved(overrides, rates,
 
 # -- the numeric validators of the prediction and sizing API ------------------------------------------------
 
-_BAD_REALS = st.one_of(st.floats(max_value=-1e-9, allow_nan=False, allow_infinity=False),
-                       st.sampled_from([math.nan, math.inf, -math.inf]))
+_BAD_REALS = st.one_of(
+    st.floats(max_value=-1e-9, allow_nan=False, allow_infinity=False), st.sampled_from([math.nan, math.inf, -math.inf])
+)
 
 
 @settings(max_examples=200, deadline=None)
@@ -87,8 +95,11 @@ def test_informative_probability_is_a_probability_for_every_belief(alpha, beta, 
 
 
 @settings(max_examples=100, deadline=None)
-@given(bad=_BAD_REALS, position=st.sampled_from(["alpha", "beta"]),
-       fraction=st.floats(2.0, 64.0).filter(lambda g: not g.is_integer()))
+@given(
+    bad=_BAD_REALS,
+    position=st.sampled_from(["alpha", "beta"]),
+    fraction=st.floats(2.0, 64.0).filter(lambda g: not g.is_integer()),
+)
 def test_informative_probability_names_a_bad_parameter_or_group_size(bad, position, fraction):
     args = {"alpha": 1.0, "beta": 1.0, position: bad}
     with pytest.raises(ValueError, match=rf"^{position}="):
@@ -98,8 +109,12 @@ def test_informative_probability_names_a_bad_parameter_or_group_size(bad, positi
 
 
 @settings(max_examples=150, deadline=None)
-@given(predictions=st.lists(st.floats(0.0, 1.0), min_size=1, max_size=40), missing=st.integers(1, 20),
-       bad=st.one_of(_BAD_REALS, st.floats(min_value=1.0 + 1e-9, allow_nan=False)), data=st.data())
+@given(
+    predictions=st.lists(st.floats(0.0, 1.0), min_size=1, max_size=40),
+    missing=st.integers(1, 20),
+    bad=st.one_of(_BAD_REALS, st.floats(min_value=1.0 + 1e-9, allow_nan=False)),
+    data=st.data(),
+)
 def test_predicted_request_sizes_valid_predictions_and_names_the_first_bad_one(predictions, missing, bad, data):
     config = SamplerConfig(train_batch_size=8)
     count, _ = predicted_request(config, missing, predictions, None)

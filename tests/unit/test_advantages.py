@@ -67,14 +67,17 @@ def test_group_ids_are_dense_in_order_of_first_appearance():
     assert ids.tolist() == [0, 0, 1] and n == 2
 
 
-@pytest.mark.parametrize(("rewards", "error", "match"), [
-    (torch.zeros(3), ValueError, r"rewards has shape \(3,\) but must be \(P, G\)"),
-    (torch.zeros(3, 1), ValueError, "G=1, but a group-normalised advantage needs G >= 2"),
-    (torch.tensor([[1.0, math.nan]]), ValueError, r"rewards contains NaN or inf \(first at index \(0, 1\)"),
-    (torch.tensor([[1.0, math.inf]]), ValueError, "rewards contains NaN or inf"),
-    (torch.tensor([[1, 0]]), TypeError, "rewards has dtype torch.int64 but must be floating point"),
-    ([[1.0, 0.0]], TypeError, "rewards must be a torch.Tensor"),
-])
+@pytest.mark.parametrize(
+    ("rewards", "error", "match"),
+    [
+        (torch.zeros(3), ValueError, r"rewards has shape \(3,\) but must be \(P, G\)"),
+        (torch.zeros(3, 1), ValueError, "G=1, but a group-normalised advantage needs G >= 2"),
+        (torch.tensor([[1.0, math.nan]]), ValueError, r"rewards contains NaN or inf \(first at index \(0, 1\)"),
+        (torch.tensor([[1.0, math.inf]]), ValueError, "rewards contains NaN or inf"),
+        (torch.tensor([[1, 0]]), TypeError, "rewards has dtype torch.int64 but must be floating point"),
+        ([[1.0, 0.0]], TypeError, "rewards must be a torch.Tensor"),
+    ],
+)
 def test_grouped_form_errors(rewards, error, match):
     with pytest.raises(error, match=match):
         group_advantages(rewards)

@@ -49,8 +49,10 @@ def test_every_recorded_file_has_a_producer():
 def test_a_short_local_run_gives_the_recorded_metrics(tmp_path):
     recorded = json.loads((FIXTURE_DIR / LOCAL_RUN).read_text())
     current = local_run_record(tmp_path)
-    where = (f"{LOCAL_RUN} differs at {local_run_difference(recorded, current)} (recorded on "
-             f"{recorded['environment']}, now on {current['environment']}): {WRITE_HINT}.")
+    where = (
+        f"{LOCAL_RUN} differs at {local_run_difference(recorded, current)} (recorded on "
+        f"{recorded['environment']}, now on {current['environment']}): {WRITE_HINT}."
+    )
     assert current["overrides"] == recorded["overrides"], where
     assert [r["step"] for r in current["records"]] == [r["step"] for r in recorded["records"]], where
     for now, then in zip(current["records"], recorded["records"]):

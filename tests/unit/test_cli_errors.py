@@ -11,11 +11,14 @@ def _interrupt(*args, **kwargs):
     raise KeyboardInterrupt
 
 
-@pytest.mark.parametrize(("command", "target"), [
-    (["compare", "runs/x"], "dapo_verl.report.build_report"),
-    (["prepare-data", "--aime", "x.parquet", "--out", "o"], "dapo_verl.data.prepare_data"),
-    (["toy"], "dapo_verl.toy.run_toy"),
-])
+@pytest.mark.parametrize(
+    ("command", "target"),
+    [
+        (["compare", "runs/x"], "dapo_verl.report.build_report"),
+        (["prepare-data", "--aime", "x.parquet", "--out", "o"], "dapo_verl.data.prepare_data"),
+        (["toy"], "dapo_verl.toy.run_toy"),
+    ],
+)
 def test_ctrl_c_in_any_command_is_one_line_with_exit_2(monkeypatch, capsys, command, target):
     monkeypatch.setattr(target, _interrupt)
     assert main(command) == 2
@@ -50,9 +53,11 @@ def test_a_seed_the_run_cannot_use_is_one_line_naming_data_seed(capsys, seed):
 def test_a_deletion_is_refused_naming_the_key_and_its_value(capsys):
     assert main(["train", "~data.train_batch_size", "--print-config"]) == 2
     err = capsys.readouterr().err.strip()
-    assert err == ("dapo-verl train: ~data.train_batch_size (16 in the config) deletes the key, so the run would read "
-                   "an internal default in place of the config's value and its saved config would not say so. Set "
-                   "data.train_batch_size=VALUE instead (null where the key takes null).")
+    assert err == (
+        "dapo-verl train: ~data.train_batch_size (16 in the config) deletes the key, so the run would read "
+        "an internal default in place of the config's value and its saved config would not say so. Set "
+        "data.train_batch_size=VALUE instead (null where the key takes null)."
+    )
 
 
 @pytest.mark.parametrize("command", [["reliability"], ["config", "--check"], ["config", "--write"]])

@@ -59,47 +59,74 @@ def test_missing_and_null_keys_take_defaults():
 
 
 def test_verl_overlong_buffer_keys_are_aliases():
-    cfg = {"data": {"max_response_length": 100},
-           "reward": {"reward_kwargs": {"overlong_buffer_cfg": {"enable": True, "len": 20, "penalty_factor": 0.5},
-                                        "max_resp_len": 100}}}
+    cfg = {
+        "data": {"max_response_length": 100},
+        "reward": {
+            "reward_kwargs": {
+                "overlong_buffer_cfg": {"enable": True, "len": 20, "penalty_factor": 0.5},
+                "max_resp_len": 100,
+            }
+        },
+    }
     overlong = DapoConfig.from_verl(cfg).overlong
     assert (overlong.overlong_reward_penalty, overlong.overlong_tokens, overlong.overlong_penalty_factor) == (
-        True, 20, 0.5)
+        True,
+        20,
+        0.5,
+    )
 
 
 def test_contradicting_aliases_are_refused():
-    cfg = {"data": {"max_response_length": 100},
-           "reward": {"reward_kwargs": {"overlong_tokens": 30, "overlong_buffer_cfg": {"len": 20}}}}
+    cfg = {
+        "data": {"max_response_length": 100},
+        "reward": {"reward_kwargs": {"overlong_tokens": 30, "overlong_buffer_cfg": {"len": 20}}},
+    }
     with pytest.raises(ValueError, match="overlong_tokens=30 contradicts .*overlong_buffer_cfg.len=20"):
         DapoConfig.from_verl(cfg)
-    cfg = {"data": {"max_response_length": 100}, "reward": {"reward_kwargs": {
-        "overlong_tokens": 30, "overlong_buffer_cfg": {"len": 30}, "max_resp_len": 50}}}
+    cfg = {
+        "data": {"max_response_length": 100},
+        "reward": {"reward_kwargs": {"overlong_tokens": 30, "overlong_buffer_cfg": {"len": 30}, "max_resp_len": 50}},
+    }
     with pytest.raises(ValueError, match="max_resp_len=50 differs from data.max_response_length=100"):
         DapoConfig.from_verl(cfg)
 
 
-@pytest.mark.parametrize(("cfg", "match"), [
-    ({"actor_rollout_ref": {"actor": {"clip_ratio_low": -0.1}}},
-     r"actor_rollout_ref.actor.clip_ratio_low=-0.1 must lie in \[0.0, 1.0\]"),
-    ({"actor_rollout_ref": {"actor": {"clip_ratio_c": 1.0}}}, "clip_ratio_c=1.0 must be > 1.0"),
-    ({"actor_rollout_ref": {"actor": {"loss_agg_mode": "mean"}}}, "loss_agg_mode='mean' is not one of"),
-    ({"reward": {"reward_kwargs": {"overlong_schedule": "quad"}}},
-     r"overlong_schedule='quad' is not one of \['linear', 'quadratic'\].*register_overlong_schedule"),
-    ({"reward": {"reward_kwargs": {"overlong_tokens": -5}}}, "overlong_tokens=-5 must be > 0"),
-    ({"data": {"max_response_length": 1000}},
-     "overlong_tokens=4096 exceeds data.max_response_length=1000.*Set overlong_tokens <= 1000"),
-    ({"algorithm": {"filter_groups": {"max_num_gen_batches": 0}}},
-     "max_num_gen_batches=0 must be >= 1.*Unlimited rounds can loop forever"),
-    ({"algorithm": {"filter_groups": {"surplus": "keep"}}}, r"surplus='keep' is not one of \['discard', 'carry'\]"),
-    ({"algorithm": {"filter_groups": {"on_shortfall": "ignore"}}}, "on_shortfall='ignore' is not one of"),
-    ({"algorithm": {"filter_groups": {"single_round_probability": 1.0}}}, "would ask for unboundedly many"),
-    ({"algorithm": {"filter_groups": {"max_skip_probability": 1.0}}}, "would skip prompts for good"),
-    ({"algorithm": {"filter_groups": {"metric": ""}}}, "metric='' must name a per-response value"),
-    ({"algorithm": {"filter_groups": {"enable": "yes"}}}, "enable='yes' must be a boolean"),
-    ({"algorithm": {"adv_epsilon": -1}}, "algorithm.adv_epsilon=-1 must be >= 0.0"),
-    ({"algorithm": {"group_token_mean": True}}, "loss_agg_mode='token-mean' does not match algorithm.group_token_mean"),
-    ({"data": {"train_batch_size": 2.5}}, "data.train_batch_size=2.5 must be a finite integer"),
-])
+@pytest.mark.parametrize(
+    ("cfg", "match"),
+    [
+        (
+            {"actor_rollout_ref": {"actor": {"clip_ratio_low": -0.1}}},
+            r"actor_rollout_ref.actor.clip_ratio_low=-0.1 must lie in \[0.0, 1.0\]",
+        ),
+        ({"actor_rollout_ref": {"actor": {"clip_ratio_c": 1.0}}}, "clip_ratio_c=1.0 must be > 1.0"),
+        ({"actor_rollout_ref": {"actor": {"loss_agg_mode": "mean"}}}, "loss_agg_mode='mean' is not one of"),
+        (
+            {"reward": {"reward_kwargs": {"overlong_schedule": "quad"}}},
+            r"overlong_schedule='quad' is not one of \['linear', 'quadratic'\].*register_overlong_schedule",
+        ),
+        ({"reward": {"reward_kwargs": {"overlong_tokens": -5}}}, "overlong_tokens=-5 must be > 0"),
+        (
+            {"data": {"max_response_length": 1000}},
+            "overlong_tokens=4096 exceeds data.max_response_length=1000.*Set overlong_tokens <= 1000",
+        ),
+        (
+            {"algorithm": {"filter_groups": {"max_num_gen_batches": 0}}},
+            "max_num_gen_batches=0 must be >= 1.*Unlimited rounds can loop forever",
+        ),
+        ({"algorithm": {"filter_groups": {"surplus": "keep"}}}, r"surplus='keep' is not one of \['discard', 'carry'\]"),
+        ({"algorithm": {"filter_groups": {"on_shortfall": "ignore"}}}, "on_shortfall='ignore' is not one of"),
+        ({"algorithm": {"filter_groups": {"single_round_probability": 1.0}}}, "would ask for unboundedly many"),
+        ({"algorithm": {"filter_groups": {"max_skip_probability": 1.0}}}, "would skip prompts for good"),
+        ({"algorithm": {"filter_groups": {"metric": ""}}}, "metric='' must name a per-response value"),
+        ({"algorithm": {"filter_groups": {"enable": "yes"}}}, "enable='yes' must be a boolean"),
+        ({"algorithm": {"adv_epsilon": -1}}, "algorithm.adv_epsilon=-1 must be >= 0.0"),
+        (
+            {"algorithm": {"group_token_mean": True}},
+            "loss_agg_mode='token-mean' does not match algorithm.group_token_mean",
+        ),
+        ({"data": {"train_batch_size": 2.5}}, "data.train_batch_size=2.5 must be a finite integer"),
+    ],
+)
 def test_misconfiguration_names_the_key_and_the_fix(cfg, match):
     with pytest.raises(ValueError, match=match):
         DapoConfig.from_verl(cfg)

@@ -13,8 +13,13 @@ rollout_corr = pytest.importorskip("verl.trainer.ppo.rollout_corr_helper", reaso
 
 
 @settings(max_examples=60, deadline=None)
-@given(rows=st.integers(1, 6), cols=st.integers(1, 9), spread=st.floats(0.01, 30.0),
-       threshold=st.floats(0.1, 10.0), seed=st.integers(0, 2**31 - 1))
+@given(
+    rows=st.integers(1, 6),
+    cols=st.integers(1, 9),
+    spread=st.floats(0.01, 30.0),
+    threshold=st.floats(0.1, 10.0),
+    seed=st.integers(0, 2**31 - 1),
+)
 def test_the_weights_equal_verls_token_level_rollout_correction(rows, cols, spread, threshold, seed):
     gen = torch.Generator().manual_seed(seed)
     old = -torch.rand(rows, cols, generator=gen) * spread
@@ -22,8 +27,9 @@ def test_the_weights_equal_verls_token_level_rollout_correction(rows, cols, spre
     mask = torch.rand(rows, cols, generator=gen) < 0.7
     mask[0, 0] = True  # verl's metrics refuse a batch without a response token (ours gives zeros)
     ours = truncated_importance_weights(old, rollout, mask, threshold=threshold)
-    theirs, _ = rollout_corr.compute_rollout_correction_weights(old - rollout, mask.float(), rollout_is="token",
-                                                                rollout_is_threshold=threshold)
+    theirs, _ = rollout_corr.compute_rollout_correction_weights(
+        old - rollout, mask.float(), rollout_is="token", rollout_is_threshold=threshold
+    )
     assert torch.allclose(ours, theirs, rtol=1e-6, atol=1e-7)
     assert not ours.requires_grad and bool((ours[~mask] == 0).all()) and bool((ours <= threshold).all())
 

@@ -78,8 +78,10 @@ def test_prompt_template_is_the_published_dapo_text():
 
 def test_templated_prompts_are_kept_verbatim_and_raw_problems_are_wrapped(dapo_file):
     table, stats = _train(dapo_file)
-    by_id = {row["source_id"]: (messages[0]["content"], row["raw_problem"])
-             for row, messages in zip(table.column("extra_info").to_pylist(), _messages(table))}
+    by_id = {
+        row["source_id"]: (messages[0]["content"], row["raw_problem"])
+        for row, messages in zip(table.column("extra_info").to_pylist(), _messages(table))
+    }
     assert by_id["u0"] == (PREFIX + "What is 1+1?" + SUFFIX, "What is 1+1?")
     assert by_id["u8"] == (PREFIX + "Evaluate 10/2." + SUFFIX, "Evaluate 10/2.")  # stored without the template
     assert stats.prompts_built == 1
@@ -104,28 +106,43 @@ def test_train_output_has_verls_rl_schema(dapo_file):
 # --- deduplication -----------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("key", "conflicts", "rows_out", "dropped"), [
-    ("prompt", "keep", 6, 0),
-    ("prompt", "drop", 5, 1),
-    ("uuid", "keep", 9, 0),
-    ("uuid", "drop", 7, 2),
-    ("prompt_answer", "keep", 7, 0),
-    ("prompt_answer", "drop", 5, 2),
-])
+@pytest.mark.parametrize(
+    ("key", "conflicts", "rows_out", "dropped"),
+    [
+        ("prompt", "keep", 6, 0),
+        ("prompt", "drop", 5, 1),
+        ("uuid", "keep", 9, 0),
+        ("uuid", "drop", 7, 2),
+        ("prompt_answer", "keep", 7, 0),
+        ("prompt_answer", "drop", 5, 2),
+    ],
+)
 def test_dedup_counts_per_key_and_conflict_policy(dapo_file, key, conflicts, rows_out, dropped):
     table, stats = _train(dapo_file, dedup_key=key, conflicts=conflicts)
     assert (table.num_rows, stats.rows_out, stats.conflict_rows_dropped) == (rows_out, rows_out, dropped)
     # The counts under every key are reported whatever key was chosen.
-    assert (stats.rows_in, stats.unique_source_ids, stats.unique_prompts, stats.unique_prompt_answers,
-            stats.conflicting_prompts) == (DAPO_ROWS, 9, 6, 7, 1)
+    assert (
+        stats.rows_in,
+        stats.unique_source_ids,
+        stats.unique_prompts,
+        stats.unique_prompt_answers,
+        stats.conflicting_prompts,
+    ) == (DAPO_ROWS, 9, 6, 7, 1)
 
 
 def test_dropping_conflicts_removes_every_row_of_that_problem(dapo_file):
     table, _ = _train(dapo_file, dedup_key="uuid", conflicts="drop")
     raw = [r["raw_problem"] for r in table.column("extra_info").to_pylist()]
     assert "Find x if x-5=0." not in raw
-    assert {r["source_id"] for r in table.column("extra_info").to_pylist()} == {"u0", "u1", "u3", "u4", "u5", "u7",
-                                                                                 "u8"}
+    assert {r["source_id"] for r in table.column("extra_info").to_pylist()} == {
+        "u0",
+        "u1",
+        "u3",
+        "u4",
+        "u5",
+        "u7",
+        "u8",
+    }
 
 
 def test_first_occurrence_in_file_order_is_kept(dapo_file):
@@ -155,20 +172,34 @@ def test_plain_problem_answer_table_is_accepted_and_uuid_key_needs_identifiers(t
 
 
 def _uuid_rows(*items):
-    return [{"data_source": "math_dapo", "prompt": [{"content": PREFIX + problem + SUFFIX, "role": "user"}],
-             "ability": "MATH", "reward_model": {"ground_truth": answer, "style": "rule"},
-             "extra_info": {"index": uuid}}
-            for uuid, problem, answer in items]
+    return [
+        {
+            "data_source": "math_dapo",
+            "prompt": [{"content": PREFIX + problem + SUFFIX, "role": "user"}],
+            "ability": "MATH",
+            "reward_model": {"ground_truth": answer, "style": "rule"},
+            "extra_info": {"index": uuid},
+        }
+        for uuid, problem, answer in items
+    ]
 
 
-@pytest.mark.parametrize(("second", "what"), [(("u1", "What is 2+2?", "4"), "problem text ('What is 1+1?' vs "
-                                                                             "'What is 2+2?')"),
-                                             (("u1", "What is 1+1?", "3"), "answer ('2' vs '3')")])
+@pytest.mark.parametrize(
+    ("second", "what"),
+    [
+        (("u1", "What is 2+2?", "4"), "problem text ('What is 1+1?' vs 'What is 2+2?')"),
+        (("u1", "What is 1+1?", "3"), "answer ('2' vs '3')"),
+    ],
+)
 def test_uuid_key_refuses_two_problems_under_one_identifier(tmp_path, capsys, second, what):
-    path = write_dapo_math(tmp_path / "ids.parquet", _uuid_rows(("u0", "Other?", "1"), ("u1", "What is 1+1?", "2"),
-                                                                 second))
-    with pytest.raises(ValueError, match=rf"rows 1 and 2 share extra_info.index 'u1' but differ in their "
-                                         rf"{re.escape(what)}; --dedup-key uuid would keep one and drop the other"):
+    path = write_dapo_math(
+        tmp_path / "ids.parquet", _uuid_rows(("u0", "Other?", "1"), ("u1", "What is 1+1?", "2"), second)
+    )
+    with pytest.raises(
+        ValueError,
+        match=rf"rows 1 and 2 share extra_info.index 'u1' but differ in their "
+        rf"{re.escape(what)}; --dedup-key uuid would keep one and drop the other",
+    ):
         _train(path, dedup_key="uuid")
     out = tmp_path / "o"
     assert cli.main(["prepare-data", "--dapo-math", str(path), "--dedup-key", "uuid", "--out", str(out)]) == 2
@@ -177,15 +208,19 @@ def test_uuid_key_refuses_two_problems_under_one_identifier(tmp_path, capsys, se
 
 
 def test_uuid_key_merges_copies_of_one_problem_whitespace_aside(tmp_path):
-    path = write_dapo_math(tmp_path / "ids.parquet", _uuid_rows(("u1", "What is 1+1?", "2"),
-                                                                ("u1", "What  is 1+1?\n", " 2")))
+    path = write_dapo_math(
+        tmp_path / "ids.parquet", _uuid_rows(("u1", "What is 1+1?", "2"), ("u1", "What  is 1+1?\n", " 2"))
+    )
     table, stats = _train(path, dedup_key="uuid")
     assert (table.num_rows, stats.copies_max) == (1, 2)
 
 
-UNSCORABLE = [("   ", r"'   ' is blank \(3 whitespace character\(s\)\)"), ("1\n2", r"'1\\n2' spans two lines"),
-              ("12\x00", r"'12\\x00' holds the control character '\\x00'"),
-              ("7\r8", r"'7\\r8' holds the control character '\\r'")]
+UNSCORABLE = [
+    ("   ", r"'   ' is blank \(3 whitespace character\(s\)\)"),
+    ("1\n2", r"'1\\n2' spans two lines"),
+    ("12\x00", r"'12\\x00' holds the control character '\\x00'"),
+    ("7\r8", r"'7\\r8' holds the control character '\\r'"),
+]
 
 
 @pytest.mark.parametrize(("answer", "said"), UNSCORABLE)
@@ -193,8 +228,11 @@ def test_a_ground_truth_that_can_never_score_names_the_file_row_and_value(tmp_pa
     rows = dapo_rows()
     rows[6] = {**rows[6], "reward_model": {"ground_truth": answer, "style": "rule"}}
     path = write_dapo_math(tmp_path / "bad.parquet", rows)
-    with pytest.raises(ValueError, match=rf"{path} \(DAPO-Math-17k\), row 6: reward_model.ground_truth {said}.*so no "
-                                         r"response can be scored right against it\. Fix or drop that row"):
+    with pytest.raises(
+        ValueError,
+        match=rf"{path} \(DAPO-Math-17k\), row 6: reward_model.ground_truth {said}.*so no "
+        r"response can be scored right against it\. Fix or drop that row",
+    ):
         _train(path)
     plain = tmp_path / "plain.parquet"
     pq.write_table(pa.table({"problem": ["A?", "B?"], "answer": ["1", answer]}), plain)
@@ -205,18 +243,23 @@ def test_a_ground_truth_that_can_never_score_names_the_file_row_and_value(tmp_pa
 def test_float_answers_keep_their_exact_text_and_booleans_or_inexact_floats_are_refused(tmp_path):
     floats = tmp_path / "floats.parquet"
     pq.write_table(pa.table({"problem": ["A?", "B?", "C?"], "answer": [33.0, 0.5, -2.0]}), floats)
-    assert [r["ground_truth"] for r in prepare_aime(floats, PrepareOptions())[0].column("reward_model").to_pylist()] \
-        == ["33", "0.5", "-2"]
-    for name, values, said in [("big", [1.0, 1e30], r"row 1: answer is the float 1e\+30, which has no exact decimal"),
-                               ("nan", [float("nan")], r"row 0: answer is the float nan"),
-                               ("bool", [True, False], r"row 0: answer is the boolean True, expected a math answer")]:
+    assert [
+        r["ground_truth"] for r in prepare_aime(floats, PrepareOptions())[0].column("reward_model").to_pylist()
+    ] == ["33", "0.5", "-2"]
+    for name, values, said in [
+        ("big", [1.0, 1e30], r"row 1: answer is the float 1e\+30, which has no exact decimal"),
+        ("nan", [float("nan")], r"row 0: answer is the float nan"),
+        ("bool", [True, False], r"row 0: answer is the boolean True, expected a math answer"),
+    ]:
         path = tmp_path / f"{name}.parquet"
         pq.write_table(pa.table({"problem": [f"P{i}?" for i in range(len(values))], "answer": values}), path)
         with pytest.raises(ValueError, match=rf"{path}: {said}"):
             prepare_aime(path, PrepareOptions())
     rows = dapo_rows()[:2]
-    pq.write_table(pa.Table.from_pylist([{**r, "reward_model": {"ground_truth": True}} for r in rows]),
-                   tmp_path / "verl_bool.parquet")
+    pq.write_table(
+        pa.Table.from_pylist([{**r, "reward_model": {"ground_truth": True}} for r in rows]),
+        tmp_path / "verl_bool.parquet",
+    )
     with pytest.raises(ValueError, match=r"row 0: reward_model.ground_truth is the boolean True"):
         _train(tmp_path / "verl_bool.parquet")
 
@@ -225,8 +268,11 @@ def test_what_is_accepted_scores_with_verls_math_dapo_and_what_is_refused_cannot
     math_dapo = pytest.importorskip("verl.utils.reward_score.math_dapo")
     from dapo_verl.data.dedup import unscorable_reason
 
-    accepted = {r["reward_model"]["ground_truth"] for r in dapo_rows()} | {a for _, a in aime_problems()} | {
-        " 12\n", "1\t2", "0.5", "33", "-3", "1e+30", "true", "\\frac{1}{2}"}
+    accepted = (
+        {r["reward_model"]["ground_truth"] for r in dapo_rows()}
+        | {a for _, a in aime_problems()}
+        | {" 12\n", "1\t2", "0.5", "33", "-3", "1e+30", "true", "\\frac{1}{2}"}
+    )
     for answer in accepted:
         assert unscorable_reason(answer) is None, answer
         assert math_dapo.compute_score(f"Some work.\nAnswer: {answer.strip()}", answer)["acc"], answer
@@ -237,8 +283,15 @@ def test_what_is_accepted_scores_with_verls_math_dapo_and_what_is_refused_cannot
 
 def test_string_prompt_column_is_read_as_the_problem(tmp_path):
     path = tmp_path / "processed.parquet"
-    pq.write_table(pa.table({"prompt": ["Find y.", PREFIX + "Find z." + SUFFIX],
-                             "reward_model": [{"ground_truth": "1", "style": "rule"}] * 2}), path)
+    pq.write_table(
+        pa.table(
+            {
+                "prompt": ["Find y.", PREFIX + "Find z." + SUFFIX],
+                "reward_model": [{"ground_truth": "1", "style": "rule"}] * 2,
+            }
+        ),
+        path,
+    )
     table, stats = _train(path)
     assert [m[0]["content"] for m in _messages(table)] == [dapo_prompt("Find y."), dapo_prompt("Find z.")]
     assert stats.prompts_built == 1
@@ -353,8 +406,11 @@ def test_bad_options_are_reported():
     with pytest.raises(ValueError, match="aime_repeat=-1 must be an integer >= 0"):
         PrepareOptions(aime_repeat=-1)
     assert PrepareOptions(aime_repeat=MAX_AIME_REPEAT).aime_repeat == 1024
-    with pytest.raises(ValueError, match=r"aime_repeat=100,000,000 is above 1024: .*3,000,000,000 rows.*Use "
-                                         r"--aime-repeat 32 \(the paper's avg@32\) or at most 1024"):
+    with pytest.raises(
+        ValueError,
+        match=r"aime_repeat=100,000,000 is above 1024: .*3,000,000,000 rows.*Use "
+        r"--aime-repeat 32 \(the paper's avg@32\) or at most 1024",
+    ):
         PrepareOptions(aime_repeat=100_000_000)
     assert PrepareOptions(dedup_key="uuid", conflicts="drop").dedup_key is DedupKey.UUID
 
@@ -384,8 +440,23 @@ def test_schema_check_names_the_problem(dapo_file, tmp_path):
 
 def test_cli_prepare_data_writes_files_and_prints_counts(dapo_file, byted_file, tmp_path, capsys):
     out = tmp_path / "out"
-    rc = cli.main(["prepare-data", "--dapo-math", str(dapo_file), "--aime", str(byted_file), "--out", str(out),
-                   "--dedup-key", "uuid", "--conflicts", "drop", "--aime-repeat", "32"])
+    rc = cli.main(
+        [
+            "prepare-data",
+            "--dapo-math",
+            str(dapo_file),
+            "--aime",
+            str(byted_file),
+            "--out",
+            str(out),
+            "--dedup-key",
+            "uuid",
+            "--conflicts",
+            "drop",
+            "--aime-repeat",
+            "32",
+        ]
+    )
     printed = capsys.readouterr().out
     assert rc == 0
     assert "unique by prompt text 6 | by prompt+answer 7 | by extra_info.index 9" in printed
@@ -405,8 +476,9 @@ def test_cli_prepare_data_writes_files_and_prints_counts(dapo_file, byted_file, 
     assert report["train.parquet"]["input"] == str(dapo_file) and report["aime-2024-x32.parquet"]["rows"] == 960
 
 
-def test_a_second_run_into_the_folder_keeps_the_entries_of_the_files_it_did_not_rewrite(dapo_file, byted_file,
-                                                                                        tmp_path, capsys):
+def test_a_second_run_into_the_folder_keeps_the_entries_of_the_files_it_did_not_rewrite(
+    dapo_file, byted_file, tmp_path, capsys
+):
     out = tmp_path / "out"
     assert cli.main(["prepare-data", "--dapo-math", str(dapo_file), "--out", str(out), "--conflicts", "drop"]) == 0
     first = json.loads((out / "prepare_data.json").read_text())["outputs"]["train.parquet"]
@@ -417,22 +489,34 @@ def test_a_second_run_into_the_folder_keeps_the_entries_of_the_files_it_did_not_
     assert outputs["aime-2024.parquet"]["input"] == str(byted_file) and outputs["aime-2024.parquet"]["rows"] == 30
     assert cli.main(["prepare-data", "--dapo-math", str(dapo_file), "--out", str(out)]) == 0
     again = json.loads((out / "prepare_data.json").read_text())["outputs"]
-    assert again["train.parquet"]["options"]["conflicts"] == "keep" and again["aime-2024.parquet"] == \
-        outputs["aime-2024.parquet"]
+    assert (
+        again["train.parquet"]["options"]["conflicts"] == "keep"
+        and again["aime-2024.parquet"] == outputs["aime-2024.parquet"]
+    )
 
 
-def test_an_earlier_flat_manifest_is_converted_and_an_unreadable_one_stops_the_run(dapo_file, byted_file, tmp_path,
-                                                                                  capsys):
+def test_an_earlier_flat_manifest_is_converted_and_an_unreadable_one_stops_the_run(
+    dapo_file, byted_file, tmp_path, capsys
+):
     out = tmp_path / "out"
     assert cli.main(["prepare-data", "--aime", str(byted_file), "--out", str(out)]) == 0
-    flat = {"options": {"dedup_key": "prompt"}, "files": {"aime": str(out / "aime-2024.parquet"),
-                                                          "report": str(out / "prepare_data.json")},
-            "rows": {"aime": 30}, "train": None, "aime": {"rows_in": 30}}
+    flat = {
+        "options": {"dedup_key": "prompt"},
+        "files": {"aime": str(out / "aime-2024.parquet"), "report": str(out / "prepare_data.json")},
+        "rows": {"aime": 30},
+        "train": None,
+        "aime": {"rows_in": 30},
+    }
     (out / "prepare_data.json").write_text(json.dumps(flat))
     assert cli.main(["prepare-data", "--dapo-math", str(dapo_file), "--out", str(out)]) == 0
     outputs = json.loads((out / "prepare_data.json").read_text())["outputs"]
-    assert outputs["aime-2024.parquet"] == {"rows": 30, "input": None, "options": {"dedup_key": "prompt"},
-                                            "dedup": {"rows_in": 30}, "written": None}
+    assert outputs["aime-2024.parquet"] == {
+        "rows": 30,
+        "input": None,
+        "options": {"dedup_key": "prompt"},
+        "dedup": {"rows_in": 30},
+        "written": None,
+    }
     (out / "prepare_data.json").write_text("{not json")
     before = {p.name: p.read_bytes() for p in out.iterdir()}
     capsys.readouterr()
@@ -469,8 +553,11 @@ def test_data_package_imports_only_stdlib_pandas_pyarrow_and_itself():
     for source in DATA_PACKAGE.glob("*.py"):
         tree = ast.parse(source.read_text())
         for node in ast.walk(tree):
-            names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
-                [node.module] if isinstance(node, ast.ImportFrom) and node.module else [])
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else ([node.module] if isinstance(node, ast.ImportFrom) and node.module else [])
+            )
             for name in names:
                 assert name.split(".")[0] in allowed, f"{source.name} imports {name}"
                 assert not name.startswith("dapo_verl.") or name.startswith("dapo_verl.data"), f"{source.name}: {name}"
@@ -500,14 +587,16 @@ def test_a_failing_run_replaces_no_earlier_output(prepared_out, byted_file, tmp_
     rows = dapo_rows()
     rows[3] = {**rows[3], "reward_model": {"ground_truth": "", "style": "rule"}}
     bad = write_dapo_math(tmp_path / "bad" / "dapo-math-17k.parquet", rows)
-    assert cli.main(["prepare-data", "--dapo-math", str(bad), "--aime", str(byted_file), "--out",
-                     str(prepared_out)]) == 2
+    assert (
+        cli.main(["prepare-data", "--dapo-math", str(bad), "--aime", str(byted_file), "--out", str(prepared_out)]) == 2
+    )
     assert "ground_truth" in capsys.readouterr().err
     assert _outputs(prepared_out) == before
 
 
-def test_a_write_that_fails_halfway_replaces_no_earlier_output(prepared_out, dapo_file, byted_file, monkeypatch,
-                                                                capsys):
+def test_a_write_that_fails_halfway_replaces_no_earlier_output(
+    prepared_out, dapo_file, byted_file, monkeypatch, capsys
+):
     import errno
     import os
 
@@ -522,8 +611,22 @@ def test_a_write_that_fails_halfway_replaces_no_earlier_output(prepared_out, dap
         return real(table, where, *args, **kwargs)
 
     monkeypatch.setattr(pq, "write_table", full_disk)
-    assert cli.main(["prepare-data", "--dapo-math", str(dapo_file), "--aime", str(byted_file), "--out",
-                     str(prepared_out), "--conflicts", "drop"]) == 2
+    assert (
+        cli.main(
+            [
+                "prepare-data",
+                "--dapo-math",
+                str(dapo_file),
+                "--aime",
+                str(byted_file),
+                "--out",
+                str(prepared_out),
+                "--conflicts",
+                "drop",
+            ]
+        )
+        == 2
+    )
     assert "No space left on device" in capsys.readouterr().err
     assert _outputs(prepared_out) == before  # nor any temporary file left behind
 
@@ -546,8 +649,9 @@ def test_non_utf8_text_names_the_file_row_and_column(tmp_path, capsys):
     texts = [s.encode() for s in table.column("problem").to_pylist()]
     texts[7] = b"Find \xff\xfe x."
     offsets = np.cumsum([0] + [len(t) for t in texts]).astype(np.int32)
-    raw = pa.Array.from_buffers(pa.string(), len(texts), [None, pa.py_buffer(offsets.tobytes()),
-                                                         pa.py_buffer(b"".join(texts))])
+    raw = pa.Array.from_buffers(
+        pa.string(), len(texts), [None, pa.py_buffer(offsets.tobytes()), pa.py_buffer(b"".join(texts))]
+    )
     bad = tmp_path / "bad.parquet"
     pq.write_table(table.set_column(table.schema.get_field_index("problem"), "problem", raw), bad)
     assert cli.main(["prepare-data", "--aime", str(bad), "--out", str(tmp_path / "out")]) == 2
@@ -560,17 +664,26 @@ _MESSAGE = [{"content": "What is 1+1?", "role": "user"}]
 _RULE = {"ground_truth": "2", "style": "rule"}
 
 
-@pytest.mark.parametrize(("columns", "named"), [
-    ({"problem": ["x"], "answer": [["1", "2"]], "id": [1]}, "column 'answer' has type list<element: string>"),
-    ({"problem": ["x"], "answer": ["1"], "id": [[1]]}, "column 'id' has type list<element: int64>"),
-    ({"prompt": [_MESSAGE], "reward_model": [{"ground_truth": ["1"], "style": "rule"}]},
-     "column 'reward_model.ground_truth' has type list<element: string>"),
-    ({"prompt": [[{"content": ["a"], "role": "user"}]], "reward_model": [_RULE]},
-     "column 'prompt[].content' has type list<element: string>"),
-    ({"prompt": [_MESSAGE], "reward_model": [_RULE], "extra_info": [{"index": [1, 2]}]},
-     "column 'extra_info.index' has type list<element: int64>"),
-    ({"prompt": [_MESSAGE], "reward_model": [_RULE], "ability": [{"a": 1}]}, "column 'ability' has type struct"),
-])
+@pytest.mark.parametrize(
+    ("columns", "named"),
+    [
+        ({"problem": ["x"], "answer": [["1", "2"]], "id": [1]}, "column 'answer' has type list<element: string>"),
+        ({"problem": ["x"], "answer": ["1"], "id": [[1]]}, "column 'id' has type list<element: int64>"),
+        (
+            {"prompt": [_MESSAGE], "reward_model": [{"ground_truth": ["1"], "style": "rule"}]},
+            "column 'reward_model.ground_truth' has type list<element: string>",
+        ),
+        (
+            {"prompt": [[{"content": ["a"], "role": "user"}]], "reward_model": [_RULE]},
+            "column 'prompt[].content' has type list<element: string>",
+        ),
+        (
+            {"prompt": [_MESSAGE], "reward_model": [_RULE], "extra_info": [{"index": [1, 2]}]},
+            "column 'extra_info.index' has type list<element: int64>",
+        ),
+        ({"prompt": [_MESSAGE], "reward_model": [_RULE], "ability": [{"a": 1}]}, "column 'ability' has type struct"),
+    ],
+)
 def test_a_column_of_lists_or_structs_where_one_value_is_read_is_refused_naming_it(tmp_path, capsys, columns, named):
     # found by probing: an answer column of lists raised pyarrow's ArrowNotImplementedError with a traceback
     path = tmp_path / "nested.parquet"

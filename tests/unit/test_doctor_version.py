@@ -38,8 +38,10 @@ def _pip_flags(installed: str) -> bool:
 
     ours = get_default_environment().get_distribution(doctor.DISTRIBUTION)
     assert ours is not None, "dapo-verl is not installed; pip install -e . first"
-    package_set = {"dapo-verl": check.PackageDetails(ours.version, list(ours.iter_dependencies())),
-                   "verl": check.PackageDetails(PipVersion(installed), [])}
+    package_set = {
+        "dapo-verl": check.PackageDetails(ours.version, list(ours.iter_dependencies())),
+        "verl": check.PackageDetails(PipVersion(installed), []),
+    }
     _, conflicting = check.check_package_set(package_set, should_ignore=lambda name: name != "dapo-verl")
     return any(name == "verl" for name, _, _ in conflicting.get("dapo-verl", []))
 
@@ -94,8 +96,11 @@ def test_without_verl_doctor_stops_at_the_install_fix(monkeypatch):
 
 
 def test_requirements_that_apply_only_with_an_extra_are_not_the_pin(monkeypatch):
-    monkeypatch.setattr(doctor, "requires", lambda name: ["torch>=2.6", 'verl[vllm]>=0.9.2,<0.9.5; extra == "vllm"',
-                                                          "verl[math]>=0.9.1,<0.10"])
+    monkeypatch.setattr(
+        doctor,
+        "requires",
+        lambda name: ["torch>=2.6", 'verl[vllm]>=0.9.2,<0.9.5; extra == "vllm"', "verl[math]>=0.9.1,<0.10"],
+    )
     assert doctor.verl_pin() == doctor.VerlPin(doctor.SpecifierSet(">=0.9.1,<0.10"), ("math",))
 
 

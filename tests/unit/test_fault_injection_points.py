@@ -16,9 +16,14 @@ from tools.reliability.injection import DAMAGE_MODES, EventTracker, damage_file
 
 def _state():
     gen = torch.Generator().manual_seed(0)
-    return {"version": 1, "step": 12, "model": {"w": torch.randn(16, 8, generator=gen), "b": torch.zeros(8)},
-            "sampler": {"counters": {"groups_generated": 40.0}, "carried": [{"prompt_id": 3, "ok": True}]},
-            "rng": torch.Generator().manual_seed(1).get_state(), "config": {"lr": 1e-3, "name": "copy3"}}
+    return {
+        "version": 1,
+        "step": 12,
+        "model": {"w": torch.randn(16, 8, generator=gen), "b": torch.zeros(8)},
+        "sampler": {"counters": {"groups_generated": 40.0}, "carried": [{"prompt_id": 3, "ok": True}]},
+        "rng": torch.Generator().manual_seed(1).get_state(),
+        "config": {"lr": 1e-3, "name": "copy3"},
+    }
 
 
 @pytest.mark.parametrize("mode", DAMAGE_MODES)

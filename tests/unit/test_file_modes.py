@@ -48,8 +48,12 @@ def test_a_replaced_directory_is_readable_by_group_and_others(tmp_path, umask_02
 
 
 def test_the_cached_model_is_readable_by_group_and_others(tmp_path, umask_022):
-    _, _, path, _ = load_or_build(ModelConfig(hidden_size=8, intermediate_size=8, num_hidden_layers=1,
-                                              num_attention_heads=2), max_positions=8, seed=0, cache_dir=tmp_path)
+    _, _, path, _ = load_or_build(
+        ModelConfig(hidden_size=8, intermediate_size=8, num_hidden_layers=1, num_attention_heads=2),
+        max_positions=8,
+        seed=0,
+        cache_dir=tmp_path,
+    )
     modes = _modes_below(path)
     assert modes.pop(".") == 0o755
     assert set(modes.values()) == {0o644}, modes

@@ -10,12 +10,15 @@ import torch
 from dapo_verl.core import DropReason, dynamic_group_mask, group_drop_reasons
 
 
-@pytest.mark.parametrize("encode", [
-    lambda v: torch.tensor(v, dtype=torch.float32),
-    lambda v: torch.tensor(v, dtype=torch.float32) * 2 - 1,
-    lambda v: torch.tensor(v, dtype=torch.bool),
-    lambda v: torch.tensor(v, dtype=torch.int64),
-])
+@pytest.mark.parametrize(
+    "encode",
+    [
+        lambda v: torch.tensor(v, dtype=torch.float32),
+        lambda v: torch.tensor(v, dtype=torch.float32) * 2 - 1,
+        lambda v: torch.tensor(v, dtype=torch.bool),
+        lambda v: torch.tensor(v, dtype=torch.int64),
+    ],
+)
 def test_only_mixed_groups_survive_in_every_encoding(encode):
     rewards = encode([[0, 0, 0, 0], [0, 1, 1, 0], [1, 1, 1, 1]])
     keep = dynamic_group_mask(rewards)
@@ -44,13 +47,16 @@ def test_drop_reasons_name_the_cause():
     assert [DropReason(int(r)).label for r in group_drop_reasons(bools)] == ["all_correct", "all_wrong"]
 
 
-@pytest.mark.parametrize(("rewards", "match"), [
-    (torch.zeros(4), r"rewards has shape \(4,\) but must be \(P, G\)"),
-    (torch.zeros(2, 2, 2), r"must be \(P, G\)"),
-    (torch.zeros(3, 1), "G=1 responses per prompt, but dynamic sampling needs G >= 2"),
-    (torch.tensor([[0.0, math.nan]]), r"rewards contains NaN or inf \(first at index \(0, 1\)"),
-    (torch.tensor([[1.0, math.inf]]), r"rewards contains NaN or inf \(first at index \(0, 1\): inf\)"),
-])
+@pytest.mark.parametrize(
+    ("rewards", "match"),
+    [
+        (torch.zeros(4), r"rewards has shape \(4,\) but must be \(P, G\)"),
+        (torch.zeros(2, 2, 2), r"must be \(P, G\)"),
+        (torch.zeros(3, 1), "G=1 responses per prompt, but dynamic sampling needs G >= 2"),
+        (torch.tensor([[0.0, math.nan]]), r"rewards contains NaN or inf \(first at index \(0, 1\)"),
+        (torch.tensor([[1.0, math.inf]]), r"rewards contains NaN or inf \(first at index \(0, 1\): inf\)"),
+    ],
+)
 def test_bad_rewards_are_rejected_with_the_fix(rewards, match):
     with pytest.raises(ValueError, match=match):
         dynamic_group_mask(rewards)
@@ -65,6 +71,9 @@ def test_a_complex_metric_is_refused_naming_its_dtype():
 
 def test_a_meta_tensor_is_refused_as_having_no_values():
     for function in (dynamic_group_mask, group_drop_reasons):
-        with pytest.raises(ValueError, match=r"rewards is a meta tensor \(shape \(2, 4\), no data\).*materialized CPU "
-                                             r"or GPU tensor is expected"):
+        with pytest.raises(
+            ValueError,
+            match=r"rewards is a meta tensor \(shape \(2, 4\), no data\).*materialized CPU "
+            r"or GPU tensor is expected",
+        ):
             function(torch.empty(2, 4, device="meta"))

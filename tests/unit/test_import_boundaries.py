@@ -8,8 +8,16 @@ import sys
 import textwrap
 
 BLOCKED = ["verl", "ray", "omegaconf", "hydra", "transformers"]
-PURE_MODULES = ["dapo_verl", "dapo_verl.core", "dapo_verl.config", "tools.config_docs", "dapo_verl.toy",
-                "dapo_verl.data", "dapo_verl.report", "dapo_verl.lifetime"]
+PURE_MODULES = [
+    "dapo_verl",
+    "dapo_verl.core",
+    "dapo_verl.config",
+    "tools.config_docs",
+    "dapo_verl.toy",
+    "dapo_verl.data",
+    "dapo_verl.report",
+    "dapo_verl.lifetime",
+]
 
 
 def _run(code: str) -> dict:
@@ -47,13 +55,28 @@ def test_import_dapo_verl_is_fast_after_torch():
     assert result["seconds"] < 1.0
 
 
-LOCAL_MODULES = ["dapo_verl.local", "dapo_verl.local.config", "dapo_verl.local.compose", "dapo_verl.local.tasks",
-                 "dapo_verl.local.model", "dapo_verl.local.rollout", "dapo_verl.local.actor",
-                 "dapo_verl.local.checkpoint", "dapo_verl.local.tracking", "dapo_verl.local.plots",
-                 "dapo_verl.local.files", "dapo_verl.local.train", "dapo_verl.local.arms",
-                 "dapo_verl.local.ablation_report", "dapo_verl.local.ablate", "dapo_verl.local.session",
-                 "dapo_verl.local.results", "dapo_verl.local.warm_start", "dapo_verl.local.powered_test",
-                 "dapo_verl.preflight"]  # the pre-flight check's verl-free half, which dapo-verl train uses
+LOCAL_MODULES = [
+    "dapo_verl.local",
+    "dapo_verl.local.config",
+    "dapo_verl.local.compose",
+    "dapo_verl.local.tasks",
+    "dapo_verl.local.model",
+    "dapo_verl.local.rollout",
+    "dapo_verl.local.actor",
+    "dapo_verl.local.checkpoint",
+    "dapo_verl.local.tracking",
+    "dapo_verl.local.plots",
+    "dapo_verl.local.files",
+    "dapo_verl.local.train",
+    "dapo_verl.local.arms",
+    "dapo_verl.local.ablation_report",
+    "dapo_verl.local.ablate",
+    "dapo_verl.local.session",
+    "dapo_verl.local.results",
+    "dapo_verl.local.warm_start",
+    "dapo_verl.local.powered_test",
+    "dapo_verl.preflight",
+]  # the pre-flight check's verl-free half, which dapo-verl train uses
 
 
 def test_local_backend_imports_with_verl_and_ray_blocked():

@@ -93,11 +93,16 @@ def _wait_until(condition, within_s: float) -> bool:
 def _start_command(tmp_path: Path) -> tuple[subprocess.Popen, Path, Path]:
     out, console, pids = tmp_path / "rehearsal", tmp_path / "console.txt", tmp_path / "pids.json"
     with open(console, "w") as sink:
-        command = subprocess.Popen([sys.executable, "-c", _COMMAND, str(out), _DRIVER, str(pids), _DAEMON], stdout=sink,
-                                   stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"},
-                                   start_new_session=True)
-    assert _wait_until(lambda: "[run1] step 1/2 logged" in console.read_text() or command.poll() is not None, 60), \
+        command = subprocess.Popen(
+            [sys.executable, "-c", _COMMAND, str(out), _DRIVER, str(pids), _DAEMON],
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            start_new_session=True,
+        )
+    assert _wait_until(lambda: "[run1] step 1/2 logged" in console.read_text() or command.poll() is not None, 60), (
         console.read_text()
+    )
     assert command.poll() is None, console.read_text()
     return command, out, console
 
@@ -116,12 +121,16 @@ def left_behind():
         shutil.rmtree(folder, ignore_errors=True)
 
 
-@pytest.mark.parametrize(("signum", "status"), [(signal.SIGTERM, 128 + signal.SIGTERM),
-                                                (signal.SIGHUP, 128 + signal.SIGHUP),
-                                                (signal.SIGINT, 1),  # the report's FAILED, as before
-                                                (signal.SIGKILL, -signal.SIGKILL)])
-def test_a_stopped_command_leaves_no_process_folder_or_shared_memory_of_its_run(tmp_path, signum, status,
-                                                                                left_behind):
+@pytest.mark.parametrize(
+    ("signum", "status"),
+    [
+        (signal.SIGTERM, 128 + signal.SIGTERM),
+        (signal.SIGHUP, 128 + signal.SIGHUP),
+        (signal.SIGINT, 1),  # the report's FAILED, as before
+        (signal.SIGKILL, -signal.SIGKILL),
+    ],
+)
+def test_a_stopped_command_leaves_no_process_folder_or_shared_memory_of_its_run(tmp_path, signum, status, left_behind):
     command, out, console = _start_command(tmp_path)
     left_behind["pids"].append((command.pid, lifetime.start_time(command.pid)))
     started = json.loads((tmp_path / "pids.json").read_text())
@@ -140,8 +149,11 @@ def test_a_stopped_command_leaves_no_process_folder_or_shared_memory_of_its_run(
     assert command.wait(30) == status, console.read_text()
 
     def gone() -> bool:
-        return not any(running(pid) for pid in [*mine, *watchdog]) and not lifetime.processes_naming(str(out)) and \
-            not any(lifetime.processes_naming(folder) for folder in ray_folders)
+        return (
+            not any(running(pid) for pid in [*mine, *watchdog])
+            and not lifetime.processes_naming(str(out))
+            and not any(lifetime.processes_naming(folder) for folder in ray_folders)
+        )
 
     assert _wait_until(gone, 15), (lifetime.processes_naming(str(out)), [p for p in mine if running(p)])
     assert not (lifetime.SHM_ROOT / started["shm"]).exists()
@@ -155,8 +167,9 @@ def test_a_stopped_command_leaves_no_process_folder_or_shared_memory_of_its_run(
 def test_the_watchdog_leaves_everything_alone_once_the_command_cleaned_up(tmp_path):
     folder = tmp_path / "private"
     folder.mkdir()
-    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)", str(folder)],
-                               start_new_session=True)
+    sleeper = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(300)", str(folder)], start_new_session=True
+    )
     try:
         with lifetime.Watchdog("test") as watchdog:
             watchdog.kill(str(folder))
@@ -184,8 +197,12 @@ def test_a_child_started_through_the_wrapper_dies_when_its_parent_is_killed(tmp_
     parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
     child = int(parent.stdout.readline())
     try:
-        assert _wait_until(lambda: Path(f"/proc/{child}/cmdline").read_bytes().startswith(
-            sys.executable.encode() + b"\0-c\0import time"), 10)  # the wrapper exec'd the command in place
+        assert _wait_until(
+            lambda: (
+                Path(f"/proc/{child}/cmdline").read_bytes().startswith(sys.executable.encode() + b"\0-c\0import time")
+            ),
+            10,
+        )  # the wrapper exec'd the command in place
         parent.kill()
         parent.wait()
         assert _wait_until(lambda: not running(child), 5)
@@ -244,15 +261,23 @@ def test_a_folder_whose_earlier_rehearsals_processes_still_live_is_refused_namin
     (out / "run1" / "engine").mkdir(parents=True)
     (out / "changes.json").write_text("[]")
     # A process of that rehearsal outlived its command; one that only has out as its working folder is not one.
-    left = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"], start_new_session=True,
-                            env={**os.environ, RECORD_ENV: str(out / "run1" / "engine")})
-    bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"], cwd=out,
-                                 env={**os.environ, "PWD": str(out), "OUT": str(out)})
+    left = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(300)"],
+        start_new_session=True,
+        env={**os.environ, RECORD_ENV: str(out / "run1" / "engine")},
+    )
+    bystander = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(300)"],
+        cwd=out,
+        env={**os.environ, "PWD": str(out), "OUT": str(out)},
+    )
     try:
         assert _wait_until(lambda: lifetime.processes_with(out, RECORD_ENV), 10)
-        refused = (rf"--out {out} is still in use by 1 process\(es\) of an earlier rehearsal that outlived its "
-                   rf"command: pid {left.pid} \(.*python.*\); .*neither a second rehearsal nor --overwrite may start"
-                   rf".*kill -9 {left.pid}\)")
+        refused = (
+            rf"--out {out} is still in use by 1 process\(es\) of an earlier rehearsal that outlived its "
+            rf"command: pid {left.pid} \(.*python.*\); .*neither a second rehearsal nor --overwrite may start"
+            rf".*kill -9 {left.pid}\)"
+        )
         for overwrite in (False, True):
             with pytest.raises(RehearsalError, match=refused), own_out(out, overwrite):
                 pass

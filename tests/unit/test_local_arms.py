@@ -53,8 +53,13 @@ def test_naive_grpo_is_read_by_the_local_backend_as_naive_grpo():
 
 def test_each_ladder_rung_adds_exactly_its_technique_in_the_papers_order():
     composed = [_composed(arm) for arm in LADDER_STUDY.arms]
-    expected = [(OVERLONG_FILTERING, (False, True)), (CLIP_HIGH, (0.2, 0.28)), (OVERLONG_PENALTY, (False, True)),
-                (LOSS_AGG, ("seq-mean-token-mean", "token-mean")), (DYNAMIC_SAMPLING, (False, True))]
+    expected = [
+        (OVERLONG_FILTERING, (False, True)),
+        (CLIP_HIGH, (0.2, 0.28)),
+        (OVERLONG_PENALTY, (False, True)),
+        (LOSS_AGG, ("seq-mean-token-mean", "token-mean")),
+        (DYNAMIC_SAMPLING, (False, True)),
+    ]
     changes = [_differences(before, after) for before, after in itertools.pairwise(composed)]
     assert changes == [dict([item]) for item in expected]
 
@@ -100,7 +105,8 @@ def test_clip_acts_seed_count_is_its_power_calculation():
     assert plan.pilot_effect_seeds == seeds_for_power(plan.pilot_effect, plan.pilot_sd)
     assert not set(plan.pilot_seeds) & set(range(plan.seeds))  # the main run reuses no pilot seed
     assert {CLIP_ACTS_STUDY.primary.baseline, CLIP_ACTS_STUDY.primary.treatment} == {
-        arm.name for arm in CLIP_ACTS_STUDY.arms}
+        arm.name for arm in CLIP_ACTS_STUDY.arms
+    }
 
 
 def test_the_clip_acts_replication_is_the_clip_acts_study_on_fresh_seeds_from_its_power_calculation():
@@ -126,8 +132,11 @@ def test_the_stream_guard_differs_only_in_streaming_and_its_seeds_are_its_power_
     from dapo_verl.local.arms import CLIP_ACTS_STUDY, STREAM_GUARD_STUDY
     from dapo_verl.report.stats import seeds_for_power
 
-    assert STREAM_GUARD_STUDY.varied_keys == ["algorithm.filter_groups.streaming", "algorithm.filter_groups.surplus",
-                                              "algorithm.filter_groups.stream_oversample"]
+    assert STREAM_GUARD_STUDY.varied_keys == [
+        "algorithm.filter_groups.streaming",
+        "algorithm.filter_groups.surplus",
+        "algorithm.filter_groups.stream_oversample",
+    ]
     plan = STREAM_GUARD_STUDY.power
     assert plan.pilot_effect_seeds == seeds_for_power(plan.pilot_effect, plan.pilot_sd)
     # The planning SD is the clip-acts pilot's: two pilot seeds give no usable estimate.

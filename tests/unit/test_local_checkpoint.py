@@ -27,8 +27,9 @@ def _save(run_dir, steps):
     torch.manual_seed(0)
     model = torch.nn.Linear(4, 2)
     optimizer = torch.optim.AdamW(model.parameters())
-    sampler = BatchReplenisher(SamplerConfig(train_batch_size=2), 16,
-                               SimulatedPolicy(lambda prompt_id, step: 0.5, group_size=4))
+    sampler = BatchReplenisher(
+        SamplerConfig(train_batch_size=2), 16, SimulatedPolicy(lambda prompt_id, step: 0.5, group_size=4)
+    )
     for step in steps:
         sampler.next_batch()
         with torch.no_grad():
@@ -109,8 +110,11 @@ def test_when_every_checkpoint_is_damaged_resuming_refuses_with_the_fix(tmp_path
 
 def test_stale_temporaries_and_empty_checkpoint_directories_are_removed(tmp_path):
     _save(tmp_path, [1])
-    stale = [checkpoint_dir(tmp_path, 1) / ".state.safetensors.abc.tmp", tmp_path / "checkpoints" / ".x.tmp",
-             tmp_path / ".config.yaml.q1.tmp"]
+    stale = [
+        checkpoint_dir(tmp_path, 1) / ".state.safetensors.abc.tmp",
+        tmp_path / "checkpoints" / ".x.tmp",
+        tmp_path / ".config.yaml.q1.tmp",
+    ]
     for path in stale:
         path.write_bytes(b"half")
     (tmp_path / ".model.z.tmp").mkdir()

@@ -20,8 +20,15 @@ def test_default_experiment_composes_dapo_defaults_local_defaults_and_overrides(
 
 
 def test_overrides_use_verl_key_names(tmp_path):
-    spec = compose_run(["actor_rollout_ref.actor.clip_ratio_high=0.2", "actor_rollout_ref.rollout.n=4",
-                        "local.model.hidden_size=32", "data.seed=7"], out_dir=tmp_path / "run")
+    spec = compose_run(
+        [
+            "actor_rollout_ref.actor.clip_ratio_high=0.2",
+            "actor_rollout_ref.rollout.n=4",
+            "local.model.hidden_size=32",
+            "data.seed=7",
+        ],
+        out_dir=tmp_path / "run",
+    )
     assert spec.dapo.loss.clip_ratio_high == 0.2
     assert spec.run.rollout.n == 4
     assert spec.run.local.model.hidden_size == 32
@@ -38,19 +45,22 @@ def test_unknown_key_fails_with_the_key_and_the_fix():
         compose_run(["local.model.hidden=32"])
 
 
-@pytest.mark.parametrize(("override", "key"), [
-    ("actor_rollout_ref.rollout.n=1", "actor_rollout_ref.rollout.n"),
-    ("actor_rollout_ref.actor.optim.lr=-1", "actor_rollout_ref.actor.optim.lr"),
-    ("trainer.resume_mode=sometimes", "trainer.resume_mode"),
-    ("local.device=tpu", "local.device"),
-    ("local.model.num_attention_heads=3", "local.model.num_attention_heads"),
-    ("actor_rollout_ref.actor.ppo_mini_batch_size=5", "actor_rollout_ref.actor.ppo_mini_batch_size"),
-    ("algorithm.filter_groups.metric=score", "algorithm.filter_groups.metric"),
-    ("actor_rollout_ref.actor.loss_agg_mode=token-sum", "actor_rollout_ref.actor.loss_agg_mode"),
-    ("reward.reward_kwargs.overlong_tokens=8", "reward.reward_kwargs.overlong_tokens"),
-    ("algorithm.rollout_correction.rollout_is=sequence", "algorithm.rollout_correction.rollout_is"),
-    ("algorithm.rollout_correction.rollout_is_threshold=0", "algorithm.rollout_correction.rollout_is_threshold"),
-])
+@pytest.mark.parametrize(
+    ("override", "key"),
+    [
+        ("actor_rollout_ref.rollout.n=1", "actor_rollout_ref.rollout.n"),
+        ("actor_rollout_ref.actor.optim.lr=-1", "actor_rollout_ref.actor.optim.lr"),
+        ("trainer.resume_mode=sometimes", "trainer.resume_mode"),
+        ("local.device=tpu", "local.device"),
+        ("local.model.num_attention_heads=3", "local.model.num_attention_heads"),
+        ("actor_rollout_ref.actor.ppo_mini_batch_size=5", "actor_rollout_ref.actor.ppo_mini_batch_size"),
+        ("algorithm.filter_groups.metric=score", "algorithm.filter_groups.metric"),
+        ("actor_rollout_ref.actor.loss_agg_mode=token-sum", "actor_rollout_ref.actor.loss_agg_mode"),
+        ("reward.reward_kwargs.overlong_tokens=8", "reward.reward_kwargs.overlong_tokens"),
+        ("algorithm.rollout_correction.rollout_is=sequence", "algorithm.rollout_correction.rollout_is"),
+        ("algorithm.rollout_correction.rollout_is_threshold=0", "algorithm.rollout_correction.rollout_is_threshold"),
+    ],
+)
 def test_invalid_values_fail_at_start_naming_the_full_key(override, key):
     with pytest.raises(ValueError, match=key.replace(".", r"\.")):
         compose_run([override])
@@ -85,11 +95,14 @@ def test_cli_prints_the_composed_config(capsys):
     assert "local:" in out
 
 
-@pytest.mark.parametrize("override", [
-    "actor_rollout_ref.actor.clip_ratio_hihg=0.2",
-    "+actor_rollout_ref.actor.clip_ratio_hihg=0.2",
-    "++actor_rollout_ref.actor.clip_ratio_hihg=0.2",
-])
+@pytest.mark.parametrize(
+    "override",
+    [
+        "actor_rollout_ref.actor.clip_ratio_hihg=0.2",
+        "+actor_rollout_ref.actor.clip_ratio_hihg=0.2",
+        "++actor_rollout_ref.actor.clip_ratio_hihg=0.2",
+    ],
+)
 def test_a_misspelled_key_is_refused_with_the_closest_valid_key(override):
     with pytest.raises(ValueError) as info:
         compose_run([override])
@@ -106,11 +119,14 @@ def test_an_added_key_the_local_backend_does_not_read_is_refused():
 
 
 def test_a_whole_section_and_a_forced_existing_key_may_be_overridden():
-    spec = compose_run(["local.model={hidden_size: 32, intermediate_size: 64, num_hidden_layers: 1, "
-                        "num_attention_heads: 4}", "++data.seed=3"])
+    spec = compose_run(
+        [
+            "local.model={hidden_size: 32, intermediate_size: 64, num_hidden_layers: 1, num_attention_heads: 4}",
+            "++data.seed=3",
+        ]
+    )
     assert spec.run.local.model.hidden_size == 32
     assert spec.seed == 3
-
 
 
 def test_a_heldout_size_the_task_cannot_hold_fails_when_the_config_is_composed():

@@ -6,11 +6,23 @@ from dapo_verl.local.plots import PANELS, plot_history, training_figure
 
 
 def _history(steps=20):
-    return [{"step": s, "data": {"val-core/t/acc/mean@1": s / steps, "dapo/sampler/prefilter_acc": 0.5,
-                                 "critic/score/mean": 0.1, "actor/entropy": 1.0, "response_length/mean": 12.0,
-                                 "response_length/clip_ratio": 0.1, "dapo/sampler/keep_rate": 0.4,
-                                 "dapo/sampler/gen_rounds": 2.0, "actor/dapo/clip_upper_fraction": 0.01}}
-            for s in range(steps)]
+    return [
+        {
+            "step": s,
+            "data": {
+                "val-core/t/acc/mean@1": s / steps,
+                "dapo/sampler/prefilter_acc": 0.5,
+                "critic/score/mean": 0.1,
+                "actor/entropy": 1.0,
+                "response_length/mean": 12.0,
+                "response_length/clip_ratio": 0.1,
+                "dapo/sampler/keep_rate": 0.4,
+                "dapo/sampler/gen_rounds": 2.0,
+                "actor/dapo/clip_upper_fraction": 0.01,
+            },
+        }
+        for s in range(steps)
+    ]
 
 
 def test_two_units_in_one_panel_get_two_axes_each_labelled_with_its_unit():

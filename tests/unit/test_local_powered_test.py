@@ -13,8 +13,15 @@ from dapo_verl.report import LogFormat, RunLog
 from dapo_verl.report.readers import records_table
 
 KEY = "val-core/copy3/acc/mean@1"
-PLAN = PowerPlan(pilot_seeds=(100, 101), pilot_effect=0.01, pilot_sd=0.1, pilot_effect_seeds=787, effect=0.05,
-                 seeds=34, why="the pilot's effect is too small to power")
+PLAN = PowerPlan(
+    pilot_seeds=(100, 101),
+    pilot_effect=0.01,
+    pilot_sd=0.1,
+    pilot_effect_seeds=787,
+    effect=0.05,
+    seeds=34,
+    why="the pilot's effect is too small to power",
+)
 
 
 def _run(curve, name="run"):
@@ -32,15 +39,19 @@ def _runs(base_values, treat_values):
 
 def test_primary_value_is_the_normalised_area_under_the_evaluations():
     assert primary_value(_run([(0, 0.0), (5, 1.0), (40, 1.0)]), CLIP_ACTS_STUDY.primary) == pytest.approx(
-        (2.5 + 35) / 40)
+        (2.5 + 35) / 40
+    )
     assert primary_value(_run([(0, 0.2)]), CLIP_ACTS_STUDY.primary) is None  # one evaluation has no area
 
 
-@pytest.mark.parametrize(("treat", "start"), [
-    ([0.62, 0.71, 0.58, 0.80], "The paper's direction"),
-    ([0.38, 0.52, 0.41, 0.60], "The opposite of the paper's direction"),
-    ([0.55, 0.66, 0.44, 0.72], "No detectable effect"),
-])
+@pytest.mark.parametrize(
+    ("treat", "start"),
+    [
+        ([0.62, 0.71, 0.58, 0.80], "The paper's direction"),
+        ([0.38, 0.52, 0.41, 0.60], "The opposite of the paper's direction"),
+        ([0.55, 0.66, 0.44, 0.72], "No detectable effect"),
+    ],
+)
 def test_the_reading_follows_the_interval(treat, start):
     base = [0.50, 0.60, 0.48, 0.70]
     result = analyse_primary(CLIP_ACTS_STUDY, _runs(base, treat))
@@ -58,16 +69,24 @@ def test_the_markdown_states_the_declaration_the_power_calculation_the_test_and_
 
     study = replace(CLIP_ACTS_STUDY, power=PLAN)
     text = "\n".join(analyse_primary(study, _runs([0.5, 0.6, 0.4], [0.55, 0.66, 0.45])).markdown())
-    for part in ("Declared before the main run", "Seeds: 34, for 80% power", "an effect of ±0.0500",
-                 "would need 787 seeds", "the pilot's effect is too small to power", "| 3 | +0.0533 |",
-                 "**Reading.** The paper's direction"):
+    for part in (
+        "Declared before the main run",
+        "Seeds: 34, for 80% power",
+        "an effect of ±0.0500",
+        "would need 787 seeds",
+        "the pilot's effect is too small to power",
+        "| 3 | +0.0533 |",
+        "**Reading.** The paper's direction",
+    ):
         assert part in text, part
 
 
 @pytest.mark.parametrize(("steps", "said"), [((0, 5, 10), "0, 5, 10"), (tuple(range(0, 41, 5)), "0, 5, ..., 40")])
 def test_the_declaration_names_the_evaluation_steps_the_runs_logged(steps, said):
-    runs = {arm: [(seed, _run([(s, 0.5 + 0.01 * seed) for s in steps])) for seed in range(2)]
-            for arm in ("eps_high_0.2", "eps_high_0.28")}
+    runs = {
+        arm: [(seed, _run([(s, 0.5 + 0.01 * seed) for s in steps])) for seed in range(2)]
+        for arm in ("eps_high_0.2", "eps_high_0.28")
+    }
     result = analyse_primary(CLIP_ACTS_STUDY, runs)
     assert result.evaluation_steps == steps and result.to_dict()["evaluation_steps"] == list(steps)
     text = "\n".join(result.markdown())
@@ -82,17 +101,22 @@ def test_seeds_missing_in_one_arm_are_left_out_and_one_pair_is_no_test():
     assert result.reading == "Fewer than two seeds ran in both arms: no test."
 
 
-@pytest.mark.parametrize(("treat", "start"), [
-    ([0.49, 0.61, 0.47, 0.71], "It holds: streaming_carry minus rounds"),   # within the 0.05 margin
-    ([0.30, 0.42, 0.31, 0.50], "It loses: streaming_carry minus rounds"),   # the interval below 0
-    ([0.42, 0.66, 0.40, 0.74], "Undecided: streaming_carry minus rounds"),  # reaches below -0.05 and above 0
-])
+@pytest.mark.parametrize(
+    ("treat", "start"),
+    [
+        ([0.49, 0.61, 0.47, 0.71], "It holds: streaming_carry minus rounds"),  # within the 0.05 margin
+        ([0.30, 0.42, 0.31, 0.50], "It loses: streaming_carry minus rounds"),  # the interval below 0
+        ([0.42, 0.66, 0.40, 0.74], "Undecided: streaming_carry minus rounds"),  # reaches below -0.05 and above 0
+    ],
+)
 def test_a_guard_reads_its_interval_against_its_margin(treat, start):
     from dapo_verl.local.arms import STREAM_GUARD_STUDY
 
     base = [0.50, 0.60, 0.48, 0.70]
-    runs = {arm: [(seed, _run([(0, v), (5, v), (10, v)])) for seed, v in enumerate(values)]
-            for arm, values in (("rounds", base), ("streaming_carry", treat))}
+    runs = {
+        arm: [(seed, _run([(0, v), (5, v), (10, v)])) for seed, v in enumerate(values)]
+        for arm, values in (("rounds", base), ("streaming_carry", treat))
+    }
     result = analyse_primary(STREAM_GUARD_STUDY, runs)
     assert result.reading.startswith(start), result.reading
     assert "clip-higher" not in result.reading and "paper's direction" not in result.reading
@@ -105,8 +129,12 @@ def _development_report(folder, differences, primary=CLIP_ACTS_STUDY.primary):
     import json
 
     folder.mkdir(parents=True, exist_ok=True)
-    analysis = {"primary": {"primary_metric": dataclasses.asdict(primary),
-                            "differences": {str(k): v for k, v in differences.items()}}}
+    analysis = {
+        "primary": {
+            "primary_metric": dataclasses.asdict(primary),
+            "differences": {str(k): v for k, v in differences.items()},
+        }
+    }
     (folder / "report.json").write_text(json.dumps({"analysis": analysis}))
     return folder
 
@@ -114,8 +142,10 @@ def _development_report(folder, differences, primary=CLIP_ACTS_STUDY.primary):
 def _replication(values_base, values_treat, first_seed=1000):
     from dapo_verl.local.arms import CLIP_ACTS_REPLICATION_STUDY
 
-    runs = {arm: [(seed + first_seed, run) for seed, run in pairs]
-            for arm, pairs in _runs(values_base, values_treat).items()}
+    runs = {
+        arm: [(seed + first_seed, run) for seed, run in pairs]
+        for arm, pairs in _runs(values_base, values_treat).items()
+    }
     return analyse_primary(CLIP_ACTS_REPLICATION_STUDY, runs)
 
 
@@ -135,11 +165,14 @@ def test_a_replication_is_pooled_with_the_differences_its_development_run_record
     assert pooled.to_dict()["pooled"]["n"] == 8
 
 
-@pytest.mark.parametrize(("development", "message"), [
-    (None, "no ablation report with a paired test there"),
-    ({1000: 0.1, 1: 0.2}, "share seeds [1000]"),
-    ({0: 0.1}, "holds 1 paired seed(s)"),
-])
+@pytest.mark.parametrize(
+    ("development", "message"),
+    [
+        (None, "no ablation report with a paired test there"),
+        ({1000: 0.1, 1: 0.2}, "share seeds [1000]"),
+        ({0: 0.1}, "holds 1 paired seed(s)"),
+    ],
+)
 def test_pooling_refuses_a_development_report_it_cannot_pool(tmp_path, development, message):
     from dapo_verl.local.powered_test import pool_with_development
 

@@ -27,14 +27,16 @@ def test_response_ends_at_its_first_eos_inclusive():
 
 def test_score_is_plus_minus_one_plus_the_soft_overlong_punishment():
     # budget 6, ramp of 4 tokens: no penalty up to 2 tokens, -0.25 per token after, -1 at 6.
-    out = _responses([
-        [5, EOS, PAD, PAD, PAD, PAD],  # correct, 2 tokens
-        [5, 7, EOS, PAD, PAD, PAD],  # correct, 3 tokens
-        [5, 7, 7, 7, 7, 7],  # correct, truncated
-        [6, EOS, PAD, PAD, PAD, PAD],  # wrong, 2 tokens
-        [EOS, PAD, PAD, PAD, PAD, PAD],  # empty
-        [6, 7, 7, 7, 7, 7],  # wrong, truncated
-    ])
+    out = _responses(
+        [
+            [5, EOS, PAD, PAD, PAD, PAD],  # correct, 2 tokens
+            [5, 7, EOS, PAD, PAD, PAD],  # correct, 3 tokens
+            [5, 7, 7, 7, 7, 7],  # correct, truncated
+            [6, EOS, PAD, PAD, PAD, PAD],  # wrong, 2 tokens
+            [EOS, PAD, PAD, PAD, PAD, PAD],  # empty
+            [6, 7, 7, 7, 7, 7],  # wrong, truncated
+        ]
+    )
     assert out.acc.tolist() == [True, True, True, False, False, False]
     assert out.exact.tolist() == [True, False, False, False, False, False]
     assert torch.allclose(out.scores, torch.tensor([1.0, 0.75, 0.0, -1.0, -1.0, -2.0]))

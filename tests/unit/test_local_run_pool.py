@@ -58,8 +58,11 @@ def test_runs_train_side_by_side_and_each_is_yielded_once(tmp_path):
 def test_ctrl_c_starts_no_queued_run_and_stops_the_running_ones_at_a_step_boundary(tmp_path):
     plan = _plan(tmp_path, 6, 2000, first=("interrupt_driver=1",))  # 100 s a run, unless stopped
     started = time.monotonic()
-    with pytest.raises(AblationInterrupted, match=r"stopped by Ctrl-C: \d run\(s\) in training stopped at a step "
-                                                  r"boundary with a checkpoint and 4 queued run\(s\) were not started"):
+    with pytest.raises(
+        AblationInterrupted,
+        match=r"stopped by Ctrl-C: \d run\(s\) in training stopped at a step "
+        r"boundary with a checkpoint and 4 queued run\(s\) were not started",
+    ):
         list(train_runs(plan, 2, {}, train=fake_train))
     assert time.monotonic() - started < 60
     assert (tmp_path / "run0" / "stopped").is_file()  # it saw the stop once: a boundary, not an immediate end

@@ -24,15 +24,24 @@ BUDGET = 24  # long enough that an untrained model's responses end at very diffe
 @pytest.fixture(scope="module")
 def parts(tmp_path_factory):
     task = make_task("copy3", heldout_size=200, seed=0)
-    model, tokenizer, _, _ = load_or_build(ModelConfig(), max_positions=task.prompt_length + BUDGET, seed=0,
-                                           cache_dir=tmp_path_factory.mktemp("cache"))
+    model, tokenizer, _, _ = load_or_build(
+        ModelConfig(), max_positions=task.prompt_length + BUDGET, seed=0, cache_dir=tmp_path_factory.mktemp("cache")
+    )
     return task, model, tokenizer
 
 
 def _rollout(parts) -> Rollout:
     task, model, tokenizer = parts
-    return Rollout(model, tokenizer, task, n=4, temperature=1.0, max_response_length=BUDGET,
-                   overlong=OverlongConfig(overlong_tokens=4), device=CPU)
+    return Rollout(
+        model,
+        tokenizer,
+        task,
+        n=4,
+        temperature=1.0,
+        max_response_length=BUDGET,
+        overlong=OverlongConfig(overlong_tokens=4),
+        device=CPU,
+    )
 
 
 def _requests(prompt_ids, start=1):
@@ -74,11 +83,11 @@ def test_a_continued_group_extends_its_prefix_and_masks_the_older_policys_tokens
     (continued,) = engine.collect()
     group = continued[1]
     for r, prefix in enumerate(partial.payload["tokens"]):
-        assert group.payload["tokens"][r, :len(prefix)].tolist() == prefix  # continued from its prefix
+        assert group.payload["tokens"][r, : len(prefix)].tolist() == prefix  # continued from its prefix
         versions = group.payload["versions"][r]
-        assert versions[:len(prefix)].tolist() == [0] * len(prefix)
+        assert versions[: len(prefix)].tolist() == [0] * len(prefix)
         length = int(group.response_lengths[r])
-        assert versions[len(prefix):length].tolist() == [1] * (length - len(prefix))
+        assert versions[len(prefix) : length].tolist() == [1] * (length - len(prefix))
         assert group.payload["mask"][r].tolist() == [len(prefix) <= t < length for t in range(BUDGET)]
     assert rollout.generated_tokens - before == int(group.response_lengths.sum()) - partial.tokens  # new tokens only
 
@@ -121,8 +130,9 @@ def test_the_replenisher_on_the_chunked_engine_carries_continues_and_conserves(p
     torch.manual_seed(2)
     task = parts[0]
     engine = ChunkedEngine(_rollout(parts), chunk_tokens=2)
-    config = SamplerConfig(train_batch_size=4, surplus="carry", stream_oversample=2.0, streaming=True,
-                           max_num_gen_batches=50)
+    config = SamplerConfig(
+        train_batch_size=4, surplus="carry", stream_oversample=2.0, streaming=True, max_num_gen_batches=50
+    )
     sampler = BatchReplenisher(config, len(task.train_prompts), engine)
     totals = dict.fromkeys(("aborted_groups", "resumed_groups"), 0.0)
     older_trained = 0
@@ -150,8 +160,9 @@ def test_a_checkpoint_holding_aborted_groups_resumes_as_the_uninterrupted_run(pa
     from dapo_verl.state_io import load_state, save_state
 
     task = parts[0]
-    config = SamplerConfig(train_batch_size=4, surplus="carry", stream_oversample=2.0, streaming=True,
-                           max_num_gen_batches=50)
+    config = SamplerConfig(
+        train_batch_size=4, surplus="carry", stream_oversample=2.0, streaming=True, max_num_gen_batches=50
+    )
 
     def sampler():
         engine = ChunkedEngine(_rollout(parts), chunk_tokens=2)

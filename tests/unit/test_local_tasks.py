@@ -19,8 +19,13 @@ def test_summod_answers_are_the_last_digit_of_the_sum():
 
 
 def test_summod2_and_copy3_answers():
-    summod2 = dict(zip(*(lambda t: (t.train_prompts + t.eval_prompts, t.train_answers + t.eval_answers))(
-        make_task("summod2", heldout_size=200, seed=0))))
+    summod2 = dict(
+        zip(
+            *(lambda t: (t.train_prompts + t.eval_prompts, t.train_answers + t.eval_answers))(
+                make_task("summod2", heldout_size=200, seed=0)
+            )
+        )
+    )
     assert summod2["47+38="] == "5"
     copy3 = make_task("copy3", heldout_size=200, seed=0)
     assert all(answer == prompt[2] for prompt, answer in zip(copy3.train_prompts, copy3.train_answers))
@@ -66,12 +71,14 @@ def test_task_with_characters_outside_the_alphabet_is_refused():
 
 
 def test_verifier_reads_the_answer_from_the_start_and_checks_eos_for_exact():
-    responses = torch.tensor([
-        [5, EOS, 0, 0],  # right answer, then EOS: correct and exact
-        [5, 7, 7, 7],  # right answer, no EOS: correct, not exact
-        [6, EOS, 0, 0],  # wrong answer
-        [EOS, 0, 0, 0],  # empty response
-    ])
+    responses = torch.tensor(
+        [
+            [5, EOS, 0, 0],  # right answer, then EOS: correct and exact
+            [5, 7, 7, 7],  # right answer, no EOS: correct, not exact
+            [6, EOS, 0, 0],  # wrong answer
+            [EOS, 0, 0, 0],  # empty response
+        ]
+    )
     verdict = verify(responses, torch.tensor([[5], [5], [5], [5]]), EOS)
     assert verdict.acc.tolist() == [True, True, False, False]
     assert verdict.exact.tolist() == [True, False, False, False]

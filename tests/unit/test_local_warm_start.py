@@ -28,8 +28,9 @@ def test_decoys_are_the_wrong_rules_answers():
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
     task = make_task("copy3", heldout_size=200, seed=0)
-    model, tokenizer, _, _ = load_or_build(ModelConfig(), max_positions=task.prompt_length + 6, seed=0,
-                                           cache_dir=tmp_path_factory.mktemp("cache"))
+    model, tokenizer, _, _ = load_or_build(
+        ModelConfig(), max_positions=task.prompt_length + 6, seed=0, cache_dir=tmp_path_factory.mktemp("cache")
+    )
     return task, model, tokenizer
 
 
@@ -57,7 +58,7 @@ def test_warm_start_makes_the_decoys_likely_and_the_answer_rare_on_held_out_prom
     correct = probs.gather(1, answers.unsqueeze(1)).squeeze(1)
     assert apart.sum() > 100
     assert correct[apart].mean() < 0.12  # the target gives it 0.05
-    decoy_mass = torch.stack([probs.gather(1, decoys[:, j:j + 1]).squeeze(1) for j in range(3)]).sum(0)
+    decoy_mass = torch.stack([probs.gather(1, decoys[:, j : j + 1]).squeeze(1) for j in range(3)]).sum(0)
     assert decoy_mass[apart].mean() > 0.8  # the rest of the target, 0.95, is on the three decoys
     assert metrics["dapo/warm_start/heldout_correct_prob"] == pytest.approx(correct.mean().item(), abs=1e-5)
     assert 0.5 < metrics["dapo/warm_start/heldout_answer_entropy"] < 1.5  # confident, not collapsed: ln 3 = 1.1
@@ -66,8 +67,18 @@ def test_warm_start_makes_the_decoys_likely_and_the_answer_rare_on_held_out_prom
 def _rollout(setup, val_n):
     task, model, tokenizer = setup
     overlong = OverlongConfig(overlong_tokens=4)
-    return Rollout(model, tokenizer, task, n=8, temperature=1.0, max_response_length=6, overlong=overlong,
-                   device=CPU, val_n=val_n, seed=3)
+    return Rollout(
+        model,
+        tokenizer,
+        task,
+        n=8,
+        temperature=1.0,
+        max_response_length=6,
+        overlong=overlong,
+        device=CPU,
+        val_n=val_n,
+        seed=3,
+    )
 
 
 def test_evaluation_logs_pass_at_k_under_verls_names_reproducibly_without_touching_trainings_rng(setup):
@@ -77,11 +88,20 @@ def test_evaluation_logs_pass_at_k_under_verls_names_reproducibly_without_touchi
     assert torch.equal(rng, torch.get_rng_state())
     assert first == again  # seeded by (data.seed, step): a resumed run evaluates the same
     assert rollout.evaluate(step=10) != first
-    keys = {"val-aux/copy3/acc/mean@8", "val-aux/copy3/acc/best@2/mean", "val-aux/copy3/acc/best@4/mean",
-            "val-core/copy3/acc/best@8/mean", "val-core/copy3/acc/mean@1"}
+    keys = {
+        "val-aux/copy3/acc/mean@8",
+        "val-aux/copy3/acc/best@2/mean",
+        "val-aux/copy3/acc/best@4/mean",
+        "val-core/copy3/acc/best@8/mean",
+        "val-core/copy3/acc/mean@1",
+    }
     assert keys <= set(first)
-    curve = [first["val-aux/copy3/acc/mean@8"], first["val-aux/copy3/acc/best@2/mean"],
-             first["val-aux/copy3/acc/best@4/mean"], first["val-core/copy3/acc/best@8/mean"]]
+    curve = [
+        first["val-aux/copy3/acc/mean@8"],
+        first["val-aux/copy3/acc/best@2/mean"],
+        first["val-aux/copy3/acc/best@4/mean"],
+        first["val-core/copy3/acc/best@8/mean"],
+    ]
     assert curve == sorted(curve) and 0 < curve[0] < curve[-1] <= 1  # pass@k rises with k
     greedy_only = _rollout(setup, 1).evaluate(step=5)
     assert {k: v for k, v in first.items() if k in greedy_only} == greedy_only  # the greedy part is unchanged

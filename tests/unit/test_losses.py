@@ -113,18 +113,24 @@ def test_inputs_are_not_modified(gen):
 
 def _grad_at_ratio(ratio, advantage, low, high):
     logp = torch.tensor([[math.log(ratio)]], dtype=torch.float64, requires_grad=True)
-    dapo_loss(logp, torch.zeros(1, 1, dtype=torch.float64), torch.tensor([advantage], dtype=torch.float64),
-              torch.ones(1, 1), low, high).backward()
+    dapo_loss(
+        logp,
+        torch.zeros(1, 1, dtype=torch.float64),
+        torch.tensor([advantage], dtype=torch.float64),
+        torch.ones(1, 1),
+        low,
+        high,
+    ).backward()
     return float(logp.grad)
 
 
 @pytest.mark.parametrize(
     ("ratio", "advantage", "low", "high", "has_gradient"),
     [
-        (1.25, 1.0, 0.2, 0.28, True),   # inside the widened upper bound: still trained
+        (1.25, 1.0, 0.2, 0.28, True),  # inside the widened upper bound: still trained
         (1.25, 1.0, 0.2, 0.20, False),  # above 1 + 0.2: clipped
         (1.30, 1.0, 0.2, 0.28, False),  # above 1 + 0.28: clipped
-        (0.75, 1.0, 0.2, 0.28, True),   # below 1 with A > 0: the lower clip never acts
+        (0.75, 1.0, 0.2, 0.28, True),  # below 1 with A > 0: the lower clip never acts
         (0.75, -1.0, 0.2, 0.28, False),  # below 1 - 0.2 with A < 0: clipped
         (0.85, -1.0, 0.2, 0.28, True),
         (1.40, -1.0, 0.2, 0.28, True),  # above 1 with A < 0: the upper clip never acts
@@ -179,8 +185,9 @@ def test_gradient_matches_reference_by_finite_differences():
             plus, minus = logp.detach().clone(), logp.detach().clone()
             plus[i, t] += eps
             minus[i, t] -= eps
-            numeric = (_reference_loss(plus, old, adv, mask, 0.2, 0.28) -
-                       _reference_loss(minus, old, adv, mask, 0.2, 0.28)) / (2 * eps)
+            numeric = (
+                _reference_loss(plus, old, adv, mask, 0.2, 0.28) - _reference_loss(minus, old, adv, mask, 0.2, 0.28)
+            ) / (2 * eps)
             assert float(logp.grad[i, t]) == pytest.approx(numeric, abs=1e-6)
 
 
@@ -200,7 +207,7 @@ def test_micro_batches_with_the_global_token_count_sum_to_the_full_batch_loss(ge
     full = dapo_loss(logp, old, adv, mask)
     total_tokens = int(mask.sum())
     parts = sum(
-        dapo_loss(logp[i:i + 3], old[i:i + 3], adv[i:i + 3], mask[i:i + 3], num_valid_tokens=total_tokens)
+        dapo_loss(logp[i : i + 3], old[i : i + 3], adv[i : i + 3], mask[i : i + 3], num_valid_tokens=total_tokens)
         for i in range(0, 8, 3)
     )
     assert float(parts) == pytest.approx(float(full), rel=1e-12)
@@ -297,20 +304,28 @@ def _reference_diagnostics(logp, old, adv, mask, low, high, c):
         "ratio_min": float(ratio.min()) if ratio.numel() else 1.0,
         "ratio_max": float(ratio.max()) if ratio.numel() else 1.0,
         "approx_kl": -float((logp - old).clamp(-20, 20)[mask].sum()) / max(int(mask.sum()), 1),
-        **_reference_probabilities(old.clamp(max=0).exp()[mask], pos, pos & (ratio > 1 + high),
-                                   pos & (ratio > 1 + low) & (ratio <= 1 + high)),
+        **_reference_probabilities(
+            old.clamp(max=0).exp()[mask], pos, pos & (ratio > 1 + high), pos & (ratio > 1 + low) & (ratio <= 1 + high)
+        ),
     }
 
 
 def _reference_probabilities(prob, positive, upper, kept):
     """Counts, sums and maxima of the old-policy probabilities, by boolean indexing."""
+
     def stats(name, hits):
         chosen = prob[hits]
-        return {f"{name}_tokens": float(hits.sum()), f"{name}_old_prob_sum": float(chosen.sum()),
-                f"{name}_old_prob_max": float(chosen.max()) if chosen.numel() else 0.0}
+        return {
+            f"{name}_tokens": float(hits.sum()),
+            f"{name}_old_prob_sum": float(chosen.sum()),
+            f"{name}_old_prob_max": float(chosen.max()) if chosen.numel() else 0.0,
+        }
 
-    return {"positive_advantage_tokens": float(positive.sum()), **stats("clip_upper", upper),
-            **stats("clip_higher_kept", kept)}
+    return {
+        "positive_advantage_tokens": float(positive.sum()),
+        **stats("clip_upper", upper),
+        **stats("clip_higher_kept", kept),
+    }
 
 
 @pytest.mark.parametrize(("low", "high", "c"), [(0.2, 0.28, None), (0.2, 0.28, 3.0), (0.3, 0.1, 1.5), (0.0, 0.0, 2.0)])
@@ -326,7 +341,8 @@ def test_clip_diagnostics_equal_boolean_indexing_of_the_valid_tokens(gen, low, h
         tokens = int(mask.sum())  # the counts are the clip fractions' numerators
         assert float(stats["clip_upper_tokens"]) == pytest.approx(float(stats["clip_upper_fraction"]) * tokens)
         assert float(stats["clip_higher_kept_tokens"]) == pytest.approx(
-            float(stats["clip_higher_kept_fraction"]) * tokens)
+            float(stats["clip_higher_kept_fraction"]) * tokens
+        )
 
 
 def test_loss_and_diagnostics_in_one_pass_equal_the_separate_functions(gen):
@@ -384,18 +400,26 @@ def test_an_infinite_log_prob_on_a_valid_token_is_refused_and_on_padding_ignored
 def test_clip_bounds_beyond_the_largest_ratio_never_bind_and_never_overflow(gen, high, dual):
     logp, old, adv, mask = _batch(gen, dtype=torch.float32)
     loose = clipped_surrogate_with_diagnostics(logp, old, adv, mask, clip_high=high, clip_ratio_c=dual)
-    held = clipped_surrogate_with_diagnostics(logp, old, adv, mask, clip_high=min(high, math.exp(20)),
-                                              clip_ratio_c=None if dual is None else min(dual, math.exp(20)))
+    held = clipped_surrogate_with_diagnostics(
+        logp,
+        old,
+        adv,
+        mask,
+        clip_high=min(high, math.exp(20)),
+        clip_ratio_c=None if dual is None else min(dual, math.exp(20)),
+    )
     assert torch.equal(loose.loss_matrix, held.loss_matrix)
     assert loose.diagnostics == held.diagnostics
 
 
 def test_one_host_synchronisation_per_call_and_no_boolean_indexing(gen):
     logp, old, adv, mask = _batch(gen, dtype=torch.float32)
-    for call in (lambda: dapo_loss(logp, old, adv, mask.long(), num_valid_tokens=torch.tensor(100)),
-                 lambda: clipped_surrogate_with_diagnostics(logp, old, adv, mask, clip_ratio_c=3.0),
-                 lambda: clip_diagnostics(logp, old, adv, mask.float()),
-                 lambda: policy_ratio(logp, old, mask)):
+    for call in (
+        lambda: dapo_loss(logp, old, adv, mask.long(), num_valid_tokens=torch.tensor(100)),
+        lambda: clipped_surrogate_with_diagnostics(logp, old, adv, mask, clip_ratio_c=3.0),
+        lambda: clip_diagnostics(logp, old, adv, mask.float()),
+        lambda: policy_ratio(logp, old, mask),
+    ):
         with count_host_syncs() as syncs:
             call()
         assert syncs == ["Tensor.tolist"]
@@ -420,13 +444,16 @@ def test_mismatched_shapes_name_both_shapes(gen):
         dapo_loss(logp, old[:, :3], adv, mask)
 
 
-@pytest.mark.parametrize(("kwargs", "match"), [
-    ({"clip_low": -0.1}, "clip_low=-0.1 must be >= 0.0"),
-    ({"clip_low": 1.5}, "clip_low=1.5 must be <= 1.0"),
-    ({"clip_high": -0.2}, "clip_high=-0.2 must be >= 0.0"),
-    ({"clip_high": float("nan")}, "clip_high=nan is not finite"),
-    ({"clip_ratio_c": 1.0}, "clip_ratio_c=1.0 must be > 1.0"),
-])
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"clip_low": -0.1}, "clip_low=-0.1 must be >= 0.0"),
+        ({"clip_low": 1.5}, "clip_low=1.5 must be <= 1.0"),
+        ({"clip_high": -0.2}, "clip_high=-0.2 must be >= 0.0"),
+        ({"clip_high": float("nan")}, "clip_high=nan is not finite"),
+        ({"clip_ratio_c": 1.0}, "clip_ratio_c=1.0 must be > 1.0"),
+    ],
+)
 def test_bad_clip_widths_are_rejected(gen, kwargs, match):
     logp, old, adv, mask = _batch(gen)
     with pytest.raises(ValueError, match=match):
@@ -475,16 +502,19 @@ def _twenty_tokens(advantage=1.0, dtype=torch.float32):
     return logp, torch.zeros(1, 20, dtype=dtype), torch.tensor([advantage], dtype=dtype), torch.ones(1, 20)
 
 
-@pytest.mark.parametrize(("count", "match"), [
-    (torch.tensor(math.nan), r"num_valid_tokens=nan is not a finite number"),
-    (torch.tensor(math.inf), r"num_valid_tokens=inf is not a finite number"),
-    (0, r"num_valid_tokens=0 is smaller than the 20 valid tokens"),
-    (torch.tensor(0), r"num_valid_tokens=0 is smaller than the 20 valid tokens"),
-    (19, r"num_valid_tokens=19 is smaller than the 20 valid tokens"),
-    (20.5, r"num_valid_tokens=20.5 is not a whole number"),
-    (torch.tensor(20.5), r"num_valid_tokens=20.5 is not a whole number"),
-    (torch.tensor([20, 20]), r"num_valid_tokens has shape \(2,\) but must be a single number"),
-])
+@pytest.mark.parametrize(
+    ("count", "match"),
+    [
+        (torch.tensor(math.nan), r"num_valid_tokens=nan is not a finite number"),
+        (torch.tensor(math.inf), r"num_valid_tokens=inf is not a finite number"),
+        (0, r"num_valid_tokens=0 is smaller than the 20 valid tokens"),
+        (torch.tensor(0), r"num_valid_tokens=0 is smaller than the 20 valid tokens"),
+        (19, r"num_valid_tokens=19 is smaller than the 20 valid tokens"),
+        (20.5, r"num_valid_tokens=20.5 is not a whole number"),
+        (torch.tensor(20.5), r"num_valid_tokens=20.5 is not a whole number"),
+        (torch.tensor([20, 20]), r"num_valid_tokens has shape \(2,\) but must be a single number"),
+    ],
+)
 def test_bad_num_valid_tokens_is_refused_with_the_value_and_the_fix(count, match):
     logp, old, adv, mask = _twenty_tokens()
     with pytest.raises(ValueError, match=match) as info:

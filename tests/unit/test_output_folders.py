@@ -40,8 +40,9 @@ def test_toy_and_compare_on_a_full_disk_name_the_file_and_leave_none_half_writte
     monkeypatch.undo()
     run = tmp_path / "run"
     run.mkdir()
-    (run / "metrics.jsonl").write_text('{"step": 1, "data": {"actor/entropy": 0.5}}\n'
-                                       '{"step": 2, "data": {"actor/entropy": 0.4}}\n')
+    (run / "metrics.jsonl").write_text(
+        '{"step": 1, "data": {"actor/entropy": 0.5}}\n{"step": 2, "data": {"actor/entropy": 0.4}}\n'
+    )
     monkeypatch.setattr(Path, "write_text", _full)
     assert main(["compare", str(run), "--out", str(tmp_path / "cmp")]) == 2
     assert f"No space left on device ({tmp_path / 'cmp' / 'report.md'})" in _error_line(capsys)
@@ -71,8 +72,10 @@ def test_a_read_only_model_cache_names_local_cache_dir_not_out(tmp_path, monkeyp
         raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(cache))
 
     monkeypatch.setattr(model, "_save_atomically", read_only)
-    assert main(["train", "--out", str(tmp_path / "run"), "trainer.total_training_steps=1",
-                 f"local.cache_dir={cache}"]) == 2
+    assert (
+        main(["train", "--out", str(tmp_path / "run"), "trainer.total_training_steps=1", f"local.cache_dir={cache}"])
+        == 2
+    )
     assert _error_line(capsys).endswith(f"Read-only file system ({cache}). Point local.cache_dir at a writable disk.")
 
 
@@ -80,23 +83,45 @@ def test_a_full_disk_at_the_run_directory_lock_names_the_lock_file(tmp_path, mon
     from dapo_verl.local import rundir
 
     monkeypatch.setattr(rundir.os, "pwrite", _full)
-    assert main(["train", "--out", str(tmp_path / "run"), "trainer.total_training_steps=1",
-                 f"local.cache_dir={tmp_path / 'cache'}"]) == 2
+    assert (
+        main(
+            [
+                "train",
+                "--out",
+                str(tmp_path / "run"),
+                "trainer.total_training_steps=1",
+                f"local.cache_dir={tmp_path / 'cache'}",
+            ]
+        )
+        == 2
+    )
     line = _error_line(capsys)
     assert f"No space left on device ({tmp_path / 'run' / '.lock'})" in line
     assert line.endswith("(a run continues from its last checkpoint).")
 
 
-@pytest.mark.parametrize(("code", "option", "resumable", "fix"), [
-    (errno.ENOSPC, None, True, "Free disk space and run the same command again (a run continues from its last "
-                               "checkpoint)."),
-    (errno.ENOSPC, None, False, "Free disk space and run the same command again."),
-    (errno.EROFS, None, False, "Point --out at a writable disk."),
-    (errno.EACCES, "local.cache_dir", False, "Point local.cache_dir at a folder you may write to, or fix its "
-                                             "permissions."),
-])
-def test_the_fix_names_the_option_that_chose_the_place_and_a_resume_only_where_there_is_one(code, option, resumable,
-                                                                                             fix):
+@pytest.mark.parametrize(
+    ("code", "option", "resumable", "fix"),
+    [
+        (
+            errno.ENOSPC,
+            None,
+            True,
+            "Free disk space and run the same command again (a run continues from its last checkpoint).",
+        ),
+        (errno.ENOSPC, None, False, "Free disk space and run the same command again."),
+        (errno.EROFS, None, False, "Point --out at a writable disk."),
+        (
+            errno.EACCES,
+            "local.cache_dir",
+            False,
+            "Point local.cache_dir at a folder you may write to, or fix its permissions.",
+        ),
+    ],
+)
+def test_the_fix_names_the_option_that_chose_the_place_and_a_resume_only_where_there_is_one(
+    code, option, resumable, fix
+):
     err = OSError(code, os.strerror(code), "/some/file")
     if option is not None:
         err.option = option  # as the model cache's ModelCacheError carries it

@@ -68,8 +68,12 @@ def _layer(module: str) -> int:
 
 
 def test_every_import_goes_down_or_across_never_up():
-    upward = [f"{module} (layer {_layer(module)}) imports {target} (layer {_layer(target)})"
-              for module, targets in GRAPH.items() for target in sorted(targets) if _layer(target) > _layer(module)]
+    upward = [
+        f"{module} (layer {_layer(module)}) imports {target} (layer {_layer(target)})"
+        for module, targets in GRAPH.items()
+        for target in sorted(targets)
+        if _layer(target) > _layer(module)
+    ]
     assert not upward, "\n".join(upward)
 
 
@@ -86,8 +90,12 @@ def _top_level_imports(path: Path) -> set[str]:
 
 def test_the_package_imports_no_development_tool_or_benchmark():
     # tools/ (checks, generators, fakes) and benchmarks/ live beside the package and are not in the wheel
-    outside = sorted(f"{name} imports {top}" for name, path in MODULES.items() for top in _top_level_imports(path)
-                     if top in ("tools", "benchmarks"))
+    outside = sorted(
+        f"{name} imports {top}"
+        for name, path in MODULES.items()
+        for top in _top_level_imports(path)
+        if top in ("tools", "benchmarks")
+    )
     assert not outside, outside
 
 

@@ -10,8 +10,10 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 README = (ROOT / "README.md").read_text()
-PAGES = {path.relative_to(ROOT).as_posix(): path.read_text() for path in [ROOT / "README.md",
-                                                                           *sorted((ROOT / "docs").glob("*.md"))]}
+PAGES = {
+    path.relative_to(ROOT).as_posix(): path.read_text()
+    for path in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+}
 CI = (ROOT / ".ci" / "run").read_text()
 
 TORCH = "pip install --no-deps torch==2.13.0+cpu --index-url https://download.pytorch.org/whl/cpu"

@@ -39,8 +39,12 @@ _LEAKER = textwrap.dedent("""
 
 def test_what_a_killed_process_created_is_removed_and_nothing_else(tmp_path):
     records = tmp_path / "engine"
-    process = subprocess.Popen([sys.executable, "-c", _LEAKER, str(records)], stdout=subprocess.PIPE, text=True,
-                               env={**os.environ, "PYTHONPATH": os.getcwd()})
+    process = subprocess.Popen(
+        [sys.executable, "-c", _LEAKER, str(records)],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": os.getcwd()},
+    )
     name = process.stdout.readline().strip()
     os.kill(process.pid, signal.SIGKILL)
     process.wait()
@@ -90,9 +94,15 @@ def _reference(step, tokens, logp):
 
 
 def test_weight_sync_is_shown_when_the_engine_follows_a_push_that_changed_its_output(tmp_path):
-    _records(tmp_path, [_probe("started", 1, None, [7, 7], -6.0), _probe("after_push", 2, 0, [3, 3], -1.0),
-                        _probe("after_push", 3, 1, [3, 3], -0.9999)],
-             [_reference(0, [3, 3], -1.0000004), _reference(1, [3, 3], -0.9999002), _reference(2, [3, 4], -0.9)])
+    _records(
+        tmp_path,
+        [
+            _probe("started", 1, None, [7, 7], -6.0),
+            _probe("after_push", 2, 0, [3, 3], -1.0),
+            _probe("after_push", 3, 1, [3, 3], -0.9999),
+        ],
+        [_reference(0, [3, 3], -1.0000004), _reference(1, [3, 3], -0.9999002), _reference(2, [3, 4], -0.9)],
+    )
     check = weight_probe.weight_sync_check(tmp_path)
     assert check["ok"] and check["pushes"] == 3 and check["initial"]
     first, second, last = check["rows"]
@@ -113,7 +123,11 @@ def test_each_replica_is_paired_with_its_own_pushes(tmp_path):
     check = weight_probe.weight_sync_check(tmp_path)
     assert check["ok"] and check["pushes"] == 4
     assert [(r["replica"], r["global_steps"], r["probed"]) for r in check["rows"]] == [
-        (0, 0, True), (0, 1, True), (1, 0, True), (1, 1, False)]
+        (0, 0, True),
+        (0, 1, True),
+        (1, 0, True),
+        (1, 1, False),
+    ]
     # A replica whose engine never answered after a push: not shown for it.
     _records(tmp_path, engine[:2] + engine[2:3] + engine[4:], references)
     check = weight_probe.weight_sync_check(tmp_path)
@@ -122,8 +136,11 @@ def test_each_replica_is_paired_with_its_own_pushes(tmp_path):
 
 def test_an_engine_that_kept_its_old_weights_fails_the_check(tmp_path):
     # The push happened (reference recorded) but the engine still answers with its initial weights.
-    _records(tmp_path, [_probe("started", 1, None, [7, 7], -6.0), _probe("after_push", 2, 0, [7, 7], -6.0)],
-             [_reference(0, [3, 3], -1.0), _reference(1, [3, 3], -1.0)])
+    _records(
+        tmp_path,
+        [_probe("started", 1, None, [7, 7], -6.0), _probe("after_push", 2, 0, [7, 7], -6.0)],
+        [_reference(0, [3, 3], -1.0), _reference(1, [3, 3], -1.0)],
+    )
     check = weight_probe.weight_sync_check(tmp_path)
     assert not check["ok"] and not check["rows"][0]["tokens_equal"]
     assert "1 of 1 probed weight pushes were not followed by an engine output equal" in check["reason"]
@@ -131,8 +148,11 @@ def test_an_engine_that_kept_its_old_weights_fails_the_check(tmp_path):
 
 def test_a_push_that_changes_nothing_cannot_show_the_sync(tmp_path):
     # load_format=auto: vLLM loaded the actor's weights itself, so the push leaves its output as it was.
-    _records(tmp_path, [_probe("started", 1, None, [3, 3], -1.0), _probe("after_push", 2, 0, [3, 3], -1.0)],
-             [_reference(0, [3, 3], -1.0)])
+    _records(
+        tmp_path,
+        [_probe("started", 1, None, [3, 3], -1.0), _probe("after_push", 2, 0, [3, 3], -1.0)],
+        [_reference(0, [3, 3], -1.0)],
+    )
     check = weight_probe.weight_sync_check(tmp_path)
     assert not check["ok"] and "cannot tell whether the weights reached it" in check["reason"]
 
@@ -143,8 +163,11 @@ def test_no_recorded_push_is_reported_as_such(tmp_path):
 
 
 def _rollout(response_length=64, prompt_length=128, **options):
-    return SimpleNamespace(response_length=response_length, prompt_length=prompt_length,
-                           engine_kwargs={"dapo_cpu": options} if options else {})
+    return SimpleNamespace(
+        response_length=response_length,
+        prompt_length=prompt_length,
+        engine_kwargs={"dapo_cpu": options} if options else {},
+    )
 
 
 def test_a_vllm_request_is_held_to_its_drawn_length_within_its_budget():
@@ -169,22 +192,32 @@ def test_a_vllm_request_is_held_to_its_drawn_length_within_its_budget():
     assert shape_vllm_request(continued, LongTailLengths(median=1000.0), [1], config) == 5
 
 
-@pytest.mark.parametrize(("options", "message"), [
-    ({"response_lengths": "pareto"}, "response_lengths='pareto'; expected model"),
-    ({"response_lengths": "long_tail", "median_fraction": 1.5}, "median_fraction=1.5; expected a share"),
-    ({"lengths": "long_tail"}, "unknown keys \\['lengths'\\]"),
-    ({"response_lengths": "long_tail", "temperature": 0.7}, "on vLLM needs actor_rollout_ref.rollout.temperature=1.0, "
-                                                             "not 0.7"),
-])
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"response_lengths": "pareto"}, "response_lengths='pareto'; expected model"),
+        ({"response_lengths": "long_tail", "median_fraction": 1.5}, "median_fraction=1.5; expected a share"),
+        ({"lengths": "long_tail"}, "unknown keys \\['lengths'\\]"),
+        (
+            {"response_lengths": "long_tail", "temperature": 0.7},
+            "on vLLM needs actor_rollout_ref.rollout.temperature=1.0, not 0.7",
+        ),
+    ],
+)
 def test_bad_length_options_are_refused_before_a_rehearsal_starts(tmp_path, options, message):
     options = dict(options)
-    temperature = [f"actor_rollout_ref.rollout.temperature={options.pop('temperature')}"] if "temperature" in options \
-        else []
+    temperature = (
+        [f"actor_rollout_ref.rollout.temperature={options.pop('temperature')}"] if "temperature" in options else []
+    )
     overrides = [f"+actor_rollout_ref.rollout.engine_kwargs.dapo_cpu.{k}={v}" for k, v in options.items()]
     out = tmp_path / "never"
     with pytest.raises(ConfigRefused, match=message) as refused:
-        rehearse(RehearsalOptions(config_name="dapo_trainer", overrides=(*overrides, *temperature), out_dir=out,
-                                  engine="vllm"), echo=lambda line: None)
+        rehearse(
+            RehearsalOptions(
+                config_name="dapo_trainer", overrides=(*overrides, *temperature), out_dir=out, engine="vllm"
+            ),
+            echo=lambda line: None,
+        )
     assert refused.value.problems[0].key == "actor_rollout_ref.rollout.engine_kwargs.dapo_cpu"
     assert not out.exists()  # refused before anything was written
 
@@ -235,8 +268,9 @@ def test_a_request_is_recorded_from_its_admission_under_the_weights_it_was_admit
         return arrived
 
     arrived = asyncio.run(requests())
-    records = [json.loads(line) for line in (tmp_path / cpu_vllm.REQUESTS.format(pid=os.getpid())).read_text()
-               .splitlines()]
+    records = [
+        json.loads(line) for line in (tmp_path / cpu_vllm.REQUESTS.format(pid=os.getpid())).read_text().splitlines()
+    ]
     assert [(r["weights"], r["tokens"]) for r in records] == [(3, 3), (4, 3)]
     assert records[1]["start"] >= arrived + 0.2  # the wait at the gate is not generation time
     assert server.__dict__["_dapo_rehearsal"]["admitted"] == {}  # a failed request leaves no admission behind

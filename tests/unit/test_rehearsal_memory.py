@@ -121,14 +121,16 @@ def test_a_page_three_processes_share_counts_once_in_the_proportional_sum_and_th
 
 
 def test_the_proportional_sizes_are_read_when_rss_rises_at_every_nth_sample_and_when_the_sampler_stops(
-        tmp_path, monkeypatch):
+    tmp_path, monkeypatch
+):
     # Every process of the rehearsal (this one, and whatever pytest started) is given the same sizes, so that each
     # sample's sums are known; what is checked is when the sampler pays for reading smaps_rollup.
     rss, reads = {"bytes": 100 * MIB}, []
     monkeypatch.setattr(memory, "resident_bytes", lambda pid: rss["bytes"])
     monkeypatch.setattr(memory, "proportional_bytes", lambda pid: reads.append(pid) or rss["bytes"] // 2)
-    sampler = MemorySampler([Watched("run1", str(tmp_path / "dvr-none"), tmp_path / "absent")], interval_s=0.01,
-                            pss_every=3)
+    sampler = MemorySampler(
+        [Watched("run1", str(tmp_path / "dvr-none"), tmp_path / "absent")], interval_s=0.01, pss_every=3
+    )
 
     def read_at_sample() -> bool:
         before = len(reads)
@@ -171,8 +173,10 @@ def test_nothing_of_a_run_is_found_before_it_starts(tmp_path):
     assert sampler.peaks.runs["run2"] == Peak()
 
 
-_RAY_OOM = ("ray.exceptions.OutOfMemoryError: Task was killed due to the node running low on memory.\n"
-            "Memory on the node (IP: 10.0.0.1, ID: 5f3e) was 22.91GB used / 24.00GB limit (0.954651)")
+_RAY_OOM = (
+    "ray.exceptions.OutOfMemoryError: Task was killed due to the node running low on memory.\n"
+    "Memory on the node (IP: 10.0.0.1, ID: 5f3e) was 22.91GB used / 24.00GB limit (0.954651)"
+)
 
 
 def test_rays_memory_monitor_in_the_log_is_a_memory_kill():
@@ -194,13 +198,20 @@ def test_a_failure_with_no_sign_of_memory_is_not_a_memory_kill():
 
 
 def test_the_out_of_memory_line_names_the_peak_and_the_fix():
-    peaks = MemoryPeaks(Peak(14 * 2**30, 60, 100.0), {"run1": Peak(7 * 2**30, 30, 90.0)}, int(0.8 * 2**30),
-                        pss=Peak(10 * 2**30, 60, 100.0), runs_pss={"run1": Peak(5 * 2**30, 30, 90.0)})
+    peaks = MemoryPeaks(
+        Peak(14 * 2**30, 60, 100.0),
+        {"run1": Peak(7 * 2**30, 30, 90.0)},
+        int(0.8 * 2**30),
+        pss=Peak(10 * 2**30, 60, 100.0),
+        runs_pss={"run1": Peak(5 * 2**30, 30, 90.0)},
+    )
     line = out_of_memory_line("run1", "run1", "Ray's memory monitor killed a worker ('...')", peaks, overlap=True)
-    assert line.startswith("run1 was killed for lack of memory: Ray's memory monitor killed a worker ('...'); the "
-                           "rehearsal's processes held up to 10.0 GiB (run1: 5.0 GiB; the sum of their proportional "
-                           "set sizes, that of their RSS up to 14.0 GiB), and this machine had 0.8 GiB available at "
-                           "the least. Close other work")
+    assert line.startswith(
+        "run1 was killed for lack of memory: Ray's memory monitor killed a worker ('...'); the "
+        "rehearsal's processes held up to 10.0 GiB (run1: 5.0 GiB; the sum of their proportional "
+        "set sizes, that of their RSS up to 14.0 GiB), and this machine had 0.8 GiB available at "
+        "the least. Close other work"
+    )
     assert "without --overlap-resume" in line and "\n" not in line
     assert "--overlap-resume" not in out_of_memory_line("run1", "run1", "x", peaks, overlap=False)
 

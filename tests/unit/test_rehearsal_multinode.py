@@ -25,8 +25,9 @@ def test_each_node_gets_its_own_ports_and_the_head_the_job_server(tmp_path):
     head, *workers = (cluster._command(i) for i in range(3))
     assert "--head" in head and "--include-dashboard=true" in head and f"--dashboard-port={cluster.dashboard_url[-5:]}"
     assert all(f"--address={cluster.gcs_address}" in command and "--head" not in command for command in workers)
-    agents = [next(a for a in command if a.startswith("--dashboard-agent-listen-port=")) for command in
-              (head, *workers)]
+    agents = [
+        next(a for a in command if a.startswith("--dashboard-agent-listen-port=")) for command in (head, *workers)
+    ]
     assert len(set(agents)) == 3  # Ray's default (52365) would clash between nodes of one machine
     assert all("--num-gpus=2" in c and "--temp-dir=/tmp/dvr-x" in c and "--block" in c for c in (head, *workers))
     assert [cluster.node_name(i) for i in range(3)] == ["head", "worker-1", "worker-2"]
@@ -37,10 +38,24 @@ def test_each_node_gets_its_own_ports_and_the_head_the_job_server(tmp_path):
 def test_free_ports_are_distinct_and_roles_name_verls_actors():
     ports = free_ports(5)
     assert len(set(ports)) == 5 and all(1024 < port < 65536 for port in ports)
-    classes = ("create_colocated_worker_cls.<locals>.WorkerDict", "vLLMHttpServer", "CpuRolloutServer",
-               "RewardLoopWorker", "TaskRunnerV1", "SimpleStorageUnit", "pkg.Other")
-    assert [role_of(c) for c in classes] == ["actor", "rollout", "rollout", "reward", "trainer", "transfer queue",
-                                             "Other"]
+    classes = (
+        "create_colocated_worker_cls.<locals>.WorkerDict",
+        "vLLMHttpServer",
+        "CpuRolloutServer",
+        "RewardLoopWorker",
+        "TaskRunnerV1",
+        "SimpleStorageUnit",
+        "pkg.Other",
+    )
+    assert [role_of(c) for c in classes] == [
+        "actor",
+        "rollout",
+        "rollout",
+        "reward",
+        "trainer",
+        "transfer queue",
+        "Other",
+    ]
 
 
 def test_the_nodes_environment_holds_the_machine_and_nothing_a_job_brings(monkeypatch):
@@ -48,8 +63,14 @@ def test_the_nodes_environment_holds_the_machine_and_nothing_a_job_brings(monkey
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
     env = node_env({"VLLM_CPU_KVCACHE_SPACE": "1"})
     assert env["VERL_PLATFORM"] == "cpu" and env["VLLM_CPU_KVCACHE_SPACE"] == "1"
-    for name in ("DAPO_OUTPUT_DIR", "VERL_FILE_LOGGER_PATH", "VERL_USE_EXTERNAL_MODULES", cpu_vllm.RECORD_ENV,
-                 "CUDA_VISIBLE_DEVICES", "RAY_ADDRESS"):
+    for name in (
+        "DAPO_OUTPUT_DIR",
+        "VERL_FILE_LOGGER_PATH",
+        "VERL_USE_EXTERNAL_MODULES",
+        cpu_vllm.RECORD_ENV,
+        "CUDA_VISIBLE_DEVICES",
+        "RAY_ADDRESS",
+    ):
         assert name not in env, name
     assert env["PATH"].split(os.pathsep)[0] == str(Path(sys.executable).parent)  # the job's python3 is this one
 
@@ -66,12 +87,15 @@ def test_a_job_writes_where_the_launcher_documents_it_and_sends_the_runs_folders
     assert target.checkpoints("run2") == tmp_path / "run2" / "output" / "checkpoints" / run
     assert "DAPO_OUTPUT_DIR" not in os.environ  # set only while the recipe's folder was resolved
     first, second = target.env("run1", "/tmp/dvr-a"), target.env("run2", "/tmp/dvr-b")
-    assert first["RAY_ADDRESS"] == "http://127.0.0.1:1234" and first["DAPO_OUTPUT_DIR"] == str(tmp_path / "run1" /
-                                                                                              "output")
+    assert first["RAY_ADDRESS"] == "http://127.0.0.1:1234" and first["DAPO_OUTPUT_DIR"] == str(
+        tmp_path / "run1" / "output"
+    )
     assert first["DAPO_JOB_ENV"].split() == [cpu_vllm.RECORD_ENV, cpu_vllm.SOCKET_ENV]
     assert second["DAPO_JOB_ENV"].split()[2:] == [resume_barrier.ENV, resume_barrier.TIMEOUT_ENV]
-    assert first["VERL_USE_EXTERNAL_MODULES"] == PLUGIN_MODULE and first["DAPO_SUBMISSION_ID"] != second[
-        "DAPO_SUBMISSION_ID"]
+    assert (
+        first["VERL_USE_EXTERNAL_MODULES"] == PLUGIN_MODULE
+        and first["DAPO_SUBMISSION_ID"] != second["DAPO_SUBMISSION_ID"]
+    )
     own = job_target(config, "dapo_qwen2.5_32b", tmp_path, cluster, "/m", tmp_path / "data", False)
     assert own.sets_checkpoint_dir and own.checkpoints("run1") == tmp_path / "run1" / "checkpoints"
 
@@ -83,24 +107,40 @@ def _record(node: str, output: str, loads: bool = True, **env: str | None) -> di
 
 def test_a_node_counts_as_reached_only_when_a_process_there_saw_the_jobs_variables_and_the_entry_point():
     nodes = [{"node_id": "h"}, {"node_id": "w"}, {"node_id": "v"}]
-    records = [_record("h", "/out/run1/output"), _record("w", "/out/run1/output", VERL_FILE_LOGGER_ROOT=None),
-               _record("w", "/elsewhere"), _record("v", "/out/run1/output", loads=False)]
+    records = [
+        _record("h", "/out/run1/output"),
+        _record("w", "/out/run1/output", VERL_FILE_LOGGER_ROOT=None),
+        _record("w", "/elsewhere"),
+        _record("v", "/out/run1/output", loads=False),
+    ]
     _seen_on_nodes(nodes, records, "/out/run1/output")
     assert [(n["job_env"], n["entry_point"], n["processes_recorded"]) for n in nodes] == [
-        (True, True, 1), (False, True, 2), (True, False, 1)]
+        (True, True, 1),
+        (False, True, 2),
+        (True, False, 1),
+    ]
 
 
 def test_the_cluster_lines_say_where_each_role_ran_and_what_failed():
     node = {"node": "head", "roles": ["trainer", "actor"], "job_env": True, "entry_point": True}
     worker = {"node": "worker-1", "roles": ["actor", "rollout"], "job_env": False, "entry_point": True}
-    cluster = {"nodes": 2, "gpus_per_node": 1, "launcher": "/r/recipes/run_ray.sh", "spans_nodes": True,
-               "job_env_on_every_node": False, "ok": False,
-               "jobs": {"run1": {"submission_id": "s1", "status": "SUCCEEDED", "nodes": [node, worker]}}}
+    cluster = {
+        "nodes": 2,
+        "gpus_per_node": 1,
+        "launcher": "/r/recipes/run_ray.sh",
+        "spans_nodes": True,
+        "job_env_on_every_node": False,
+        "ok": False,
+        "jobs": {"run1": {"submission_id": "s1", "status": "SUCCEEDED", "nodes": [node, worker]}},
+    }
     lines = cluster_lines(cluster)
-    assert lines[0] == ("cluster: 2 Ray nodes on this machine, 1 fake GPU(s) each; each run submitted by run_ray.sh "
-                        "--follow")
-    assert lines[1] == ("  run1: job s1 SUCCEEDED; head ran trainer, actor; worker-1 ran actor, rollout; job's "
-                        "variables and plugin entry point seen by its processes on: head yes, worker-1 NO")
+    assert lines[0] == (
+        "cluster: 2 Ray nodes on this machine, 1 fake GPU(s) each; each run submitted by run_ray.sh --follow"
+    )
+    assert lines[1] == (
+        "  run1: job s1 SUCCEEDED; head ran trainer, actor; worker-1 ran actor, rollout; job's "
+        "variables and plugin entry point seen by its processes on: head yes, worker-1 NO"
+    )
     assert lines[2] == ("  cluster check: FAILED: a node's processes missed the job's variables or the entry point")
 
 

@@ -22,8 +22,11 @@ def test_a_folder_whose_rehearsal_still_runs_is_refused_even_with_overwrite(tmp_
     with run_directory_lock(out):  # the running rehearsal holds its folder
         for overwrite in (False, True):
             options = RehearsalOptions(config_name="dapo_trainer", out_dir=out, overwrite=overwrite)
-            with pytest.raises(RehearsalError, match=r"belongs to a rehearsal that is still running, and neither a "
-                                                     r"second rehearsal nor --overwrite may replace it: .*pid"):
+            with pytest.raises(
+                RehearsalError,
+                match=r"belongs to a rehearsal that is still running, and neither a "
+                r"second rehearsal nor --overwrite may replace it: .*pid",
+            ):
                 rehearse(options, echo=lambda line: None)
     assert (out / "run1" / "metrics.jsonl").read_text() == "{}\n"  # nothing of it was touched
 
@@ -43,8 +46,11 @@ def test_overwrite_never_empties_a_folder_that_is_not_a_rehearsals(tmp_path):
     mine = tmp_path / "mine"
     mine.mkdir()
     (mine / "notes.txt").write_text("keep me")
-    with pytest.raises(RehearsalError, match=r"is not a rehearsal folder \(it has no changes.json\); --overwrite "
-                                             r"replaces only an earlier rehearsal's folder"):
+    with pytest.raises(
+        RehearsalError,
+        match=r"is not a rehearsal folder \(it has no changes.json\); --overwrite "
+        r"replaces only an earlier rehearsal's folder",
+    ):
         rehearse(RehearsalOptions(config_name="dapo_trainer", out_dir=mine, overwrite=True), echo=lambda line: None)
     assert (mine / "notes.txt").read_text() == "keep me" and not (mine / ".lock").exists()
 

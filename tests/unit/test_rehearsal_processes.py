@@ -46,8 +46,16 @@ def _still_running(pids: list[int], within_s: float = 5.0) -> list[int]:
 def _launch(tmp_path: Path, script: str, limit_s: float, **hooks):
     echoed: list[str] = []
     started = time.monotonic()
-    record = launch("run1", [sys.executable, "-c", script], tmp_path / "run1", limit_s, str(tmp_path / "dvr-marker"),
-                    steps=2, echo=echoed.append, **hooks)
+    record = launch(
+        "run1",
+        [sys.executable, "-c", script],
+        tmp_path / "run1",
+        limit_s,
+        str(tmp_path / "dvr-marker"),
+        steps=2,
+        echo=echoed.append,
+        **hooks,
+    )
     return record, time.monotonic() - started, echoed
 
 
@@ -58,9 +66,11 @@ def test_a_silent_run_is_stopped_at_its_limit_with_every_process_it_started(tmp_
     children = [int(pid) for pid in re.search(r"^children (\d+) (\d+)$", log, re.M).groups()]
     assert elapsed < 3.0 + 5.0
     assert record.returncode == -signal.SIGKILL
-    assert re.fullmatch(r"run1 reached its time limit of 3 s and was stopped with every process it started; it had "
-                        r"been silent for the last [0-9] s, since its line at [0-9] s: 'children \d+ \d+'\. .*",
-                        record.error), record.error
+    assert re.fullmatch(
+        r"run1 reached its time limit of 3 s and was stopped with every process it started; it had "
+        r"been silent for the last [0-9] s, since its line at [0-9] s: 'children \d+ \d+'\. .*",
+        record.error,
+    ), record.error
     assert record.error in log and f"[run1] {record.error}" in echoed
     assert _still_running([processes[0].pid, *children]) == []
 
@@ -90,8 +100,10 @@ def test_a_run_that_ends_within_its_limit_is_followed_to_its_end(tmp_path):
 
 def test_the_overrun_of_a_run_that_printed_nothing_says_so():
     message = Overrun(limit_s=600.0, silent_s=600.0).describe("run2 (resume)")
-    assert message.startswith("run2 (resume) reached its time limit of 600 s and was stopped with every process it "
-                              "started; it had been silent since it started (it printed nothing).")
+    assert message.startswith(
+        "run2 (resume) reached its time limit of 600 s and was stopped with every process it "
+        "started; it had been silent since it started (it printed nothing)."
+    )
     assert "raise RehearsalOptions.timeout_s" in message
 
 

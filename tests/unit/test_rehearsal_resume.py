@@ -49,8 +49,9 @@ def test_the_resume_starts_at_once_and_is_released_when_verls_tracker_names_thec
 
 def test_asking_for_the_result_releases_the_resume(tmp_path):
     # A recipe without verl's console logger prints no step lines: the first run's end releases the resume.
-    resume = _resume(tmp_path, lambda on_start, stopped: resume_barrier.wait_for(tmp_path / "ready", 5, 0.01) or
-                     _record(tmp_path))
+    resume = _resume(
+        tmp_path, lambda on_start, stopped: resume_barrier.wait_for(tmp_path / "ready", 5, 0.01) or _record(tmp_path)
+    )
     resume.start()
     assert resume.result() == _record(tmp_path)
 
@@ -131,10 +132,22 @@ def test_without_the_variable_nothing_is_installed(monkeypatch):
 def test_the_resume_check_skips_only_what_verls_checkpoint_does_not_hold():
     from dapo_verl.rehearsal.resume_check import resume_check
 
-    first = {3: {"separate_async/switch/threshold_ratio": 1.0, "separate_async/decision/remaining": 0.0,
-                 "separate_async/decision/sampleable_count": 4.0, "dapo/sampler/groups_trained": 4.0}}
-    resumed = {3: {"separate_async/switch/threshold_ratio": 0.4, "separate_async/decision/remaining": 2.0,
-                   "separate_async/decision/sampleable_count": 4.0, "dapo/sampler/groups_trained": 4.0}}
+    first = {
+        3: {
+            "separate_async/switch/threshold_ratio": 1.0,
+            "separate_async/decision/remaining": 0.0,
+            "separate_async/decision/sampleable_count": 4.0,
+            "dapo/sampler/groups_trained": 4.0,
+        }
+    }
+    resumed = {
+        3: {
+            "separate_async/switch/threshold_ratio": 0.4,
+            "separate_async/decision/remaining": 2.0,
+            "separate_async/decision/sampleable_count": 4.0,
+            "dapo/sampler/groups_trained": 4.0,
+        }
+    }
     assert resume_check(first, resumed, 3)["identical"]  # verl's adaptive threshold restarts from the config
     resumed[3]["separate_async/decision/sampleable_count"] = 2.0  # the buffer's own answer must still agree
     check = resume_check(first, resumed, 3)

@@ -57,9 +57,20 @@ _HARNESS = textwrap.dedent("""
 def _run(tmp_path, case: str, overlap: bool, signum: int | None = None, when: str = "") -> dict:
     console = tmp_path / "console.txt"
     with open(console, "w") as sink:
-        harness = subprocess.Popen([sys.executable, "-c", _HARNESS, str(tmp_path / "out"), case,
-                                    "overlap" if overlap else "sequential", _FAKE_RUN], stdout=sink,
-                                   stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        harness = subprocess.Popen(
+            [
+                sys.executable,
+                "-c",
+                _HARNESS,
+                str(tmp_path / "out"),
+                case,
+                "overlap" if overlap else "sequential",
+                _FAKE_RUN,
+            ],
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
     try:
         if signum is not None:
             deadline = time.monotonic() + 60
@@ -80,8 +91,10 @@ def test_a_signal_while_both_runs_are_up_interrupts_both_and_lists_both(tmp_path
     outcome = _run(tmp_path, "both-wait", overlap=True, signum=signum, when="[run1] step 2/3 logged")
     by = "Ctrl-C" if signum == signal.SIGINT else "SIGTERM"
     assert outcome["interrupted_by"] == by
-    assert [run[:4] for run in outcome["runs"]] == [["run1", "interrupted", by, -9],
-                                                   ["run2 (resume)", "interrupted", by, -9]]
+    assert [run[:4] for run in outcome["runs"]] == [
+        ["run1", "interrupted", by, -9],
+        ["run2 (resume)", "interrupted", by, -9],
+    ]
     assert outcome["not_started"] == {}
     assert f"[run1] interrupted by {by} after" in outcome["console"]
     assert f"stopped by {by} after" in (tmp_path / "out" / "run2" / "log.txt").read_text()
@@ -97,20 +110,26 @@ def test_ctrl_c_during_the_first_run_leaves_the_resume_run_not_started(tmp_path)
 
 def test_ctrl_c_while_waiting_for_the_resume_run_interrupts_it_and_keeps_the_finished_first_run(tmp_path):
     # The main thread waits for the resume run's thread here, outside any launch: the signal reaches it there.
-    outcome = _run(tmp_path, "first-finishes", overlap=False, signum=signal.SIGINT,
-                   when="[run2 (resume)] step 3/3 logged")
-    assert [run[:4] for run in outcome["runs"]] == [["run1", "finished", "", 0],
-                                                   ["run2 (resume)", "interrupted", "Ctrl-C", -9]]
+    outcome = _run(
+        tmp_path, "first-finishes", overlap=False, signum=signal.SIGINT, when="[run2 (resume)] step 3/3 logged"
+    )
+    assert [run[:4] for run in outcome["runs"]] == [
+        ["run1", "finished", "", 0],
+        ["run2 (resume)", "interrupted", "Ctrl-C", -9],
+    ]
     assert outcome["interrupted_by"] == "Ctrl-C" and outcome["not_started"] == {}
 
 
 def test_an_overlapped_resume_run_is_stopped_when_the_first_run_fails(tmp_path):
     outcome = _run(tmp_path, "first-fails", overlap=True)
     assert outcome["interrupted_by"] == ""
-    assert [run[:3] for run in outcome["runs"]] == [["run1", "failed", ""],
-                                                   ["run2 (resume)", "stopped", "the first run did not finish"]]
+    assert [run[:3] for run in outcome["runs"]] == [
+        ["run1", "failed", ""],
+        ["run2 (resume)", "stopped", "the first run did not finish"],
+    ]
     assert outcome["runs"][1][4].startswith("stopped after ") and outcome["runs"][1][4].endswith(
-        ": the first run did not finish")
+        ": the first run did not finish"
+    )
 
 
 def test_a_sequential_resume_run_does_not_start_after_the_first_run_fails(tmp_path):
@@ -124,10 +143,14 @@ def test_a_run_that_rays_memory_monitor_killed_says_so_in_one_line_with_the_peak
     first, resume = outcome["runs"]
     assert first[:2] == ["run1", "failed"] and resume[:2] == ["run2 (resume)", "stopped"]
     line = first[4]
-    assert line.startswith("run1 was killed for lack of memory: Ray's memory monitor killed a worker "
-                           "('ray.exceptions.OutOfMemoryError: Task was killed due to the node running low on memory.')"
-                           "; the rehearsal's processes held up to "), line
+    assert line.startswith(
+        "run1 was killed for lack of memory: Ray's memory monitor killed a worker "
+        "('ray.exceptions.OutOfMemoryError: Task was killed due to the node running low on memory.')"
+        "; the rehearsal's processes held up to "
+    ), line
     assert "GiB (run1: " in line and "(run1: 0.0 GiB;" not in line and "\n" not in line
-    assert line.endswith("or rehearse without --overlap-resume: the resume run then starts after the first run "
-                         "ends, and one trainer, rollout engine and Ray cluster run at a time.")
+    assert line.endswith(
+        "or rehearse without --overlap-resume: the resume run then starts after the first run "
+        "ends, and one trainer, rollout engine and Ray cluster run at a time."
+    )
     assert f"[run1] {line}" in outcome["console"]

@@ -9,8 +9,10 @@ import torch
 from tools.reliability.determinism import sampler_trace
 from tools.reliability.runs import history_differences, metric_values, state_differences
 
-HISTORY = [{"step": 0, "data": {"acc": 0.0, "timing_s/step": 1.0}},
-           {"step": 1, "data": {"acc": 0.25, "loss": 0.1, "timing_s/step": 2.0}}]
+HISTORY = [
+    {"step": 0, "data": {"acc": 0.0, "timing_s/step": 1.0}},
+    {"step": 1, "data": {"acc": 0.25, "loss": 0.1, "timing_s/step": 2.0}},
+]
 
 
 def test_one_ulp_in_one_metric_is_a_difference_and_timings_are_not():

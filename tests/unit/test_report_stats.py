@@ -13,8 +13,15 @@ from dapo_verl.report.derived import RATIO_METRICS, RATIO_PARTS, derive_ratios
 from dapo_verl.report.stats import normalised_auc, paired_t_test, seeds_for_power, t_cdf, t_quantile
 
 # Student's t quantiles from printed tables (4 decimals)
-T_TABLE = [(0.975, 1, 12.7062), (0.975, 4, 2.7764), (0.975, 9, 2.2622), (0.975, 25, 2.0595), (0.8, 10, 0.8791),
-           (0.995, 5, 4.0321), (0.9, 30, 1.3104)]
+T_TABLE = [
+    (0.975, 1, 12.7062),
+    (0.975, 4, 2.7764),
+    (0.975, 9, 2.2622),
+    (0.975, 25, 2.0595),
+    (0.8, 10, 0.8791),
+    (0.995, 5, 4.0321),
+    (0.9, 30, 1.3104),
+]
 
 
 @pytest.mark.parametrize(("q", "df", "expected"), T_TABLE)
@@ -65,8 +72,9 @@ def test_paired_t_test_degenerate_and_bad_input():
         paired_t_test([0.1, math.nan])
 
 
-@pytest.mark.parametrize(("effect", "sd", "expected"), [(0.5, 1.0, 34), (1.0, 1.0, 10), (0.8, 1.0, 15),
-                                                         (-0.5, 1.0, 34)])
+@pytest.mark.parametrize(
+    ("effect", "sd", "expected"), [(0.5, 1.0, 34), (1.0, 1.0, 10), (0.8, 1.0, 15), (-0.5, 1.0, 34)]
+)
 def test_seeds_for_power_matches_the_paired_t_test_sample_sizes(effect, sd, expected):
     # G*Power's paired t-test (two-sided, alpha 0.05, power 0.8) gives 34, 10 and 15 pairs for d = 0.5, 1.0, 0.8
     assert seeds_for_power(effect, sd) == expected
@@ -89,9 +97,13 @@ def test_normalised_auc_is_the_time_average_of_the_curve():
 
 
 def test_ratio_metrics_are_the_ratio_of_their_parts_and_undefined_without_a_count():
-    parts = {"actor/dapo/clip_upper_old_prob_sum": 0.9, "actor/dapo/clip_upper_tokens": 3.0,
-             "actor/dapo/positive_advantage_tokens": 12.0, "actor/dapo/clip_higher_kept_tokens": 0.0,
-             "actor/dapo/clip_higher_kept_old_prob_sum": 0.0}
+    parts = {
+        "actor/dapo/clip_upper_old_prob_sum": 0.9,
+        "actor/dapo/clip_upper_tokens": 3.0,
+        "actor/dapo/positive_advantage_tokens": 12.0,
+        "actor/dapo/clip_higher_kept_tokens": 0.0,
+        "actor/dapo/clip_higher_kept_old_prob_sum": 0.0,
+    }
     ratios = derive_ratios(parts)
     assert ratios["actor/dapo/clip_upper_old_prob_mean"] == pytest.approx(0.3)
     assert ratios["actor/dapo/clip_upper_positive_share"] == pytest.approx(0.25)

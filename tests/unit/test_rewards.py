@@ -57,12 +57,15 @@ def test_quadratic_schedule_is_gentler_inside_the_buffer():
     assert float(overlong_penalty(torch.tensor([20]), 20, 4, 1.0, schedule="quadratic")) == pytest.approx(-1.0)
 
 
-@pytest.mark.parametrize(("args", "match"), [
-    ((20, 0, 1.0), "overlong_tokens=0 must be positive"),
-    ((20, 30, 1.0), "overlong_tokens=30 exceeds max_response_length=20"),
-    ((20, 4, -1.0), "overlong_penalty_factor=-1.0 must be >= 0.0"),
-    ((0, 4, 1.0), "max_response_length=0 must be positive"),
-])
+@pytest.mark.parametrize(
+    ("args", "match"),
+    [
+        ((20, 0, 1.0), "overlong_tokens=0 must be positive"),
+        ((20, 30, 1.0), "overlong_tokens=30 exceeds max_response_length=20"),
+        ((20, 4, -1.0), "overlong_penalty_factor=-1.0 must be >= 0.0"),
+        ((0, 4, 1.0), "max_response_length=0 must be positive"),
+    ],
+)
 def test_bad_settings_are_rejected(args, match):
     with pytest.raises(ValueError, match=match):
         reward_overlong_penalty(torch.zeros(2), torch.tensor([1, 2]), *args)
@@ -96,13 +99,16 @@ def schedule_named(monkeypatch):
     return register
 
 
-@pytest.mark.parametrize(("function", "words"), [
-    (lambda x: x * float("nan"), "returned nan for buffer fraction 0"),
-    (lambda x: 1.5 * x, "returned 1.5 for buffer fraction 1"),
-    (lambda x: -x, "returned -0.5 for buffer fraction 0.5"),
-    (lambda x: x + 0.1, r"returned 0\.1\d* for buffer fraction 0 "),  # a penalty before the buffer
-    (lambda x: torch.full_like(x, float("inf")), "returned inf"),
-])
+@pytest.mark.parametrize(
+    ("function", "words"),
+    [
+        (lambda x: x * float("nan"), "returned nan for buffer fraction 0"),
+        (lambda x: 1.5 * x, "returned 1.5 for buffer fraction 1"),
+        (lambda x: -x, "returned -0.5 for buffer fraction 0.5"),
+        (lambda x: x + 0.1, r"returned 0\.1\d* for buffer fraction 0 "),  # a penalty before the buffer
+        (lambda x: torch.full_like(x, float("inf")), "returned inf"),
+    ],
+)
 def test_a_schedule_that_leaves_0_to_1_or_penalises_before_the_buffer_is_refused(schedule_named, function, words):
     name = schedule_named("mine", function)
     with pytest.raises(ValueError, match=rf"overlong schedule 'mine' {words}.*@register_overlong_schedule\('mine'\)"):
@@ -137,13 +143,26 @@ def test_truncation_mask_and_overlong_filter():
         mask_truncated_responses(mask, truncated[:2])
 
 
-@pytest.mark.parametrize("lengths", [torch.tensor([10.5, 17.25]), torch.tensor([10.0, 18.0]),
-                                     torch.tensor([True, False]), torch.tensor([10.0, 18.0], dtype=torch.float64)])
+@pytest.mark.parametrize(
+    "lengths",
+    [
+        torch.tensor([10.5, 17.25]),
+        torch.tensor([10.0, 18.0]),
+        torch.tensor([True, False]),
+        torch.tensor([10.0, 18.0], dtype=torch.float64),
+    ],
+)
 def test_lengths_must_be_integer_token_counts(lengths):
-    for call in (lambda: reward_overlong_penalty(torch.ones(2), lengths, 20, 4, 1.0),
-                 lambda: overlong_penalty(lengths, 20, 4, 1.0), lambda: truncated_response_mask(lengths, 20)):
-        with pytest.raises(TypeError, match=rf"response_lengths has dtype {lengths.dtype} but must be an integer "
-                                            r"dtype"):
+    for call in (
+        lambda: reward_overlong_penalty(torch.ones(2), lengths, 20, 4, 1.0),
+        lambda: overlong_penalty(lengths, 20, 4, 1.0),
+        lambda: truncated_response_mask(lengths, 20),
+    ):
+        with pytest.raises(
+            TypeError,
+            match=rf"response_lengths has dtype {lengths.dtype} but must be an integer "
+            r"dtype",
+        ):
             call()
 
 

@@ -54,16 +54,31 @@ def test_metrics_are_complete_and_prefilter_accuracy_is_unbiased():
 
     sampler.generate = spy
     metrics = sampler.next_batch().metrics
-    for key in ("train_step", "gen_rounds", "groups_generated", "groups_trained", "dropped/all_correct",
-                "dropped/all_wrong", "prefilter_acc", "prefilter_score", "generated_per_trained",
-                "wasted_response_tokens", "keep_rate_estimate", "carried_groups", "carried_staleness_mean",
-                "prompts_skipped", "data_epoch", "truncated_fraction"):
+    for key in (
+        "train_step",
+        "gen_rounds",
+        "groups_generated",
+        "groups_trained",
+        "dropped/all_correct",
+        "dropped/all_wrong",
+        "prefilter_acc",
+        "prefilter_score",
+        "generated_per_trained",
+        "wasted_response_tokens",
+        "keep_rate_estimate",
+        "carried_groups",
+        "carried_staleness_mean",
+        "prompts_skipped",
+        "data_epoch",
+        "truncated_fraction",
+    ):
         assert f"dapo/sampler/{key}" in metrics
     assert metrics["dapo/sampler/prefilter_acc"] == pytest.approx(sum(seen) / len(seen))
     assert metrics["dapo/sampler/dropped/all_correct"] > 0 and metrics["dapo/sampler/dropped/all_wrong"] > 0
     trained = metrics["dapo/sampler/responses_trained"]
     assert metrics["dapo/sampler/generated_per_trained"] == pytest.approx(
-        metrics["dapo/sampler/responses_generated"] / trained)
+        metrics["dapo/sampler/responses_generated"] / trained
+    )
 
 
 def test_same_seed_same_batches_and_metrics():
@@ -80,12 +95,15 @@ def _round_trip(sampler, tmp_path):
     return load_state(path)
 
 
-@pytest.mark.parametrize("overrides", [
-    {"surplus": "carry", "refill": "adaptive"},
-    {"surplus": "discard", "refill": "barrier", "gen_batch_size": 12},
-    {"surplus": "carry", "skip_uninformative": True},
-    {"surplus": "carry", "skip_uninformative": True, "revisit_informative": True, "max_oversample_factor": 1.5},
-])
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {"surplus": "carry", "refill": "adaptive"},
+        {"surplus": "discard", "refill": "barrier", "gen_batch_size": 12},
+        {"surplus": "carry", "skip_uninformative": True},
+        {"surplus": "carry", "skip_uninformative": True, "revisit_informative": True, "max_oversample_factor": 1.5},
+    ],
+)
 def test_state_round_trip_gives_identical_next_batches(tmp_path, overrides):
     rates = drifting_pass_rates(64, seed=1, drift_per_step=0.05)
     config = SamplerConfig(train_batch_size=8, seed=5, **overrides)
@@ -118,10 +136,15 @@ def test_a_version_1_state_resumes_with_fresh_prompt_histories(tmp_path):
     for _ in range(3):
         sampler.next_batch()
     state = _round_trip(sampler, tmp_path)
-    stream = {k: v for k, v in state["stream"].items() if k not in ("history", "revisit", "handed_out",
-                                                                      "prompts_revisited")}
-    old = {**state, "version": 1, "stream": {**stream, "streak": [[1, 2], [5, 1]]},
-           "counters": {k: v for k, v in state["counters"].items() if k != "prompts_revisited"}}
+    stream = {
+        k: v for k, v in state["stream"].items() if k not in ("history", "revisit", "handed_out", "prompts_revisited")
+    }
+    old = {
+        **state,
+        "version": 1,
+        "stream": {**stream, "streak": [[1, 2], [5, 1]]},
+        "counters": {k: v for k, v in state["counters"].items() if k != "prompts_revisited"},
+    }
     resumed, _ = _sampler(surplus="carry", skip_uninformative=True)
     resumed.load_state_dict(old)
     assert resumed.counters == sampler.counters and len(resumed.carried) == len(sampler.carried)
@@ -134,16 +157,20 @@ def test_a_version_1_state_resumes_with_fresh_prompt_histories(tmp_path):
 
 def test_round_limit_error_says_keep_rate_and_knobs():
     sampler, _ = _sampler(rates=(0.0, 0.0, 0.0, 0.5), max_num_gen_batches=1, gen_batch_size=4)
-    with pytest.raises(ShortfallError, match=r"has \d of 8 groups .* after 1 rounds .*keep rate \d+\.\d%.*"
-                                              r"all-correct or all-wrong.*raise algorithm.filter_groups."
-                                              r"max_num_gen_batches.*on_shortfall=partial"):
+    with pytest.raises(
+        ShortfallError,
+        match=r"has \d of 8 groups .* after 1 rounds .*keep rate \d+\.\d%.*"
+        r"all-correct or all-wrong.*raise algorithm.filter_groups."
+        r"max_num_gen_batches.*on_shortfall=partial",
+    ):
         sampler.next_batch()
     assert sampler.conservation_gap() == 0
 
 
 def test_round_limit_partial_trains_on_what_was_found():
-    sampler, _ = _sampler(rates=(0.0, 0.0, 0.0, 0.5), max_num_gen_batches=2, gen_batch_size=4,
-                          on_shortfall="partial", refill="barrier")  # 2 rounds of 4 prompts cannot fill 8
+    sampler, _ = _sampler(
+        rates=(0.0, 0.0, 0.0, 0.5), max_num_gen_batches=2, gen_batch_size=4, on_shortfall="partial", refill="barrier"
+    )  # 2 rounds of 4 prompts cannot fill 8
     batch = sampler.next_batch()
     assert batch.is_partial and 0 < len(batch.groups) < 8
     assert batch.metrics["dapo/sampler/partial"] == 1.0
@@ -167,8 +194,14 @@ def test_hopeless_data_never_loops_forever():
 @pytest.mark.parametrize("refill", ["adaptive", "barrier"])
 def test_a_step_never_generates_more_than_its_prompt_budget(refill):
     # keep rate ~3%: adaptive rounds would ask ~4x the missing groups each; the budget caps the step instead
-    sampler, _ = _sampler(num_prompts=500, rates=(0.5,) + (1.0,) * 31, refill=refill, gen_batch_size=12,
-                          max_num_gen_batches=4, on_shortfall="partial")
+    sampler, _ = _sampler(
+        num_prompts=500,
+        rates=(0.5,) + (1.0,) * 31,
+        refill=refill,
+        gen_batch_size=12,
+        max_num_gen_batches=4,
+        on_shortfall="partial",
+    )
     budget = step_prompt_budget(sampler.config)
     assert budget == 4 * 12
     for _ in range(10):
@@ -186,8 +219,15 @@ def test_budget_is_rounds_times_the_larger_of_gen_and_train_batch():
 
 def test_when_the_budget_cannot_fill_the_batch_a_partial_step_spends_one_round_and_says_why():
     """All-correct prompts: once the estimate (0) rests on N_est = 45 groups, a step stops after its probe round."""
-    sampler, policy = _sampler(num_prompts=500, rates=(1.0,), gen_batch_size=12, on_shortfall="partial",
-                               max_num_gen_batches=4, skip_uninformative=False, revisit_informative=False)
+    sampler, policy = _sampler(
+        num_prompts=500,
+        rates=(1.0,),
+        gen_batch_size=12,
+        on_shortfall="partial",
+        max_num_gen_batches=4,
+        skip_uninformative=False,
+        revisit_informative=False,
+    )
     first = sampler.next_batch()  # 36 groups seen after 3 rounds: too few to trust the estimate, so 4 rounds
     assert first.is_partial and first.metrics["dapo/sampler/gen_rounds"] == 4
     second = sampler.next_batch()
@@ -196,10 +236,19 @@ def test_when_the_budget_cannot_fill_the_batch_a_partial_step_spends_one_round_a
 
 
 def test_with_on_shortfall_error_a_step_spends_its_whole_budget_before_raising():
-    sampler, policy = _sampler(num_prompts=500, rates=(1.0,), gen_batch_size=12,
-                               max_num_gen_batches=4, skip_uninformative=False, revisit_informative=False)
-    with pytest.raises(ShortfallError, match=r"0 of 8 groups for step 1 after 4 rounds and 48 prompts \(the round "
-                                              r"limit .*skip_uninformative=true; or set .*on_shortfall=partial"):
+    sampler, policy = _sampler(
+        num_prompts=500,
+        rates=(1.0,),
+        gen_batch_size=12,
+        max_num_gen_batches=4,
+        skip_uninformative=False,
+        revisit_informative=False,
+    )
+    with pytest.raises(
+        ShortfallError,
+        match=r"0 of 8 groups for step 1 after 4 rounds and 48 prompts \(the round "
+        r"limit .*skip_uninformative=true; or set .*on_shortfall=partial",
+    ):
         sampler.next_batch()
     assert policy.calls == 4 and sampler.conservation_gap() == 0
 
@@ -213,8 +262,15 @@ def test_a_small_batch_whose_first_round_holds_no_informative_group_refills_inst
         informative = bool(calls)  # the first round: all wrong; later: half right
         calls.append(list(prompt_ids))
         metric = torch.tensor([1, 0, 1, 0]) if informative else torch.zeros(4, dtype=torch.long)
-        return [GroupResult(prompt_id=i, metric=metric, response_lengths=torch.full((4,), 5),
-                            truncated=torch.zeros(4, dtype=torch.bool)) for i in prompt_ids]
+        return [
+            GroupResult(
+                prompt_id=i,
+                metric=metric,
+                response_lengths=torch.full((4,), 5),
+                truncated=torch.zeros(4, dtype=torch.bool),
+            )
+            for i in prompt_ids
+        ]
 
     sampler = BatchReplenisher(config, 100, generate)
     batch = sampler.next_batch()
@@ -284,8 +340,14 @@ def test_disabled_filter_trains_on_exactly_one_round_of_unfiltered_groups():
 
 def test_adaptive_refill_needs_fewer_rounds_than_barrier_at_low_keep_rate():
     def rounds(refill):
-        sampler, _ = _sampler(num_prompts=400, rates=(0.5, 0.0), refill=refill,  # keep rate ~0.44
-                              gen_batch_size=8, train_batch_size=16, max_num_gen_batches=50)
+        sampler, _ = _sampler(
+            num_prompts=400,
+            rates=(0.5, 0.0),
+            refill=refill,  # keep rate ~0.44
+            gen_batch_size=8,
+            train_batch_size=16,
+            max_num_gen_batches=50,
+        )
         return sum(sampler.next_batch().metrics["dapo/sampler/gen_rounds"] for _ in range(20)) / 20
 
     assert rounds("adaptive") < rounds("barrier")
@@ -344,8 +406,9 @@ def test_skipping_never_excludes_a_prompt_for_good():
 
 def test_skip_history_reduces_generation_for_uninformative_prompts():
     def waste(skip):
-        sampler, _ = _sampler(num_prompts=40, rates=(0.0, 1.0, 0.5, 1.0), skip_uninformative=skip,
-                              max_num_gen_batches=30)
+        sampler, _ = _sampler(
+            num_prompts=40, rates=(0.0, 1.0, 0.5, 1.0), skip_uninformative=skip, max_num_gen_batches=30
+        )
         for _ in range(30):
             sampler.next_batch()
         return sampler.counters["responses_generated"] / sampler.counters["responses_trained"]

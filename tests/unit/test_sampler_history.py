@@ -138,7 +138,8 @@ def test_pool_metrics_are_reported_every_step():
     sampler = _run(False, (1.0, 1.0, 0.0, 0.5), steps=60, exhausted_streak=2, exhausted_pool_fraction=0.5)
     metrics = sampler.next_batch().metrics
     assert metrics["dapo/sampler/pool_exhausted_fraction"] == pytest.approx(
-        metrics["dapo/sampler/pool_solved_fraction"] + metrics["dapo/sampler/pool_failed_fraction"])
+        metrics["dapo/sampler/pool_solved_fraction"] + metrics["dapo/sampler/pool_failed_fraction"]
+    )
     assert metrics["dapo/sampler/pool_solved_fraction"] > metrics["dapo/sampler/pool_failed_fraction"] > 0
     assert metrics["dapo/sampler/pool_exhausted"] == float(sampler.pool_exhausted) == 1.0  # 3 in 4 never inform
     assert 0 <= metrics["dapo/sampler/keep_rate_streak"] < metrics["dapo/sampler/keep_rate_no_streak"]
@@ -193,8 +194,14 @@ def test_stream_state_round_trip_keeps_the_revisit_queue():
 
 def _rare(revisit, steps=30):
     rates = (0.5,) + (1.0,) * 15  # one prompt in 16 can be informative: about 4% of groups
-    config = SamplerConfig(train_batch_size=4, seed=2, revisit_informative=revisit, skip_uninformative=False,
-                           max_num_gen_batches=4, on_shortfall="partial")
+    config = SamplerConfig(
+        train_batch_size=4,
+        seed=2,
+        revisit_informative=revisit,
+        skip_uninformative=False,
+        max_num_gen_batches=4,
+        on_shortfall="partial",
+    )
     sampler = BatchReplenisher(config, 320, SimulatedPolicy(lambda pid, step: rates[pid % 16], group_size=4, seed=2))
     return sampler, [sampler.next_batch() for _ in range(steps)]
 
@@ -223,18 +230,21 @@ def test_no_revisits_while_informative_groups_are_plentiful():
 # -- argument and state checks ---------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("kwargs", "error", "words"), [
-    ({"num_prompts": 10.5}, TypeError, r"num_prompts=10.5 \(float\) must be an integer >= 1"),
-    ({"num_prompts": 0}, ValueError, r"num_prompts=0 must be an integer >= 1.*prompt source is empty"),
-    ({"seed": -1}, ValueError, r"seed=-1 must be an integer in \[0, 4294967295\]"),
-    ({"shuffle": "yes"}, TypeError, r"shuffle='yes' \(str\) must be True or False"),
-    ({"max_skip_probability": 1.0}, ValueError, r"max_skip_probability=1.0 must be a finite number >= 0 and < 1"),
-    ({"smoothing_groups": 0.5}, ValueError, r"smoothing_groups=0.5 must be a finite number >= 1"),
-    ({"exhausted_streak": 0}, ValueError, r"exhausted_streak=0 must be an integer >= 1"),
-    ({"revisit_capacity": -1}, ValueError, r"revisit_capacity=-1 must be an integer >= 0"),
-    ({"selection_window": math.nan}, ValueError, r"selection_window=nan must be a finite number >= 1"),
-    ({"explore_fraction": 1.5}, ValueError, r"explore_fraction=1.5 must be a finite number >= 0 and <= 1"),
-])
+@pytest.mark.parametrize(
+    ("kwargs", "error", "words"),
+    [
+        ({"num_prompts": 10.5}, TypeError, r"num_prompts=10.5 \(float\) must be an integer >= 1"),
+        ({"num_prompts": 0}, ValueError, r"num_prompts=0 must be an integer >= 1.*prompt source is empty"),
+        ({"seed": -1}, ValueError, r"seed=-1 must be an integer in \[0, 4294967295\]"),
+        ({"shuffle": "yes"}, TypeError, r"shuffle='yes' \(str\) must be True or False"),
+        ({"max_skip_probability": 1.0}, ValueError, r"max_skip_probability=1.0 must be a finite number >= 0 and < 1"),
+        ({"smoothing_groups": 0.5}, ValueError, r"smoothing_groups=0.5 must be a finite number >= 1"),
+        ({"exhausted_streak": 0}, ValueError, r"exhausted_streak=0 must be an integer >= 1"),
+        ({"revisit_capacity": -1}, ValueError, r"revisit_capacity=-1 must be an integer >= 0"),
+        ({"selection_window": math.nan}, ValueError, r"selection_window=nan must be a finite number >= 1"),
+        ({"explore_fraction": 1.5}, ValueError, r"explore_fraction=1.5 must be a finite number >= 0 and <= 1"),
+    ],
+)
 def test_prompt_stream_settings_are_checked_with_their_name(kwargs, error, words):
     with pytest.raises(error, match=words):
         PromptStream(**{"num_prompts": 10, **kwargs})
@@ -260,15 +270,19 @@ def test_take_refuses_a_negative_count_and_takes_nothing_for_zero():
     assert stream.take(0) == ([], 0) and stream.prompts_consumed == 0
 
 
-@pytest.mark.parametrize(("args", "kwargs", "error", "words"), [
-    ((10, KEEP), {}, ValueError, r"prompt_id=10 must be an integer in \[0, 9\]"),
-    ((1, "keep"), {}, TypeError, r"reason='keep' must be a dapo_verl.core.DropReason"),
-    ((1, KEEP), {"correct": 5, "group_size": 4}, ValueError, r"correct=5 must be an integer in \[0, 4\]"),
-    ((1, KEEP), {"correct": 1, "group_size": 1}, ValueError, r"group_size=1 must be an integer >= 2"),
-])
+@pytest.mark.parametrize(
+    ("args", "kwargs", "error", "words"),
+    [
+        ((10, KEEP), {}, ValueError, r"prompt_id=10 must be an integer in \[0, 9\]"),
+        ((1, "keep"), {}, TypeError, r"reason='keep' must be a dapo_verl.core.DropReason"),
+        ((1, KEEP), {"correct": 5, "group_size": 4}, ValueError, r"correct=5 must be an integer in \[0, 4\]"),
+        ((1, KEEP), {"correct": 1, "group_size": 1}, ValueError, r"group_size=1 must be an integer >= 2"),
+    ],
+)
 def test_a_record_that_does_not_fit_changes_neither_history_nor_scorer(args, kwargs, error, words):
-    stream = PromptStream(10, skip_uninformative=True, scorer=SuccessPredictor(half_life_steps=10.0,
-                                                                                 smoothing_groups=8.0))
+    stream = PromptStream(
+        10, skip_uninformative=True, scorer=SuccessPredictor(half_life_steps=10.0, smoothing_groups=8.0)
+    )
     stream.record(2, CORRECT, correct=4, group_size=4)
     before = stream.state_dict()
     with pytest.raises(error, match=words):
@@ -281,14 +295,17 @@ def test_a_prompt_history_refuses_prompts_outside_its_pool():
         _history().record(-1, KEEP)
 
 
-@pytest.mark.parametrize(("state", "error", "words"), [
-    ([], TypeError, "the PromptHistory state is list, not a mapping"),
-    ({"bogus": 1}, ValueError, r"the PromptHistory state has unknown keys \['bogus'\]"),
-    ({"streak": [[12, 1]]}, ValueError, r"'streak' is 12; expected an integer in \[0, 9\]"),
-    ({"streak": [[1, 1.5]]}, ValueError, r"'streak' is 1.5; expected an integer"),
-    ({"stream": [1.0, -2.0]}, ValueError, r"'stream\[1\]' is -2.0; expected a finite number >= 0"),
-    ({"informative": [0.0] * 3}, ValueError, r"'informative' is .*expected a list of 10 finite non-negative"),
-])
+@pytest.mark.parametrize(
+    ("state", "error", "words"),
+    [
+        ([], TypeError, "the PromptHistory state is list, not a mapping"),
+        ({"bogus": 1}, ValueError, r"the PromptHistory state has unknown keys \['bogus'\]"),
+        ({"streak": [[12, 1]]}, ValueError, r"'streak' is 12; expected an integer in \[0, 9\]"),
+        ({"streak": [[1, 1.5]]}, ValueError, r"'streak' is 1.5; expected an integer"),
+        ({"stream": [1.0, -2.0]}, ValueError, r"'stream\[1\]' is -2.0; expected a finite number >= 0"),
+        ({"informative": [0.0] * 3}, ValueError, r"'informative' is .*expected a list of 10 finite non-negative"),
+    ],
+)
 def test_a_damaged_history_state_is_refused_and_the_history_is_unchanged(state, error, words):
     history = _history()
     history.record(1, CORRECT)
@@ -300,8 +317,9 @@ def test_a_damaged_history_state_is_refused_and_the_history_is_unchanged(state, 
 
 def test_a_stream_whose_scorer_refuses_its_state_is_left_as_it_was():
     def stream():
-        return PromptStream(10, skip_uninformative=True, scorer=SuccessPredictor(half_life_steps=10.0,
-                                                                                   smoothing_groups=8.0))
+        return PromptStream(
+            10, skip_uninformative=True, scorer=SuccessPredictor(half_life_steps=10.0, smoothing_groups=8.0)
+        )
 
     source, target = stream(), stream()
     source.take(3)

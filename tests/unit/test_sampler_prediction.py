@@ -35,8 +35,9 @@ def _integrated(alpha: float, beta: float, size: int) -> float:
     return float(torch.trapezoid(density * informative, p) / mass)
 
 
-@pytest.mark.parametrize(("alpha", "beta", "size"), [(1.0, 1.0, 2), (1.0, 1.0, 16), (3.5, 1.5, 8), (20.0, 2.0, 4),
-                                                     (2.0, 9.0, 16)])
+@pytest.mark.parametrize(
+    ("alpha", "beta", "size"), [(1.0, 1.0, 2), (1.0, 1.0, 16), (3.5, 1.5, 8), (20.0, 2.0, 4), (2.0, 9.0, 16)]
+)
 def test_informative_probability_matches_integration_over_the_belief(alpha, beta, size):
     assert informative_probability(alpha, beta, size) == pytest.approx(_integrated(alpha, beta, size), abs=1e-6)
 
@@ -71,8 +72,9 @@ def test_the_prior_concentration_stays_within_its_bounds():
     assert a0 + b0 == pytest.approx(MIN_CONCENTRATION)
 
 
-@pytest.mark.parametrize("metric", [torch.tensor([1, 0, 1, 1]), torch.tensor([1.0, -1.0, 1.0, 1.0]),
-                                    torch.tensor([True, False, True, True])])
+@pytest.mark.parametrize(
+    "metric", [torch.tensor([1, 0, 1, 1]), torch.tensor([1.0, -1.0, 1.0, 1.0]), torch.tensor([True, False, True, True])]
+)
 def test_successes_counts_correct_responses_in_every_encoding(metric):
     assert successes(metric) == 3
 
@@ -190,8 +192,9 @@ class _Fixed:
 
 def test_ranked_selection_takes_the_best_candidates_and_passes_over_the_rest():
     scorer = _Fixed({i: float(i % 10) for i in range(100)})
-    stream = PromptStream(100, seed=0, skip_uninformative=True, scorer=scorer, selection_window=4.0,
-                          explore_fraction=0.0)
+    stream = PromptStream(
+        100, seed=0, skip_uninformative=True, scorer=scorer, selection_window=4.0, explore_fraction=0.0
+    )
     ids, skipped = stream.take(5)
     assert skipped == 15 and stream.prompts_skipped == 15 and stream.position == 20
     drawn = stream._order[:20]
@@ -200,8 +203,9 @@ def test_ranked_selection_takes_the_best_candidates_and_passes_over_the_rest():
 
 def test_ranked_selection_sizes_the_round_from_the_ordered_predictions():
     scorer = _Fixed({i: 1.0 if i < 50 else 0.0 for i in range(100)})
-    stream = PromptStream(100, seed=0, skip_uninformative=True, scorer=scorer, selection_window=4.0,
-                          explore_fraction=0.0)
+    stream = PromptStream(
+        100, seed=0, skip_uninformative=True, scorer=scorer, selection_window=4.0, explore_fraction=0.0
+    )
     seen = []
 
     def size(scores, final):
@@ -220,8 +224,9 @@ def test_exploration_looks_at_the_least_known_prompts_first():
     def generated_worst(explore, unknown):
         scorer = _Fixed({i: 0.0 if i == 0 else 1.0 for i in range(20)})
         scorer.unknown = frozenset(unknown)
-        stream = PromptStream(20, seed=3, skip_uninformative=True, scorer=scorer, selection_window=4.0,
-                              explore_fraction=explore)
+        stream = PromptStream(
+            20, seed=3, skip_uninformative=True, scorer=scorer, selection_window=4.0, explore_fraction=explore
+        )
         return sum(stream.take(5)[0].count(0) for _ in range(400))
 
     assert generated_worst(0.0, {0}) == 0  # ranked last in every window: starved without exploration
@@ -239,10 +244,12 @@ def test_a_pool_smaller_than_the_round_hands_out_every_prompt_some_twice():
 
 
 def _sampler(seed=0, **overrides):
-    config = SamplerConfig(**{"train_batch_size": 8, "seed": seed, "on_shortfall": "partial",
-                              "prompt_selection": "predicted", **overrides})
-    policy = SimulatedPolicy(drifting_pass_rates(300, seed=seed, start_logit_std=3.0, drift_per_step=0.05),
-                             group_size=8, seed=seed)
+    config = SamplerConfig(
+        **{"train_batch_size": 8, "seed": seed, "on_shortfall": "partial", "prompt_selection": "predicted", **overrides}
+    )
+    policy = SimulatedPolicy(
+        drifting_pass_rates(300, seed=seed, start_logit_std=3.0, drift_per_step=0.05), group_size=8, seed=seed
+    )
     return BatchReplenisher(config, 300, policy), policy
 
 
@@ -274,8 +281,13 @@ def test_prediction_metrics_are_logged_and_the_predictions_are_calibrated():
     sampler, policy = _sampler(train_batch_size=16)
     steps = _steps(sampler, policy, 0, 60)
     metrics = steps[-1][1]
-    for key in ("predicted_keep_rate", "prediction_brier", "prediction_calibration", "predictor_size",
-                "pool_trained_fraction"):
+    for key in (
+        "predicted_keep_rate",
+        "prediction_brier",
+        "prediction_calibration",
+        "predictor_size",
+        "pool_trained_fraction",
+    ):
         assert f"dapo/sampler/{key}" in metrics, key
     predicted = sum(m["dapo/sampler/predicted_keep_rate"] for _, m in steps[10:])
     observed = sum(m["dapo/sampler/keep_rate"] for _, m in steps[10:])
@@ -310,9 +322,12 @@ def test_selection_settings_are_validated_with_their_key():
 @pytest.mark.parametrize("overrides", [{"skip_uninformative": False}, {"enable": False}])
 def test_prediction_with_prompt_selection_off_is_refused_naming_both_keys(overrides):
     off = f"algorithm.filter_groups.{next(iter(overrides))}"
-    with pytest.raises(ValueError, match=rf"prompt_selection='predicted' chooses prompts only with {off}=true, but "
-                                         rf"{off}=false.*Set {off}=true, or drop algorithm\.filter_groups\."
-                                         rf"prompt_selection=predicted"):
+    with pytest.raises(
+        ValueError,
+        match=rf"prompt_selection='predicted' chooses prompts only with {off}=true, but "
+        rf"{off}=false.*Set {off}=true, or drop algorithm\.filter_groups\."
+        rf"prompt_selection=predicted",
+    ):
         SamplerConfig(prompt_selection="predicted", **overrides)
     SamplerConfig(prompt_selection="streak", **overrides)  # the default selection stays valid with either off
 
@@ -324,28 +339,34 @@ def _predictor():
     return SuccessPredictor(half_life_steps=10.0, smoothing_groups=64.0)
 
 
-@pytest.mark.parametrize(("kwargs", "error", "words"), [
-    ({"half_life_steps": 0}, ValueError, r"half_life_steps=0 must be a finite number > 0"),
-    ({"half_life_steps": math.nan}, ValueError, r"half_life_steps=nan must be a finite number > 0"),
-    ({"half_life_steps": "10"}, TypeError, r"half_life_steps='10' \(str\) must be a finite number"),
-    ({"smoothing_groups": -1}, ValueError, r"smoothing_groups=-1 must be a finite number >= 1"),
-    ({"smoothing_groups": math.inf}, ValueError, r"smoothing_groups=inf must be a finite number"),
-    ({"prefer_informative": 1}, TypeError, r"prefer_informative=1 \(int\) must be True or False"),
-])
+@pytest.mark.parametrize(
+    ("kwargs", "error", "words"),
+    [
+        ({"half_life_steps": 0}, ValueError, r"half_life_steps=0 must be a finite number > 0"),
+        ({"half_life_steps": math.nan}, ValueError, r"half_life_steps=nan must be a finite number > 0"),
+        ({"half_life_steps": "10"}, TypeError, r"half_life_steps='10' \(str\) must be a finite number"),
+        ({"smoothing_groups": -1}, ValueError, r"smoothing_groups=-1 must be a finite number >= 1"),
+        ({"smoothing_groups": math.inf}, ValueError, r"smoothing_groups=inf must be a finite number"),
+        ({"prefer_informative": 1}, TypeError, r"prefer_informative=1 \(int\) must be True or False"),
+    ],
+)
 def test_predictor_settings_are_checked_with_their_name(kwargs, error, words):
     with pytest.raises(error, match=words):
         SuccessPredictor(**{"half_life_steps": 10.0, "smoothing_groups": 64.0, **kwargs})
 
 
-@pytest.mark.parametrize(("args", "error", "words"), [
-    ((0, 5, 4), ValueError, r"correct=5 must be an integer in \[0, 4\]"),
-    ((0, -1, 4), ValueError, r"correct=-1 must be an integer in \[0, 4\]"),
-    ((0, 1, 1), ValueError, r"group_size=1 must be an integer >= 2"),  # was a ZeroDivisionError in the prior
-    ((0, 0, 0), ValueError, r"group_size=0 must be an integer >= 2"),
-    ((0, 2, 4.0), TypeError, r"group_size=4.0 \(float\) must be an integer >= 2"),
-    ((0, 2.5, 4), TypeError, r"correct=2.5 \(float\) must be an integer"),
-    ((-1, 2, 4), ValueError, r"prompt_id=-1 must be an integer >= 0"),
-])
+@pytest.mark.parametrize(
+    ("args", "error", "words"),
+    [
+        ((0, 5, 4), ValueError, r"correct=5 must be an integer in \[0, 4\]"),
+        ((0, -1, 4), ValueError, r"correct=-1 must be an integer in \[0, 4\]"),
+        ((0, 1, 1), ValueError, r"group_size=1 must be an integer >= 2"),  # was a ZeroDivisionError in the prior
+        ((0, 0, 0), ValueError, r"group_size=0 must be an integer >= 2"),
+        ((0, 2, 4.0), TypeError, r"group_size=4.0 \(float\) must be an integer >= 2"),
+        ((0, 2.5, 4), TypeError, r"correct=2.5 \(float\) must be an integer"),
+        ((-1, 2, 4), ValueError, r"prompt_id=-1 must be an integer >= 0"),
+    ],
+)
 def test_a_record_that_does_not_fit_is_refused_and_changes_nothing(args, error, words):
     predictor = _predictor()
     predictor.record(3, 2, 4)
@@ -356,18 +377,25 @@ def test_a_record_that_does_not_fit_is_refused_and_changes_nothing(args, error, 
     assert 0 < predictor.informative(3) < 1
 
 
-@pytest.mark.parametrize(("state", "error", "words"), [
-    (None, TypeError, "the SuccessPredictor state is NoneType, not a mapping"),
-    ({"bogus": 1}, ValueError, r"the SuccessPredictor state has unknown keys \['bogus'\]"),
-    ({"step": -3}, ValueError, r"'step' is -3; expected an integer >= 0"),
-    ({"group_size": 1}, ValueError, r"'group_size' is 1; expected an integer >= 2"),
-    ({"prompts": [[0, -1.0, 2.0, 0, False]]}, ValueError, r"'prompts' is -1.0; expected a finite number >= 0"),
-    ({"prompts": [[0, 1.0, 2.0]]}, ValueError, r"'prompts\[0\]' is \[0, 1.0, 2.0\]; expected a row of 5 items"),
-    ({"moments": [1.0, math.nan, 0.0]}, ValueError, r"'moments\[1\]' is nan"),
-    ({"calibration": [[0.0, 0.0]]}, ValueError, r"'calibration' is \[\[0.0, 0.0\]\]; expected a list of 2 \[2 items"),
-    ({"taken": [[4, 0, 1.5]]}, ValueError, r"'taken' is 1.5; expected a finite number >= 0 and <= 1"),
-    ({"taken": [[4, 2, 0.5]]}, ValueError, r"'taken' is 2; expected an integer in \[0, 1\]"),
-])
+@pytest.mark.parametrize(
+    ("state", "error", "words"),
+    [
+        (None, TypeError, "the SuccessPredictor state is NoneType, not a mapping"),
+        ({"bogus": 1}, ValueError, r"the SuccessPredictor state has unknown keys \['bogus'\]"),
+        ({"step": -3}, ValueError, r"'step' is -3; expected an integer >= 0"),
+        ({"group_size": 1}, ValueError, r"'group_size' is 1; expected an integer >= 2"),
+        ({"prompts": [[0, -1.0, 2.0, 0, False]]}, ValueError, r"'prompts' is -1.0; expected a finite number >= 0"),
+        ({"prompts": [[0, 1.0, 2.0]]}, ValueError, r"'prompts\[0\]' is \[0, 1.0, 2.0\]; expected a row of 5 items"),
+        ({"moments": [1.0, math.nan, 0.0]}, ValueError, r"'moments\[1\]' is nan"),
+        (
+            {"calibration": [[0.0, 0.0]]},
+            ValueError,
+            r"'calibration' is \[\[0.0, 0.0\]\]; expected a list of 2 \[2 items",
+        ),
+        ({"taken": [[4, 0, 1.5]]}, ValueError, r"'taken' is 1.5; expected a finite number >= 0 and <= 1"),
+        ({"taken": [[4, 2, 0.5]]}, ValueError, r"'taken' is 2; expected an integer in \[0, 1\]"),
+    ],
+)
 def test_a_damaged_predictor_state_is_refused_and_the_predictor_is_unchanged(state, error, words):
     predictor = _predictor()
     predictor.record(3, 2, 4)
@@ -390,15 +418,18 @@ def test_a_predictor_state_round_trips_and_an_empty_one_restores_an_empty_predic
     assert restored.state_dict() == _predictor().state_dict()
 
 
-@pytest.mark.parametrize(("args", "error", "words"), [
-    ((math.nan, 1.0, 8), ValueError, r"alpha=nan must be a finite number >= 0"),
-    ((1.0, -0.5, 8), ValueError, r"beta=-0.5 must be a finite number >= 0"),
-    ((1.0, math.inf, 8), ValueError, r"beta=inf must be a finite number >= 0"),
-    ((0.0, 0.0, 8), ValueError, r"alpha=0.0 and beta=0.0: Beta\(0, 0\) is not a distribution"),
-    ((1.0, 1.0, 2.5), TypeError, r"group_size=2.5 \(float\) must be an integer >= 2"),
-    ((1.0, 1.0, 1), ValueError, r"group_size=1 must be an integer >= 2"),
-    (("1", 1.0, 8), TypeError, r"alpha='1' \(str\) must be a finite number"),
-])
+@pytest.mark.parametrize(
+    ("args", "error", "words"),
+    [
+        ((math.nan, 1.0, 8), ValueError, r"alpha=nan must be a finite number >= 0"),
+        ((1.0, -0.5, 8), ValueError, r"beta=-0.5 must be a finite number >= 0"),
+        ((1.0, math.inf, 8), ValueError, r"beta=inf must be a finite number >= 0"),
+        ((0.0, 0.0, 8), ValueError, r"alpha=0.0 and beta=0.0: Beta\(0, 0\) is not a distribution"),
+        ((1.0, 1.0, 2.5), TypeError, r"group_size=2.5 \(float\) must be an integer >= 2"),
+        ((1.0, 1.0, 1), ValueError, r"group_size=1 must be an integer >= 2"),
+        (("1", 1.0, 8), TypeError, r"alpha='1' \(str\) must be a finite number"),
+    ],
+)
 def test_informative_probability_refuses_what_is_no_belief(args, error, words):
     with pytest.raises(error, match=words):
         informative_probability(*args)
@@ -410,11 +441,14 @@ def test_a_zero_beta_parameter_is_the_limit_where_no_group_is_mixed():
     assert informative_probability(1e-9, 3.0, 8) < 1e-8  # and it is the limit of small parameters
 
 
-@pytest.mark.parametrize(("args", "words"), [
-    ((1.5, 0.5, 8), r"mean=1.5 must be a finite number >= 0 and <= 1"),
-    ((0.5, math.nan, 8), r"second_moment=nan must be a finite number"),
-    ((0.5, 0.3, 1), r"group_size=1 must be an integer >= 2"),
-])
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        ((1.5, 0.5, 8), r"mean=1.5 must be a finite number >= 0 and <= 1"),
+        ((0.5, math.nan, 8), r"second_moment=nan must be a finite number"),
+        ((0.5, 0.3, 1), r"group_size=1 must be an integer >= 2"),
+    ],
+)
 def test_beta_prior_from_moments_checks_its_moments(args, words):
     with pytest.raises(ValueError, match=words):
         beta_prior_from_moments(*args)

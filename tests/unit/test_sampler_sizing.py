@@ -93,8 +93,9 @@ def test_at_the_lowest_trusted_keep_rate_one_round_still_fills_the_batch_nine_ti
     # A quarter of the prompts mixed (pass rate 0.5, G = 8), the rest never: keep rate ~1/4 = 1/max_oversample_factor.
     # A request capped at 4x the missing groups fills the batch only about half the time here (mean ~1.8 rounds).
     # The keep-rate sizing at its floor: prompts chosen by the streak rule (prediction sizes rounds by its own yield).
-    config = SamplerConfig(train_batch_size=32, single_round_probability=0.9, max_oversample_factor=4.0, seed=5,
-                           prompt_selection="streak")
+    config = SamplerConfig(
+        train_batch_size=32, single_round_probability=0.9, max_oversample_factor=4.0, seed=5, prompt_selection="streak"
+    )
     policy = SimulatedPolicy(lambda pid, step: (0.5, 0.0, 0.0, 0.0)[pid % 4], group_size=8, seed=5)
     sampler = BatchReplenisher(config, 1000, policy)
     rounds = [sampler.next_batch().metrics["dapo/sampler/gen_rounds"] for _ in range(200)][1:]  # step 1: no estimate
@@ -107,39 +108,45 @@ def test_at_the_lowest_trusted_keep_rate_one_round_still_fills_the_batch_nine_ti
 CONFIG = SamplerConfig(train_batch_size=4)
 
 
-@pytest.mark.parametrize(("args", "error", "words"), [
-    ((CONFIG, -1, [0.5, 0.5], None), ValueError, r"missing=-1 must be an integer >= 1"),
-    ((CONFIG, 2.5, [0.5, 0.5], None), TypeError, r"missing=2.5 \(float\) must be an integer >= 1"),
-    ((CONFIG, 2, [0.5, math.nan], None), ValueError, r"predictions\[1\]=nan must be a finite number >= 0 and <= 1"),
-    ((CONFIG, 2, [-0.5, 0.5], None), ValueError, r"predictions\[0\]=-0.5 must be a finite number >= 0 and <= 1"),
-    ((CONFIG, 2, [0.5, 1.5], None), ValueError, r"predictions\[1\]=1.5"),
-    ((CONFIG, 2, [0.5, "x"], None), TypeError, r"predictions\[1\]='x' \(str\) must be a finite number"),
-    ((CONFIG, 2, "0.5", None), TypeError, "predictions is a str; it must be a list of probabilities"),
-    ((CONFIG, 2, [0.5, 0.5], math.nan), ValueError, r"calibration=nan must be a finite number >= 0"),
-    ((CONFIG, 2, [0.5, 0.5], -1.0), ValueError, r"calibration=-1.0 must be a finite number >= 0"),
-    (({"train_batch_size": 4}, 2, [0.5], None), TypeError, "config is a dict; it must be a dapo_verl.config"),
-])
+@pytest.mark.parametrize(
+    ("args", "error", "words"),
+    [
+        ((CONFIG, -1, [0.5, 0.5], None), ValueError, r"missing=-1 must be an integer >= 1"),
+        ((CONFIG, 2.5, [0.5, 0.5], None), TypeError, r"missing=2.5 \(float\) must be an integer >= 1"),
+        ((CONFIG, 2, [0.5, math.nan], None), ValueError, r"predictions\[1\]=nan must be a finite number >= 0 and <= 1"),
+        ((CONFIG, 2, [-0.5, 0.5], None), ValueError, r"predictions\[0\]=-0.5 must be a finite number >= 0 and <= 1"),
+        ((CONFIG, 2, [0.5, 1.5], None), ValueError, r"predictions\[1\]=1.5"),
+        ((CONFIG, 2, [0.5, "x"], None), TypeError, r"predictions\[1\]='x' \(str\) must be a finite number"),
+        ((CONFIG, 2, "0.5", None), TypeError, "predictions is a str; it must be a list of probabilities"),
+        ((CONFIG, 2, [0.5, 0.5], math.nan), ValueError, r"calibration=nan must be a finite number >= 0"),
+        ((CONFIG, 2, [0.5, 0.5], -1.0), ValueError, r"calibration=-1.0 must be a finite number >= 0"),
+        (({"train_batch_size": 4}, 2, [0.5], None), TypeError, "config is a dict; it must be a dapo_verl.config"),
+    ],
+)
 def test_predicted_request_refuses_what_is_no_prediction(args, error, words):
     with pytest.raises(error, match=words):
         predicted_request(*args)
 
 
-@pytest.mark.parametrize(("call", "error", "words"), [
-    (lambda: request_size(CONFIG, 0, 0.5), ValueError, r"missing=0 must be an integer >= 1"),
-    (lambda: request_size(CONFIG, 4, math.nan), ValueError, r"keep_rate=nan must be a finite number >= 0 and <= 1"),
-    (lambda: request_size(CONFIG, 4, 1.5), ValueError, r"keep_rate=1.5"),
-    (lambda: max_request_size(CONFIG, -2), ValueError, r"missing=-2"),
-    (lambda: round_request(CONFIG, 4, 0.5, 0), ValueError, r"budget_left=0 must be an integer >= 1"),
-    (lambda: budget_can_fill(CONFIG, 4, 0.5, -1), ValueError, r"budget_left=-1 must be an integer >= 0"),
-    (lambda: inflight_target(CONFIG, 4, 0.5, 8, streaming=1), TypeError, r"streaming=1 \(int\) must be True"),
-    (lambda: yield_stops(CONFIG, 4, 0.5, 8, math.nan), ValueError, r"groups_seen=nan"),
-    (lambda: update_keep_rate(0.5, 5, 4, 0.3), ValueError, r"kept=5 must be an integer in \[0, 4\]"),
-    (lambda: update_keep_rate(0.5, 1, -4, 0.3), ValueError, r"generated=-4 must be an integer >= 0"),
-    (lambda: update_keep_rate(0.5, 1, 4, 0.0), ValueError, r"smoothing=0.0 must be a finite number > 0 and <= 1"),
-    (lambda: update_keep_rate(1.5, 1, 4, 0.3), ValueError, r"estimate=1.5 must be a finite number >= 0 and <= 1"),
-    (lambda: update_keep_rate(0.5, 1, 4, 0.3, round_size=0), ValueError, r"round_size=0 must be an integer >= 1"),
-    (lambda: step_prompt_budget(None), TypeError, "config is a NoneType"),
-])
+@pytest.mark.parametrize(
+    ("call", "error", "words"),
+    [
+        (lambda: request_size(CONFIG, 0, 0.5), ValueError, r"missing=0 must be an integer >= 1"),
+        (lambda: request_size(CONFIG, 4, math.nan), ValueError, r"keep_rate=nan must be a finite number >= 0 and <= 1"),
+        (lambda: request_size(CONFIG, 4, 1.5), ValueError, r"keep_rate=1.5"),
+        (lambda: max_request_size(CONFIG, -2), ValueError, r"missing=-2"),
+        (lambda: round_request(CONFIG, 4, 0.5, 0), ValueError, r"budget_left=0 must be an integer >= 1"),
+        (lambda: budget_can_fill(CONFIG, 4, 0.5, -1), ValueError, r"budget_left=-1 must be an integer >= 0"),
+        (lambda: inflight_target(CONFIG, 4, 0.5, 8, streaming=1), TypeError, r"streaming=1 \(int\) must be True"),
+        (lambda: yield_stops(CONFIG, 4, 0.5, 8, math.nan), ValueError, r"groups_seen=nan"),
+        (lambda: update_keep_rate(0.5, 5, 4, 0.3), ValueError, r"kept=5 must be an integer in \[0, 4\]"),
+        (lambda: update_keep_rate(0.5, 1, -4, 0.3), ValueError, r"generated=-4 must be an integer >= 0"),
+        (lambda: update_keep_rate(0.5, 1, 4, 0.0), ValueError, r"smoothing=0.0 must be a finite number > 0 and <= 1"),
+        (lambda: update_keep_rate(1.5, 1, 4, 0.3), ValueError, r"estimate=1.5 must be a finite number >= 0 and <= 1"),
+        (lambda: update_keep_rate(0.5, 1, 4, 0.3, round_size=0), ValueError, r"round_size=0 must be an integer >= 1"),
+        (lambda: step_prompt_budget(None), TypeError, "config is a NoneType"),
+    ],
+)
 def test_sizing_functions_name_the_argument_that_does_not_fit(call, error, words):
     with pytest.raises(error, match=words):
         call()

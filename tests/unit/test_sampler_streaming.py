@@ -27,9 +27,14 @@ P = "dapo/sampler/"
 
 
 def _engine(seed=0, num_prompts=300, max_running=None, median=200.0, budget=1024, group_size=8):
-    return SimulatedEngine(drifting_pass_rates(num_prompts, seed=seed), group_size=group_size,
-                           lengths=LongTailLengths(median), max_response_length=budget, max_running=max_running,
-                           seed=seed)
+    return SimulatedEngine(
+        drifting_pass_rates(num_prompts, seed=seed),
+        group_size=group_size,
+        lengths=LongTailLengths(median),
+        max_response_length=budget,
+        max_running=max_running,
+        seed=seed,
+    )
 
 
 def _sampler(engine, num_prompts=300, **overrides):
@@ -91,7 +96,7 @@ def test_carried_aborted_groups_are_continued_first_oldest_first_and_count_only_
     second = sampler.next_batch()
     first_submission = spy.submitted[0]
     resumed = [(r.born_step, r.prompt_id, r.prefix_tokens) for r in first_submission if r.resume is not None]
-    assert resumed == carried[:len(resumed)] and len(resumed) == second.metrics[P + "resumed_groups"] > 0
+    assert resumed == carried[: len(resumed)] and len(resumed) == second.metrics[P + "resumed_groups"] > 0
     assert all(r.resume is not None for r in first_submission)  # before any new prompt
     assert second.metrics[P + "resumed_tokens"] == sum(tokens for _, _, tokens in resumed)
     assert sampler.counters["response_tokens_generated"] == spy.engine.tokens_generated
@@ -175,12 +180,15 @@ class _Broken:
         return Aborted()  # forgets what is still in flight
 
 
-@pytest.mark.parametrize(("rule", "message"), [
-    ("silent", r"collect\(\) returned no group while \d+ are in flight; it must block"),
-    ("stranger", r"reported a group for Request\(request_id=10000.*not in flight"),
-    ("twice", r"not in flight \(or was returned before\)"),
-    ("forgetful", r"abort\(\) left requests \[.*\] unaccounted for"),
-])
+@pytest.mark.parametrize(
+    ("rule", "message"),
+    [
+        ("silent", r"collect\(\) returned no group while \d+ are in flight; it must block"),
+        ("stranger", r"reported a group for Request\(request_id=10000.*not in flight"),
+        ("twice", r"not in flight \(or was returned before\)"),
+        ("forgetful", r"abort\(\) left requests \[.*\] unaccounted for"),
+    ],
+)
 def test_an_engine_that_breaks_the_contract_is_named_with_what_it_must_do(rule, message):
     sampler = BatchReplenisher(SamplerConfig(train_batch_size=2, gen_batch_size=4, seed=0), 50, _Broken(rule))
     with pytest.raises(ValueError, match=message):
@@ -188,14 +196,22 @@ def test_an_engine_that_breaks_the_contract_is_named_with_what_it_must_do(rule, 
 
 
 @settings(max_examples=25, deadline=None)
-@given(surplus=st.sampled_from(["carry", "discard"]), batch=st.integers(1, 12), group=st.integers(2, 6),
-       running=st.one_of(st.none(), st.integers(1, 64)), median=st.floats(5.0, 300.0),
-       staleness=st.integers(1, 3), seed=st.integers(0, 1000))
-def test_streaming_accounting_is_conserved_for_any_engine_shape(surplus, batch, group, running, median, staleness,
-                                                                seed):
+@given(
+    surplus=st.sampled_from(["carry", "discard"]),
+    batch=st.integers(1, 12),
+    group=st.integers(2, 6),
+    running=st.one_of(st.none(), st.integers(1, 64)),
+    median=st.floats(5.0, 300.0),
+    staleness=st.integers(1, 3),
+    seed=st.integers(0, 1000),
+)
+def test_streaming_accounting_is_conserved_for_any_engine_shape(
+    surplus, batch, group, running, median, staleness, seed
+):
     engine = _engine(seed=seed, num_prompts=80, max_running=running, median=median, budget=256, group_size=group)
-    sampler = _sampler(engine, num_prompts=80, train_batch_size=batch, surplus=surplus,
-                       max_staleness_steps=staleness, seed=seed)
+    sampler = _sampler(
+        engine, num_prompts=80, train_batch_size=batch, surplus=surplus, max_staleness_steps=staleness, seed=seed
+    )
     for step_batch in _run(sampler, engine, 6):
         assert len(step_batch.groups) == batch or step_batch.is_partial
         assert step_batch.metrics[P + "trained_token_age_max"] <= staleness

@@ -12,8 +12,12 @@ from dapo_verl.state_io import CorruptStateError, load_state, save_state
 
 
 def _state():
-    return {"a": torch.arange(5), "nested": {"flag": True, "none": None, "x": 1.5, "items": [torch.zeros(0), "s"]},
-            "rng": torch.Generator().manual_seed(3).get_state(), "bool": torch.tensor([True, False])}
+    return {
+        "a": torch.arange(5),
+        "nested": {"flag": True, "none": None, "x": 1.5, "items": [torch.zeros(0), "s"]},
+        "rng": torch.Generator().manual_seed(3).get_state(),
+        "bool": torch.tensor([True, False]),
+    }
 
 
 def test_round_trip_preserves_values_and_dtypes(tmp_path):
@@ -88,7 +92,8 @@ def test_files_of_the_first_format_are_still_read(tmp_path):
     tensors = {"t0": torch.arange(3)}
     body = '{"step": 4, "w": {"__tensor__": "t0"}}'
     path = tmp_path / "old.safetensors"
-    save_file(tensors, str(path), metadata={"format": "dapo_verl.state/1", "state": body,
-                                            "sha256": _digest(tensors, None)})
+    save_file(
+        tensors, str(path), metadata={"format": "dapo_verl.state/1", "state": body, "sha256": _digest(tensors, None)}
+    )
     loaded = load_state(path)
     assert loaded["step"] == 4 and torch.equal(loaded["w"], torch.arange(3))

@@ -29,14 +29,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"FAILED {line}")
     if args.write or args.check:
         current = PAGE.read_text()
-        updated = update_generated_section(current, table, start_marker=TABLE_START, end_marker=TABLE_END,
-                                           where=str(PAGE))
+        updated = update_generated_section(
+            current, table, start_marker=TABLE_START, end_marker=TABLE_END, where=str(PAGE)
+        )
         if args.write:
             PAGE.write_text(updated)
             print(f"Wrote the reliability table into {PAGE}")
         elif updated != current:
-            print(f"{PAGE}'s reliability table differs from what the checks produce; run `dapo-verl reliability "
-                  f"--write`.")
+            print(
+                f"{PAGE}'s reliability table differs from what the checks produce; run `dapo-verl reliability --write`."
+            )
             return 1
     return 0 if report.passed else 1
 

@@ -93,8 +93,9 @@ class DeterminismResult:
         return self.local_other_seed_steps > 0 and self.sampler_other_seed_steps > 0
 
 
-def run_determinism(seed: int = 0, steps: int = 8, sampler_steps: int = 200,
-                    work_dir: str | Path | None = None) -> DeterminismResult:
+def run_determinism(
+    seed: int = 0, steps: int = 8, sampler_steps: int = 200, work_dir: str | Path | None = None
+) -> DeterminismResult:
     """Run the local backend and the sampler twice with ``seed`` and once with ``seed + 1``; compare.
 
     Args:
@@ -108,8 +109,10 @@ def run_determinism(seed: int = 0, steps: int = 8, sampler_steps: int = 200,
     result = DeterminismResult(seed=seed)
     records: list[logging.LogRecord] = []
     with work_directory(work_dir, prefix="dapo_verl_determinism_") as root, quiet_run_logs(records):
-        first, second, other = (_local(root / name, s, steps, root / "cache")
-                                for name, s in (("first", seed), ("second", seed), ("other_seed", seed + 1)))
+        first, second, other = (
+            _local(root / name, s, steps, root / "cache")
+            for name, s in (("first", seed), ("second", seed), ("other_seed", seed + 1))
+        )
         result.local_metric_values = metric_values(first["history"])
         result.local_differences = _differences(first, second)
         result.local_other_seed_steps = _steps_differing(first["history"], other["history"])
@@ -125,9 +128,11 @@ def run_determinism(seed: int = 0, steps: int = 8, sampler_steps: int = 200,
 
 def _local(run_dir: Path, seed: int, steps: int, cache: Path) -> dict[str, Any]:
     result = run([*tiny_overrides(steps=steps, seed=seed, cache_dir=cache), "trainer.resume_mode=disable"], run_dir)
-    return {"history": read_history(run_dir / "metrics.jsonl"),
-            "state": read_checkpoint(checkpoint_dir(run_dir, result.steps)),
-            "model": load_file(str(run_dir / "model" / "model.safetensors"))}
+    return {
+        "history": read_history(run_dir / "metrics.jsonl"),
+        "state": read_checkpoint(checkpoint_dir(run_dir, result.steps)),
+        "model": load_file(str(run_dir / "model" / "model.safetensors")),
+    }
 
 
 def sampler_trace(seed: int, steps: int = 200) -> dict[str, Any]:
@@ -136,8 +141,16 @@ def sampler_trace(seed: int, steps: int = 200) -> dict[str, Any]:
     Returns:
         ``{"history": [{"step": int, "data": metrics}], "batches": [prompt ids per step], "state": state_dict}``.
     """
-    config = SamplerConfig(train_batch_size=16, gen_batch_size=24, seed=seed, surplus="carry", max_staleness_steps=2,
-                           skip_uninformative=True, on_shortfall="partial", max_num_gen_batches=4)
+    config = SamplerConfig(
+        train_batch_size=16,
+        gen_batch_size=24,
+        seed=seed,
+        surplus="carry",
+        max_staleness_steps=2,
+        skip_uninformative=True,
+        on_shortfall="partial",
+        max_num_gen_batches=4,
+    )
     policy = SimulatedPolicy(drifting_pass_rates(512, seed=seed), group_size=8, seed=seed)
     sampler = BatchReplenisher(config, 512, policy)
     history, batches = [], []

@@ -145,8 +145,11 @@ class FaultResult:
     @property
     def failures(self) -> list[str]:
         """``"trial i (kind, point): problem"`` for every failed check and every fault that never fired."""
-        return [f"trial {i} ({t.kind}, {t.point}): {p}" for i, t in enumerate(self.trials)
-                for p in t.problems + ([] if t.crashed else ["the fault never fired"])]
+        return [
+            f"trial {i} ({t.kind}, {t.point}): {p}"
+            for i, t in enumerate(self.trials)
+            for p in t.problems + ([] if t.crashed else ["the fault never fired"])
+        ]
 
 
 @dataclass
@@ -158,8 +161,9 @@ class _Reference:
     gradient_steps: list[int]  # per training step
 
 
-def run_fault_injection(seed: int = 0, trials: int = 12, steps: int = 8,
-                        work_dir: str | Path | None = None) -> FaultResult:
+def run_fault_injection(
+    seed: int = 0, trials: int = 12, steps: int = 8, work_dir: str | Path | None = None
+) -> FaultResult:
     """Inject ``trials`` faults into the tiny local run and check each recovery (see the module docstring).
 
     Args:
@@ -174,13 +178,16 @@ def run_fault_injection(seed: int = 0, trials: int = 12, steps: int = 8,
         ValueError: if ``steps`` < 6 or ``trials`` < 1.
     """
     if steps < 6 or trials < 1:
-        raise ValueError(f"steps={steps}, trials={trials}: need steps >= 6 (three checkpoints at save_freq=2) and "
-                         f"trials >= 1.")
+        raise ValueError(
+            f"steps={steps}, trials={trials}: need steps >= 6 (three checkpoints at save_freq=2) and trials >= 1."
+        )
     started = time.perf_counter()
     result = FaultResult(seed=seed, steps=steps)
     records: list[logging.LogRecord] = []
-    with work_directory(work_dir, prefix="dapo_verl_faults_", stale=("reference", "trial_*")) as root, \
-            quiet_run_logs(records):
+    with (
+        work_directory(work_dir, prefix="dapo_verl_faults_", stale=("reference", "trial_*")) as root,
+        quiet_run_logs(records),
+    ):
         overrides = tiny_overrides(steps=steps, seed=seed, cache_dir=root / "cache")
         reference = _reference(root / "reference", overrides)
         result.reference_s = time.perf_counter() - started
@@ -197,9 +204,13 @@ def _reference(run_dir: Path, overrides: list[str]) -> _Reference:
         result = run(overrides, run_dir)
     history = read_history(run_dir / "metrics.jsonl")
     steps = [int(r["data"].get("actor/dapo/gradient_steps") or 0) for r in history if r["step"] > 0]
-    return _Reference(history=history, tracker=tracker, final_state=read_checkpoint(checkpoint_dir(run_dir,
-                      result.steps)), model=load_file(str(run_dir / "model" / "model.safetensors")),
-                      gradient_steps=steps)
+    return _Reference(
+        history=history,
+        tracker=tracker,
+        final_state=read_checkpoint(checkpoint_dir(run_dir, result.steps)),
+        model=load_file(str(run_dir / "model" / "model.safetensors")),
+        gradient_steps=steps,
+    )
 
 
 def draw_faults(seed: int, trials: int, reference: EventTracker, gradient_steps: list[int]) -> list[Fault]:
@@ -221,12 +232,15 @@ def _draw(kind: str, rng: random.Random, ref: EventTracker, gradient_steps: list
         index = rng.randint(1, counts["generate"])
         return Fault(kind, index, f"generate call {index} of {counts['generate']}")
     if kind == "update":
-        later = [(sum(gradient_steps[:t]) + k, t + 1, k, n) for t, n in enumerate(gradient_steps)
-                 for k in range(2, n + 1)]
+        later = [
+            (sum(gradient_steps[:t]) + k, t + 1, k, n) for t, n in enumerate(gradient_steps) for k in range(2, n + 1)
+        ]
         if not later:
-            raise ValueError("No training step of the reference took two gradient steps, so none can be cut "
-                             "mid-update; keep actor_rollout_ref.actor.ppo_mini_batch_size below "
-                             "data.train_batch_size.")
+            raise ValueError(
+                "No training step of the reference took two gradient steps, so none can be cut "
+                "mid-update; keep actor_rollout_ref.actor.ppo_mini_batch_size below "
+                "data.train_batch_size."
+            )
         index, step, k, n = rng.choice(later)
         return Fault(kind, index, f"optimizer step {index} (gradient step {k} of {n} in training step {step})")
     if kind in ("checkpoint_state", "checkpoint_marker"):
@@ -234,8 +248,12 @@ def _draw(kind: str, rng: random.Random, ref: EventTracker, gradient_steps: list
         if kind == "checkpoint_marker":
             return Fault(kind, index, f"checkpoint of step {saves[index - 1]}: state file written, marker not")
         fraction = rng.choice([rng.random(), 1.0])
-        return Fault(kind, index, f"checkpoint of step {saves[index - 1]}: {fraction:.0%} of the state file written "
-                     f"under its temporary name", fraction=fraction)
+        return Fault(
+            kind,
+            index,
+            f"checkpoint of step {saves[index - 1]}: {fraction:.0%} of the state file written under its temporary name",
+            fraction=fraction,
+        )
     if kind == "metrics_line":
         index, fraction = rng.randint(1, counts["log"]), rng.random()
         return Fault(kind, index, f"metrics line {index} of {counts['log']} cut at {fraction:.0%}", fraction=fraction)
@@ -243,13 +261,20 @@ def _draw(kind: str, rng: random.Random, ref: EventTracker, gradient_steps: list
         index, damage = rng.randint(2, len(saves) - 1), rng.choice(DAMAGE_MODES)
         fraction, xor = rng.random(), rng.randint(1, 255)
         how = f"{damage} at {fraction:.0%}" + (f", xor 0x{xor:02x}" if damage != "truncate" else "")
-        return Fault(kind, index, f"checkpoint of step {saves[index - 1]} damaged ({how})", fraction=fraction,
-                     damage=damage, xor=xor)
+        return Fault(
+            kind,
+            index,
+            f"checkpoint of step {saves[index - 1]} damaged ({how})",
+            fraction=fraction,
+            damage=damage,
+            xor=xor,
+        )
     raise ValueError(f"fault kind {kind!r} is not one of {list(FAULT_KINDS)}.")
 
 
-def _trial(run_dir: Path, fault: Fault, overrides: list[str], ref: _Reference,
-           records: list[logging.LogRecord]) -> Trial:
+def _trial(
+    run_dir: Path, fault: Fault, overrides: list[str], ref: _Reference, records: list[logging.LogRecord]
+) -> Trial:
     trial = Trial(kind=fault.kind, point=fault.point)
     began = time.perf_counter()
     crashed = EventTracker(run_dir, fault)
@@ -272,8 +297,10 @@ def _trial(run_dir: Path, fault: Fault, overrides: list[str], ref: _Reference,
 
 
 def _check_resume(trial: Trial, crashed: EventTracker, errors: list[str]) -> None:
-    trial.expect(trial.resumed_from == trial.expected_resume,
-                 f"resumed from step {trial.resumed_from}, expected {trial.expected_resume}")
+    trial.expect(
+        trial.resumed_from == trial.expected_resume,
+        f"resumed from step {trial.resumed_from}, expected {trial.expected_resume}",
+    )
     if crashed.damaged is None:
         trial.expect(not errors, f"unexpected errors logged: {errors}")
         return
@@ -281,8 +308,7 @@ def _check_resume(trial: Trial, crashed: EventTracker, errors: list[str]) -> Non
     trial.expect(bool(trial.detected), f"no error log named the damaged {crashed.damaged}")
 
 
-def _check_outcome(trial: Trial, run_dir: Path, ref: _Reference, crashed: EventTracker,
-                   resumed: EventTracker) -> None:
+def _check_outcome(trial: Trial, run_dir: Path, ref: _Reference, crashed: EventTracker, resumed: EventTracker) -> None:
     history = read_history(run_dir / "metrics.jsonl")
     trial.metric_values = metric_values(history)
     trial.expect(not (diffs := history_differences(ref.history, history)), f"metrics differ: {diffs[:3]}")
@@ -295,8 +321,10 @@ def _check_outcome(trial: Trial, run_dir: Path, ref: _Reference, crashed: EventT
         trial.duplicated_groups += sum((have - want).values())
         trial.expect(got.get(step, ((), ""))[1] == digest, f"step {step} trained another batch")
     trial.expect(sorted(got) == sorted(ref.tracker.batches), f"steps trained {sorted(got)}")
-    trial.expect(trial.lost_groups == 0 and trial.duplicated_groups == 0,
-                 f"{trial.lost_groups} groups lost, {trial.duplicated_groups} trained twice")
+    trial.expect(
+        trial.lost_groups == 0 and trial.duplicated_groups == 0,
+        f"{trial.lost_groups} groups lost, {trial.duplicated_groups} trained twice",
+    )
     trial.expect(set(crashed.gaps + resumed.gaps) <= {0}, f"conservation gaps {crashed.gaps + resumed.gaps}")
     last = ref.tracker.committed[-1]
     trial.expect(read_marker(run_dir) == last, f"marker at {read_marker(run_dir)}, expected {last}")
@@ -307,8 +335,10 @@ def _check_outcome(trial: Trial, run_dir: Path, ref: _Reference, crashed: EventT
     folders = [run_dir, run_dir / "checkpoints", *(run_dir / "checkpoints").glob("global_step_*")]
     stale = [p.name for folder in folders for p in folder.glob(f".*{TMP_SUFFIX}")]
     trial.expect(not stale, f"temporary files left: {stale}")
-    trial.expect(all((checkpoint_dir(run_dir, s) / STATE_FILE).exists() for s in ref.tracker.committed),
-                 "a checkpoint of the reference is missing")
+    trial.expect(
+        all((checkpoint_dir(run_dir, s) / STATE_FILE).exists() for s in ref.tracker.committed),
+        "a checkpoint of the reference is missing",
+    )
 
 
 def _tally(result: FaultResult) -> None:

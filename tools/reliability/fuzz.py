@@ -26,7 +26,6 @@ in a loss or gradient, a broken invariant -- is a failure, recorded with the cas
 replayed. Everything is drawn from one seed, so a run is reproducible and its counts are stable.
 """
 
-
 from __future__ import annotations
 
 import logging
@@ -77,8 +76,9 @@ FUZZ_TARGETS: dict[str, Callable[[Case], Callable[[], Any]]] = {
     "dynamic_group_mask + group_drop_reasons": filter_case,
     "reward_overlong_penalty + truncation masks": overlong_case,
     "DapoConfig.from_verl": config_case_for(DapoConfig.from_verl, DapoConfig, lambda: DapoConfig().to_verl()),
-    "LocalRunConfig (dapo-verl train's own keys)": lambda case: config_case_for(read_local, local_root(),
-                                                                                local_run_tree)(case),
+    "LocalRunConfig (dapo-verl train's own keys)": lambda case: config_case_for(
+        read_local, local_root(), local_run_tree
+    )(case),
     "doctor/rehearse overrides (the pre-flight check)": preflight_case,
     "BatchReplenisher with faulty generate callbacks": sampler_case,
     "BatchReplenisher.load_state_dict with damaged states": sampler_state_case,
@@ -104,8 +104,9 @@ def run_fuzz(cases_per_target: int = 400, seed: int = 0) -> list[FuzzResult]:
     quiet.setLevel(logging.ERROR)  # shortfall warnings are expected here
     try:
         for offset, (name, make) in enumerate(FUZZ_TARGETS.items()):
-            results.append(_fuzz_target(name, make, cases_for(name, cases_per_target),
-                                        random.Random(seed * 7919 + offset)))
+            results.append(
+                _fuzz_target(name, make, cases_for(name, cases_per_target), random.Random(seed * 7919 + offset))
+            )
     finally:
         quiet.setLevel(level)
     return results
@@ -131,8 +132,7 @@ def _outcome(case: Case, run: Callable[[], Any]) -> tuple[str, str]:
     return "correct", ""
 
 
-def _fuzz_target(name: str, make: Callable[[Case], Callable[[], Any]], cases: int,
-                 rng: random.Random) -> FuzzResult:
+def _fuzz_target(name: str, make: Callable[[Case], Callable[[], Any]], cases: int, rng: random.Random) -> FuzzResult:
     result = FuzzResult(name)
     for _ in range(cases):
         case = Case(rng)
@@ -140,8 +140,9 @@ def _fuzz_target(name: str, make: Callable[[Case], Callable[[], Any]], cases: in
         start = time.perf_counter()
         result.tried += 1
         kind, why = _outcome(case, run)
-        result.drawn.update([f"bad:{n}" for n in case.bad] + [f"risky:{n}" for n in case.risky]
-                            + ["overflow"] * case.overflow)
+        result.drawn.update(
+            [f"bad:{n}" for n in case.bad] + [f"risky:{n}" for n in case.risky] + ["overflow"] * case.overflow
+        )
         if kind == "correct":
             result.correct += 1
         elif kind == "clear":
@@ -150,4 +151,3 @@ def _fuzz_target(name: str, make: Callable[[Case], Callable[[], Any]], cases: in
             result.failures.append(f"{why} :: {'; '.join(case.notes)}")
         result.slowest_s = max(result.slowest_s, time.perf_counter() - start)
     return result
-

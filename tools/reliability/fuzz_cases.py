@@ -24,7 +24,6 @@ OVERFLOW = [1e38, -1e38, 3e38, -3e38]
 """Finite in float32 (max 3.4e38), but a product with a ratio or a sum over tokens overflows it."""
 
 
-
 def names_exactly(message: str, name: str) -> bool:
     """Whether ``message`` names ``name`` as a whole word or key (``old_logp`` does not name ``logp``).
 
@@ -35,8 +34,6 @@ def names_exactly(message: str, name: str) -> bool:
         False
     """
     return re.search(rf"(?<![\w.]){re.escape(name)}(?![\w])", message) is not None
-
-
 
 
 class Case:
@@ -63,8 +60,15 @@ class Case:
             return self.rng.choice(bad)
         return self.rng.choice(good)
 
-    def poison(self, tensor: torch.Tensor, name: str, where: torch.Tensor | None = None, *,
-               valid: torch.Tensor | None = None, p: float = 0.2) -> torch.Tensor:
+    def poison(
+        self,
+        tensor: torch.Tensor,
+        name: str,
+        where: torch.Tensor | None = None,
+        *,
+        valid: torch.Tensor | None = None,
+        p: float = 0.2,
+    ) -> torch.Tensor:
         """Maybe write a NaN, inf, huge or float32-overflowing value into ``tensor`` (inside ``where`` if given).
 
         A value written where ``valid`` is True (everywhere when ``valid`` is None) makes ``name`` risky.
@@ -88,5 +92,3 @@ class Case:
                 self.risky |= {"logp", "advantages"}
         self.note(f"{name}[{index}]={value}")
         return tensor
-
-

@@ -58,8 +58,11 @@ def loss_case(case: Case) -> Callable[[], Any]:
         "clip_low": case.pick("clip_low", [0.2, 0.1, 0.0], bad=[-0.1, 1.5, math.nan]),
         "clip_high": case.pick("clip_high", [0.28, 0.2, 0.0], bad=[-0.2, math.inf]),
         "clip_ratio_c": case.pick("clip_ratio_c", [None, 3.0, 10.0], bad=[0.5]),
-        "aggregation": case.pick("aggregation", ["token_mean_global", "token_mean_group", "seq_mean_token_mean",
-                                                 "seq_mean_token_sum"], bad=["token-mean"]),
+        "aggregation": case.pick(
+            "aggregation",
+            ["token_mean_global", "token_mean_group", "seq_mean_token_mean", "seq_mean_token_sum"],
+            bad=["token-mean"],
+        ),
     }
     if kwargs["aggregation"] == "token_mean_group":
         if case.chance(0.9):
@@ -80,8 +83,15 @@ def loss_case(case: Case) -> Callable[[], Any]:
         grad = leaf.grad if leaf.grad is not None else torch.zeros_like(leaf)
         assert torch.isfinite(grad).all(), "non-finite gradient"
         assert (grad[~bool_mask] == 0).all(), "gradient on padding"
-        stats = core.clip_diagnostics(leaf.detach(), old, adv, mask, clip_low=kwargs["clip_low"],
-                                      clip_high=kwargs["clip_high"], clip_ratio_c=kwargs["clip_ratio_c"])
+        stats = core.clip_diagnostics(
+            leaf.detach(),
+            old,
+            adv,
+            mask,
+            clip_low=kwargs["clip_low"],
+            clip_high=kwargs["clip_high"],
+            clip_ratio_c=kwargs["clip_ratio_c"],
+        )
         for key, value in stats.items():
             assert torch.isfinite(value), key
             assert not key.endswith("_fraction") or 0 <= float(value) <= 1, key
@@ -99,8 +109,14 @@ def _rewards(case: Case, *, name: str = "rewards") -> torch.Tensor:
         case.bad.add(name)
     encoding = case.rng.choice(["01", "pm1", "bool", "int", "float", "const"])
     raw = torch.randint(0, 2, (p, g), generator=case.gen)
-    rewards = {"01": raw.float(), "pm1": raw.float() * 2 - 1, "bool": raw.bool(), "int": raw,
-               "float": torch.randn(p, g, generator=case.gen), "const": torch.full((p, g), 0.3)}[encoding]
+    rewards = {
+        "01": raw.float(),
+        "pm1": raw.float() * 2 - 1,
+        "bool": raw.bool(),
+        "int": raw,
+        "float": torch.randn(p, g, generator=case.gen),
+        "const": torch.full((p, g), 0.3),
+    }[encoding]
     if case.chance(0.05):
         rewards = rewards.reshape(-1)
         case.bad.add(name)
@@ -135,9 +151,9 @@ def advantage_case(case: Case) -> Callable[[], Any]:
         assert (adv[~keep] == 0).all(), "zero-spread group with advantage"
         row_sum, row_size = adv.double().sum(1).abs(), adv.double().abs().sum(1)
         assert (row_sum <= 1e-5 * row_size + 1e-3).all(), "advantages do not sum to zero within a group"
-        flat = core.group_advantages_by_index(rewards.reshape(-1), [i // rewards.shape[1] for i in
-                                                                    range(rewards.numel())], scale_by_std=scale,
-                                              eps=eps)
+        flat = core.group_advantages_by_index(
+            rewards.reshape(-1), [i // rewards.shape[1] for i in range(rewards.numel())], scale_by_std=scale, eps=eps
+        )
         assert torch.allclose(flat, adv.reshape(-1), atol=1e-4, rtol=1e-3)
 
     return run
@@ -177,8 +193,10 @@ def overlong_case(case: Case) -> Callable[[], Any]:
     if case.chance(0.05):
         rewards = torch.randn(n + 1, generator=case.gen)
         case.bad |= {"rewards", "response_lengths"}  # a length mismatch may be reported under either name
-    case.note(f"n={n} lmax={lmax} buf={buf} factor={factor} schedule={schedule} lengths="
-              f"{'meta' if lengths.is_meta else lengths.tolist()}")
+    case.note(
+        f"n={n} lmax={lmax} buf={buf} factor={factor} schedule={schedule} lengths="
+        f"{'meta' if lengths.is_meta else lengths.tolist()}"
+    )
 
     def run() -> None:
         shaped = core.reward_overlong_penalty(rewards, lengths, lmax, buf, factor, schedule=schedule)
@@ -189,5 +207,3 @@ def overlong_case(case: Case) -> Callable[[], Any]:
         assert torch.equal(masked.any(1), ~truncated)
 
     return run
-
-

@@ -26,8 +26,26 @@ __all__ = ["config_case_for", "local_root", "local_run_tree", "read_local", "sam
 
 # -- config ---------------------------------------------------------------------------------------------
 
-_CONFIG_VALUES = [-1, 0, 1, 1.5, -0.5, 0.2, 2**40, "x", "", "false", "true", True, False, None, [], {"a": 1},
-                  math.nan, math.inf]
+_CONFIG_VALUES = [
+    -1,
+    0,
+    1,
+    1.5,
+    -0.5,
+    0.2,
+    2**40,
+    "x",
+    "",
+    "false",
+    "true",
+    True,
+    False,
+    None,
+    [],
+    {"a": 1},
+    math.nan,
+    math.inf,
+]
 
 
 def _fits_type(value: Any, annotation: str) -> bool:
@@ -49,8 +67,9 @@ def _read_back(config: Any, attr_path: tuple[str, ...]) -> Any:
     return config
 
 
-def config_case_for(read: Callable[[Mapping[str, Any]], Any], root: type,
-                     tree: Callable[[], dict[str, Any]]) -> Callable[[Case], Callable[[], Any]]:
+def config_case_for(
+    read: Callable[[Mapping[str, Any]], Any], root: type, tree: Callable[[], dict[str, Any]]
+) -> Callable[[Case], Callable[[], Any]]:
     """A config target: inject drawn values at random keys of ``tree()`` and read it with ``read``."""
     leaves = {key: leaf for key, leaf in iter_verl_fields(root)}
 
@@ -112,10 +131,21 @@ def local_root() -> type:
 
 _GENERATE_FAULTS = {
     # fault -> the names an error may use for it (the callback, the group or its field)
-    "count": {"generate"}, "order": {"prompt"}, "singleton": {"metric"}, "shape": {"response_lengths"},
-    "nan": {"metric"}, "none_returned": {"generate"}, "not_a_group": {"generate"}, "list_metric": {"metric"},
-    "negative_length": {"response_lengths"}, "float_length": {"response_lengths"}, "truncated_2": {"truncated"},
-    "scores_shape": {"scores"}, "scores_nan": {"scores"}, "str_prompt_id": {"prompt"}, "meta_metric": {"metric"},
+    "count": {"generate"},
+    "order": {"prompt"},
+    "singleton": {"metric"},
+    "shape": {"response_lengths"},
+    "nan": {"metric"},
+    "none_returned": {"generate"},
+    "not_a_group": {"generate"},
+    "list_metric": {"metric"},
+    "negative_length": {"response_lengths"},
+    "float_length": {"response_lengths"},
+    "truncated_2": {"truncated"},
+    "scores_shape": {"scores"},
+    "scores_nan": {"scores"},
+    "str_prompt_id": {"prompt"},
+    "meta_metric": {"metric"},
     "complex_scores": {"scores"},
 }
 
@@ -143,8 +173,11 @@ def _faulty_groups(case: Case, ids: Any, fault: str, size: int) -> Any:
         if fault == "truncated_2":
             truncated[0] = 2
         if fault in ("meta_metric", "complex_scores"):
-            metric, scores = ((torch.empty(g, device="meta"), scores) if fault == "meta_metric"
-                              else (metric, scores.to(torch.complex64)))
+            metric, scores = (
+                (torch.empty(g, device="meta"), scores)
+                if fault == "meta_metric"
+                else (metric, scores.to(torch.complex64))
+            )
         metric = metric.tolist() if fault == "list_metric" else metric
         prompt = str(pid) if fault == "str_prompt_id" else pid + (1 if fault == "order" else 0)
         group = GroupResult(prompt, metric, lengths, truncated, scores=scores)
@@ -158,9 +191,12 @@ def sampler_case(case: Case) -> Callable[[], Any]:
     from dapo_verl.sampler import BatchReplenisher, ShortfallError
 
     config = SamplerConfig(
-        train_batch_size=case.rng.randint(1, 6), max_num_gen_batches=case.rng.randint(1, 4),
-        refill=case.rng.choice(["barrier", "adaptive"]), surplus=case.rng.choice(["discard", "carry"]),
-        on_shortfall=case.rng.choice(["error", "partial"]), seed=case.rng.randrange(1000),
+        train_batch_size=case.rng.randint(1, 6),
+        max_num_gen_batches=case.rng.randint(1, 4),
+        refill=case.rng.choice(["barrier", "adaptive"]),
+        surplus=case.rng.choice(["discard", "carry"]),
+        on_shortfall=case.rng.choice(["error", "partial"]),
+        seed=case.rng.randrange(1000),
     )
     fault = case.pick("generate", ["none"], bad=sorted(_GENERATE_FAULTS), p_bad=0.5)
     case.bad |= _GENERATE_FAULTS.get(fault, set())  # the fault may be reported under its field
@@ -188,8 +224,21 @@ _REQUIRED_STREAM_KEYS = ["epoch", "num_prompts", "position", "prompts_consumed",
 
 def _damaged_state(case: Case, state: dict[str, Any]) -> tuple[Any, set[str]]:
     """``state`` damaged one way, and the names an error may use for the damage (empty: not damaged)."""
-    how = case.pick("state", ["intact"], bad=["not_a_mapping", "version", "drop_part", "wrong_type", "stream_key",
-                                              "carried_item", "prompt_count", "negative_count"], p_bad=0.6)
+    how = case.pick(
+        "state",
+        ["intact"],
+        bad=[
+            "not_a_mapping",
+            "version",
+            "drop_part",
+            "wrong_type",
+            "stream_key",
+            "carried_item",
+            "prompt_count",
+            "negative_count",
+        ],
+        p_bad=0.6,
+    )
     part = case.rng.choice(["counters", "dropped", "keep_rate_estimate", "stream", "carried"])
     case.note(f"state damage={how} part={part}")
     if how == "not_a_mapping":
@@ -221,8 +270,12 @@ def sampler_state_case(case: Case) -> Callable[[], Any]:
     from dapo_verl.sampler import BatchReplenisher
     from dapo_verl.sampler.simulation import SimulatedPolicy
 
-    config = SamplerConfig(train_batch_size=case.rng.randint(1, 4), surplus=case.rng.choice(["discard", "carry"]),
-                           on_shortfall="partial", seed=case.rng.randrange(1000))
+    config = SamplerConfig(
+        train_batch_size=case.rng.randint(1, 4),
+        surplus=case.rng.choice(["discard", "carry"]),
+        on_shortfall="partial",
+        seed=case.rng.randrange(1000),
+    )
     prompts = case.rng.randint(4, 16)
     source = BatchReplenisher(config, prompts, SimulatedPolicy(lambda i, step: 0.5, group_size=4, seed=0))
     for _ in range(case.rng.randint(0, 2)):

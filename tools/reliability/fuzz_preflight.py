@@ -46,8 +46,11 @@ def _typo(case: Case, key: str) -> str:
         return f"{head}.{leaf}{leaf[-1]}"
     i = case.rng.randrange(1, len(leaf) - 1)
     how = case.rng.choice(["drop", "double", "swap"])
-    leaf = {"drop": leaf[:i] + leaf[i + 1:], "double": leaf[:i] + leaf[i] + leaf[i:],
-            "swap": leaf[:i - 1] + leaf[i] + leaf[i - 1] + leaf[i + 1:]}[how]
+    leaf = {
+        "drop": leaf[:i] + leaf[i + 1 :],
+        "double": leaf[:i] + leaf[i] + leaf[i:],
+        "swap": leaf[: i - 1] + leaf[i] + leaf[i - 1] + leaf[i + 1 :],
+    }[how]
     return f"{head}.{leaf}"
 
 
@@ -83,7 +86,8 @@ def preflight_case(case: Case) -> Callable[[], Any]:
     case.note(f"{name} {' '.join(overrides)}")
 
     def run() -> None:
-        compose_and_check(lambda: compose_recipe(name, overrides)[0], entry_module=DAPO_ENTRY,
-                          unset_env_is_problem=False)  # ConfigRefused (a ValueError) names what it refuses
+        compose_and_check(
+            lambda: compose_recipe(name, overrides)[0], entry_module=DAPO_ENTRY, unset_env_is_problem=False
+        )  # ConfigRefused (a ValueError) names what it refuses
 
     return run

@@ -38,8 +38,18 @@ from typing import Any
 
 from dapo_verl.lifetime import dying_with_this_process
 
-__all__ = ["GUARD_CHECKS", "GuardResult", "changed_reruns", "cli_command", "concurrent_writers", "damaged_model_cache",
-           "failed_prepare_data", "interrupted_by_sigint", "one_line_error", "write_problems"]
+__all__ = [
+    "GUARD_CHECKS",
+    "GuardResult",
+    "changed_reruns",
+    "cli_command",
+    "concurrent_writers",
+    "damaged_model_cache",
+    "failed_prepare_data",
+    "interrupted_by_sigint",
+    "one_line_error",
+    "write_problems",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -133,26 +143,50 @@ def concurrent_writers(work: Path) -> GuardResult:
     result, started = GuardResult("concurrent writers"), time.perf_counter()
     out, cache = work / "run", work / "cache"
     overrides = _tiny(400, cache)  # long enough to outlive the second start
-    holder = subprocess.Popen(_train_command(out, overrides), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                              text=True)
+    holder = subprocess.Popen(
+        _train_command(out, overrides), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+    )
     try:
         busy = _wait_for(lambda: read_marker(out) is not None, holder)
         second = subprocess.run(_train_command(out, overrides), capture_output=True, text=True, timeout=_TIMEOUT_S)
         line = one_line_error(second.stderr) or ""
-        result.attempt("a second writer", [f for ok, f in [
-            (busy and holder.poll() is None, "the first run was not running when the second started"),
-            (second.returncode == 2, f"exit status {second.returncode}, not 2"),
-            (f"pid {holder.pid} " in line, f"the message does not name the holder's pid {holder.pid}: {line!r}"),
-        ] if not ok])
+        result.attempt(
+            "a second writer",
+            [
+                f
+                for ok, f in [
+                    (busy and holder.poll() is None, "the first run was not running when the second started"),
+                    (second.returncode == 2, f"exit status {second.returncode}, not 2"),
+                    (
+                        f"pid {holder.pid} " in line,
+                        f"the message does not name the holder's pid {holder.pid}: {line!r}",
+                    ),
+                ]
+                if not ok
+            ],
+        )
     finally:
         holder.kill()
         holder.communicate(timeout=_TIMEOUT_S)
     killed_at = read_marker(out)
     resumed = run(_tiny(killed_at + 2 if killed_at else 2, cache), out)
-    result.attempt("a start after the holder was killed", [f for ok, f in [
-        (resumed.resumed_from == killed_at, f"resumed from {resumed.resumed_from}, not the killed run's {killed_at}"),
-        ([r["step"] for r in resumed.history] == list(range(resumed.steps + 1)), "steps are not one run's 0..N"),
-    ] if not ok])
+    result.attempt(
+        "a start after the holder was killed",
+        [
+            f
+            for ok, f in [
+                (
+                    resumed.resumed_from == killed_at,
+                    f"resumed from {resumed.resumed_from}, not the killed run's {killed_at}",
+                ),
+                (
+                    [r["step"] for r in resumed.history] == list(range(resumed.steps + 1)),
+                    "steps are not one run's 0..N",
+                ),
+            ]
+            if not ok
+        ],
+    )
     result.wall_s = time.perf_counter() - started
     return result
 
@@ -192,20 +226,35 @@ def changed_reruns(work: Path) -> GuardResult:
     for key, value in changes.items():
         overrides = [o for o in base if not o.startswith(f"{key}=")] + [f"{key}={value}"]
         allow = key != "actor_rollout_ref.actor.clip_ratio_high"  # no flag lets another model or split continue
-        result.attempt(f"re-run with {key}={value}", _refused_keeping_outputs(
-            out, key, lambda o=overrides, a=allow: run(o, out, allow_config_change=a)))
+        result.attempt(
+            f"re-run with {key}={value}",
+            _refused_keeping_outputs(out, key, lambda o=overrides, a=allow: run(o, out, allow_config_change=a)),
+        )
     other = run(_tiny(4, cache, seed=1), work / "other")
     shutil.copyfile(checkpoint_dir(other.run_dir, 4) / STATE_FILE, checkpoint_dir(out, 4) / STATE_FILE)
-    result.attempt("a checkpoint copied in from another seed", _refused_keeping_outputs(
-        out, "data.seed", lambda: run(_tiny(6, cache), out)))
+    result.attempt(
+        "a checkpoint copied in from another seed",
+        _refused_keeping_outputs(out, "data.seed", lambda: run(_tiny(6, cache), out)),
+    )
     run(_tiny(4, cache), work / "allowed")
-    allowed = run([*_tiny(6, cache), "actor_rollout_ref.actor.clip_ratio_high=0.2"], work / "allowed",
-                  allow_config_change=True)
+    allowed = run(
+        [*_tiny(6, cache), "actor_rollout_ref.actor.clip_ratio_high=0.2"], work / "allowed", allow_config_change=True
+    )
     recorded = accepted_changes(work / "allowed")
-    result.attempt("an allowed change", [f for ok, f in [
-        (allowed.resumed_from == 4 and allowed.steps == 6, f"did not continue 4 -> 6 ({allowed.resumed_from})"),
-        ([c["key"] for c in recorded] == ["actor_rollout_ref.actor.clip_ratio_high"], f"history holds {recorded}"),
-    ] if not ok])
+    result.attempt(
+        "an allowed change",
+        [
+            f
+            for ok, f in [
+                (allowed.resumed_from == 4 and allowed.steps == 6, f"did not continue 4 -> 6 ({allowed.resumed_from})"),
+                (
+                    [c["key"] for c in recorded] == ["actor_rollout_ref.actor.clip_ratio_high"],
+                    f"history holds {recorded}",
+                ),
+            ]
+            if not ok
+        ],
+    )
     result.wall_s = time.perf_counter() - started
     return result
 
@@ -221,12 +270,14 @@ def write_problems(path: Path, problems: Sequence[tuple[bytes, bytes]]) -> Path:
 
     def column(values: Sequence[bytes]) -> pa.Array:
         offsets = np.cumsum([0, *(len(v) for v in values)]).astype(np.int32)
-        return pa.Array.from_buffers(pa.string(), len(values), [None, pa.py_buffer(offsets.tobytes()),
-                                                                pa.py_buffer(b"".join(values))])
+        return pa.Array.from_buffers(
+            pa.string(), len(values), [None, pa.py_buffer(offsets.tobytes()), pa.py_buffer(b"".join(values))]
+        )
 
     path.parent.mkdir(parents=True, exist_ok=True)
-    pq.write_table(pa.table({"problem": column([p for p, _ in problems]),
-                             "answer": column([a for _, a in problems])}), path)
+    pq.write_table(
+        pa.table({"problem": column([p for p, _ in problems]), "answer": column([a for _, a in problems])}), path
+    )
     return path
 
 
@@ -257,8 +308,10 @@ def failed_prepare_data(work: Path) -> GuardResult:
     """``prepare-data`` failing four ways over an earlier run's good outputs."""
     result, started = GuardResult("failed prepare-data"), time.perf_counter()
     good = [(f"Problem {i}: what is {i} + {i}?".encode(), str(2 * i).encode()) for i in range(40)]
-    train, aime = write_problems(work / "in" / "train.parquet", good), write_problems(work / "in" / "aime.parquet",
-                                                                                         good[:30])
+    train, aime = (
+        write_problems(work / "in" / "train.parquet", good),
+        write_problems(work / "in" / "aime.parquet", good[:30]),
+    )
     out = work / "out"
     code, err = _prepare(["--dapo-math", str(train), "--aime", str(aime), "--out", str(out)])
     if code != 0:
@@ -270,20 +323,34 @@ def failed_prepare_data(work: Path) -> GuardResult:
     non_utf8 = write_problems(work / "bad" / "latin1.parquet", [*good[:7], (b"Probl\xe8me 7", b"14"), *good[8:]])
     attempts: dict[str, tuple[list[str], str, bool]] = {
         "a bad row": (["--dapo-math", str(bad_row), "--aime", str(aime), "--out", str(out)], "ground_truth", False),
-        "a disk full after the first file": (["--dapo-math", str(train), "--aime", str(aime), "--out", str(out),
-                                              "--conflicts", "drop"], "No space left", True),
-        "--out on the inputs' folder": (["--dapo-math", str(train), "--out", str(train.parent)], "would overwrite",
-                                        False),
+        "a disk full after the first file": (
+            ["--dapo-math", str(train), "--aime", str(aime), "--out", str(out), "--conflicts", "drop"],
+            "No space left",
+            True,
+        ),
+        "--out on the inputs' folder": (
+            ["--dapo-math", str(train), "--out", str(train.parent)],
+            "would overwrite",
+            False,
+        ),
         "text that is not UTF-8": (["--dapo-math", str(non_utf8), "--out", str(out)], "row 7", False),
     }
     for what, (args, words, full_disk) in attempts.items():
         code, err = _prepare(args, full_disk=full_disk)
         line = one_line_error(err) or ""
-        result.attempt(what, [f for ok, f in [
-            (code == 2, f"exit status {code}, not 2"), (words in line, f"the message lacks {words!r}: {err!r}"),
-            ({p.name: p.read_bytes() for p in out.iterdir()} == before, "earlier outputs changed"),
-            ({p: p.read_bytes() for p in inputs} == inputs, "an input changed"),
-        ] if not ok])
+        result.attempt(
+            what,
+            [
+                f
+                for ok, f in [
+                    (code == 2, f"exit status {code}, not 2"),
+                    (words in line, f"the message lacks {words!r}: {err!r}"),
+                    ({p.name: p.read_bytes() for p in out.iterdir()} == before, "earlier outputs changed"),
+                    ({p: p.read_bytes() for p in inputs} == inputs, "an input changed"),
+                ]
+                if not ok
+            ],
+        )
     result.wall_s = time.perf_counter() - started
     return result
 
@@ -335,8 +402,18 @@ def damaged_model_cache(work: Path) -> GuardResult:
             result.attempt(how, [f"loading crashed: {type(err).__name__}: {err}"])
             continue
         same = all(torch.equal(a, b) for a, b in zip(reference.state_dict().values(), model.state_dict().values()))
-        result.attempt(how, [f for ok, f in [(built, "loaded, not rebuilt"), (same, "other weights"),
-                                             (not marker.exists(), "the pickle ran")] if not ok])
+        result.attempt(
+            how,
+            [
+                f
+                for ok, f in [
+                    (built, "loaded, not rebuilt"),
+                    (same, "other weights"),
+                    (not marker.exists(), "the pickle ran"),
+                ]
+                if not ok
+            ],
+        )
     result.wall_s = time.perf_counter() - started
     return result
 
@@ -357,25 +434,46 @@ def interrupted_by_sigint(work: Path, *, points: Sequence[int] = (3, 9)) -> Guar
     reference = run(overrides, work / "reference")
     out = work / "run"
     for point in points:
-        process = subprocess.Popen(_train_command(out, overrides), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                   text=True)
+        process = subprocess.Popen(
+            _train_command(out, overrides), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+        )
         _wait_for(lambda p=point: _metric_lines(out) >= p + 1, process)
         process.send_signal(signal.SIGINT)
         _, stderr = process.communicate(timeout=_TIMEOUT_S)
         line = one_line_error(stderr) or ""
         stopped = json.loads((out / "history.jsonl").read_text().splitlines()[-1]).get("step")
-        result.attempt(f"Ctrl-C after step {point}", [f for ok, f in [
-            (process.returncode == 2, f"exit status {process.returncode}, not 2; {stderr[-300:]!r}"),
-            ("Ctrl-C" in line and f"step {stopped}" in line, f"unclear message {line!r}"),
-            (stopped is not None and (checkpoint_dir(out, stopped) / STATE_FILE).exists(), "no checkpoint"),
-        ] if not ok])
+        result.attempt(
+            f"Ctrl-C after step {point}",
+            [
+                f
+                for ok, f in [
+                    (process.returncode == 2, f"exit status {process.returncode}, not 2; {stderr[-300:]!r}"),
+                    ("Ctrl-C" in line and f"step {stopped}" in line, f"unclear message {line!r}"),
+                    (stopped is not None and (checkpoint_dir(out, stopped) / STATE_FILE).exists(), "no checkpoint"),
+                ]
+                if not ok
+            ],
+        )
     records: list[logging.LogRecord] = []
     with quiet_run_logs(records):
         final = run(overrides, out)
-    result.attempt("resuming after Ctrl-C", [f for ok, f in [
-        (any(r.getMessage().startswith("Resumed from step") for r in records), "the start did not say it resumed"),
-        (_comparable(final.history) == _comparable(reference.history), "metrics differ from the uninterrupted run"),
-    ] if not ok])
+    result.attempt(
+        "resuming after Ctrl-C",
+        [
+            f
+            for ok, f in [
+                (
+                    any(r.getMessage().startswith("Resumed from step") for r in records),
+                    "the start did not say it resumed",
+                ),
+                (
+                    _comparable(final.history) == _comparable(reference.history),
+                    "metrics differ from the uninterrupted run",
+                ),
+            ]
+            if not ok
+        ],
+    )
     result.wall_s = time.perf_counter() - started
     return result
 

@@ -96,10 +96,13 @@ class EventTracker:
     def installed(self) -> Iterator[EventTracker]:
         """Wrap the injection points for the duration of the ``with`` block."""
         with ExitStack() as stack:
-            for owner, name, wrap in ((Rollout, "__call__", self._generate), (BatchReplenisher, "next_batch",
-                                      self._next_batch), (checkpoint_module, "save_state", self._save_state),
-                                      (train_module, "save_checkpoint", self._save_checkpoint),
-                                      (MetricsLog, "log", self._log)):
+            for owner, name, wrap in (
+                (Rollout, "__call__", self._generate),
+                (BatchReplenisher, "next_batch", self._next_batch),
+                (checkpoint_module, "save_state", self._save_state),
+                (train_module, "save_checkpoint", self._save_checkpoint),
+                (MetricsLog, "log", self._log),
+            ):
                 stack.enter_context(_patched(owner, name, wrap(getattr(owner, name))))
             stack.callback(register_optimizer_step_pre_hook(self._optimizer_step).remove)
             yield self

@@ -66,9 +66,15 @@ class ReliabilityReport:
     def passed(self) -> bool:
         """Every check met its target."""
         safe = self.safe.executed == 0 and self.safe.refused == len(self.safe.loaders)
-        return (all(not r.failures for r in self.fuzz) and all(not r.violations for r in self.stress)
-                and not self.faults.failures and safe and self.determinism.identical
-                and self.determinism.seed_sensitive and all(g.passed for g in self.guards))
+        return (
+            all(not r.failures for r in self.fuzz)
+            and all(not r.violations for r in self.stress)
+            and not self.faults.failures
+            and safe
+            and self.determinism.identical
+            and self.determinism.seed_sensitive
+            and all(g.passed for g in self.guards)
+        )
 
 
 _PLANT = textwrap.dedent(
@@ -111,8 +117,7 @@ def safe_loading(work_dir: Path) -> SafeLoadingResult:
         folder.mkdir(parents=True)
         marker = folder / "PLANTED"
         command = [sys.executable, "-c", _PLANT, str(folder / name), loader, str(marker)]
-        out = subprocess.run(dying_with_this_process(command),
-                             capture_output=True, text=True, check=False)
+        out = subprocess.run(dying_with_this_process(command), capture_output=True, text=True, check=False)
         result.loaders.append(loader)
         result.refused += "REFUSED" in out.stdout
         result.executed += marker.exists()
@@ -167,43 +172,57 @@ def render_markdown(report: ReliabilityReport) -> str:
     kinds = ", ".join(f"{kind} {faults.injected[kind]}" for kind in FAULT_KINDS)
     det = report.determinism
     rows = [
-        ("Fuzzing (`tools.reliability.fuzz`)",
-         f"{_n(fuzz_tried)} seeded cases over {len(FUZZ_TARGETS)} entry points, each with its expected outcome: "
-         f"random shapes (empty included), dtypes, masks, NaN/inf/huge values at padded and valid positions, "
-         f"{_n(overflow)} values that overflow float32, {_n(token_counts)} bad `num_valid_tokens`, group size 1, "
-         f"invalid settings and config values (DAPO and local keys), {_n(preflight)} `doctor`/`rehearse` override "
-         f"sets (misspelt or deleted keys, unknown names, values out of range, broken grammar), faulty generate "
-         f"callbacks and damaged sampler states",
-         f"{_n(fuzz_ok)} correct results (accepted config values read back unchanged), {_n(fuzz_errors)} clear "
-         f"errors naming the offending argument or key exactly, {fuzz_failures} failures (crash, error naming "
-         f"another argument, invalid input accepted, valid input refused, NaN/inf in a loss or gradient, broken "
-         f"contract)"),
-        ("Sampler under stress (`tools.reliability.stress`)",
-         f"{_n(stress_steps)} steps over {len(STRESS_CONFIGS)} configurations, through all-correct, all-wrong, "
-         f"mixed and near-uniform phases",
-         f"{_n(stress_checks)} invariant checks (conservation, informative groups, round limit, staleness, "
-         f"bounded memory), {stress_violations} violations; {_n(shortfalls)} shortfalls raised under "
-         f"on_shortfall=error, {_n(partial)} partial batches under partial"),
-        ("Crash and resume (`tools.reliability.faults`)",
-         f"{injected} faults injected into the local backend ({kinds}), each resumed and compared with an "
-         f"uninterrupted run",
-         f"{survived}/{injected} survived; {faults.lost_groups} groups lost, {faults.duplicated_groups} trained "
-         f"twice; {faults.recomputed_steps} steps recomputed identically; "
-         f"{faults.corruptions_detected} damaged checkpoints detected and skipped; "
-         f"{_n(faults.metric_values_compared)} metric values compared"),
-        ("Safe loading (`tools.reliability.report`)",
-         f"a pickle that runs a command, planted for {len(report.safe.loaders)} loaders "
-         f"({', '.join(report.safe.loaders)})",
-         f"{report.safe.refused}/{len(report.safe.loaders)} refused, {report.safe.executed} executed"),
-        ("Determinism (`tools.reliability.determinism`)",
-         f"two runs with the same seed: local backend ({_n(det.local_metric_values)} metric values) and "
-         f"sampler ({_n(det.sampler_metric_values)})",
-         f"{'bit-identical' if det.identical else 'DIFFERENT'} (CPU, {det.num_threads} thread); another seed "
-         f"changes {det.local_other_seed_steps} local and {det.sampler_other_seed_steps} sampler steps"),
-        ("Lost on a crash", "everything a checkpoint holds: weights, optimizer, sampler (carried groups, prompt "
-         "history, counters), RNG",
-         "nothing: the resumed run equals the uninterrupted one" if survived == injected and not
-         faults.lost_groups else "SEE FAILURES"),
+        (
+            "Fuzzing (`tools.reliability.fuzz`)",
+            f"{_n(fuzz_tried)} seeded cases over {len(FUZZ_TARGETS)} entry points, each with its expected outcome: "
+            f"random shapes (empty included), dtypes, masks, NaN/inf/huge values at padded and valid positions, "
+            f"{_n(overflow)} values that overflow float32, {_n(token_counts)} bad `num_valid_tokens`, group size 1, "
+            f"invalid settings and config values (DAPO and local keys), {_n(preflight)} `doctor`/`rehearse` override "
+            f"sets (misspelt or deleted keys, unknown names, values out of range, broken grammar), faulty generate "
+            f"callbacks and damaged sampler states",
+            f"{_n(fuzz_ok)} correct results (accepted config values read back unchanged), {_n(fuzz_errors)} clear "
+            f"errors naming the offending argument or key exactly, {fuzz_failures} failures (crash, error naming "
+            f"another argument, invalid input accepted, valid input refused, NaN/inf in a loss or gradient, broken "
+            f"contract)",
+        ),
+        (
+            "Sampler under stress (`tools.reliability.stress`)",
+            f"{_n(stress_steps)} steps over {len(STRESS_CONFIGS)} configurations, through all-correct, all-wrong, "
+            f"mixed and near-uniform phases",
+            f"{_n(stress_checks)} invariant checks (conservation, informative groups, round limit, staleness, "
+            f"bounded memory), {stress_violations} violations; {_n(shortfalls)} shortfalls raised under "
+            f"on_shortfall=error, {_n(partial)} partial batches under partial",
+        ),
+        (
+            "Crash and resume (`tools.reliability.faults`)",
+            f"{injected} faults injected into the local backend ({kinds}), each resumed and compared with an "
+            f"uninterrupted run",
+            f"{survived}/{injected} survived; {faults.lost_groups} groups lost, {faults.duplicated_groups} trained "
+            f"twice; {faults.recomputed_steps} steps recomputed identically; "
+            f"{faults.corruptions_detected} damaged checkpoints detected and skipped; "
+            f"{_n(faults.metric_values_compared)} metric values compared",
+        ),
+        (
+            "Safe loading (`tools.reliability.report`)",
+            f"a pickle that runs a command, planted for {len(report.safe.loaders)} loaders "
+            f"({', '.join(report.safe.loaders)})",
+            f"{report.safe.refused}/{len(report.safe.loaders)} refused, {report.safe.executed} executed",
+        ),
+        (
+            "Determinism (`tools.reliability.determinism`)",
+            f"two runs with the same seed: local backend ({_n(det.local_metric_values)} metric values) and "
+            f"sampler ({_n(det.sampler_metric_values)})",
+            f"{'bit-identical' if det.identical else 'DIFFERENT'} (CPU, {det.num_threads} thread); another seed "
+            f"changes {det.local_other_seed_steps} local and {det.sampler_other_seed_steps} sampler steps",
+        ),
+        (
+            "Lost on a crash",
+            "everything a checkpoint holds: weights, optimizer, sampler (carried groups, prompt "
+            "history, counters), RNG",
+            "nothing: the resumed run equals the uninterrupted one"
+            if survived == injected and not faults.lost_groups
+            else "SEE FAILURES",
+        ),
         *(_guard_row(guard) for guard in report.guards),
     ]
     lines = ["| Check | What was tried | Result |", "|---|---|---|"]
@@ -216,63 +235,75 @@ _GUARD_ROWS = {
         "Concurrent writers (`tools.reliability.guards`)",
         "a second `dapo-verl train` on a run directory another one is writing; a start after that one was SIGKILLed",
         "the second refused (exit 2, naming the holder's pid) and wrote nothing; the lock the killed run left taken "
-        "over and its run resumed from its checkpoint"),
+        "over and its run resumed from its checkpoint",
+    ),
     "changed re-runs": (
         "Changed re-runs",
         "a finished run started again with clip_ratio_high changed, with data.seed or the model size changed (and "
         "`--allow-config-change`), with a checkpoint copied in from another seed, and with a change allowed by "
         "`--allow-config-change`",
         "each change refused naming the key, config.yaml, summary.json and metrics.jsonl byte for byte unchanged; "
-        "the allowed change continued and recorded in history.jsonl"),
+        "the allowed change continued and recorded in history.jsonl",
+    ),
     "failed prepare-data": (
         "Failed prepare-data",
         "over an earlier run's outputs: a bad row, a disk full after the first file, `--out` on the inputs' folder, "
         "text that is not UTF-8",
         "each a one-line error with exit 2 naming the cause (file and row for the text), earlier outputs and "
-        "inputs byte for byte unchanged"),
+        "inputs byte for byte unchanged",
+    ),
     "damaged model cache": (
         "Damaged model cache",
         "the cached initial model with a flipped byte, truncated, without its checksums, with a stray file, with "
         "a planted pickle",
-        "each detected and rebuilt to the same weights; the pickle never ran"),
+        "each detected and rebuilt to the same weights; the pickle never ran",
+    ),
     "pre-flight refusals": (
         "Pre-flight refusals (`tools.reliability.refusals`)",
         "overrides a run refuses -- misspelt, added (+) and deleted (~) keys, a loss and a rollout engine verl does "
         "not know, a group of one -- given to `dapo-verl doctor`, the recipes' dry run (`python -m dapo_verl.main "
         "--cfg job`), `rehearse` and `train`; `doctor` on `dapo_trainer` as shipped",
         "each refused with a non-zero exit, one line per problem naming its key and no `[ok]` for the config, "
-        "nothing written; `dapo_trainer` passes every check, verl's validate_config included"),
+        "nothing written; `dapo_trainer` passes every check, verl's validate_config included",
+    ),
     "honest reports": (
         "Reports over bad input",
         "`compare` of a run whose accuracy went NaN; `prepare-data` twice into one folder; a finished run started "
         "again (same length, shorter); a resume after metrics.jsonl lost steps",
         "the final value reported missing and flagged, never the last finite one; the first manifest entry kept; "
-        "nothing rewritten (the shorter run refused); the gap refused, the directory byte for byte unchanged"),
+        "nothing rewritten (the shorter run refused); the gap refused, the directory byte for byte unchanged",
+    ),
     "silent changes": (
         "Silently different runs",
         "a deletion (`~data.train_batch_size`); `data.seed` changed under a checkpoint with "
         "`--allow-config-change`; +-inf log-probs and rewards given to the core API; overlong schedules returning "
         "NaN, values above 1 or a penalty before the buffer",
-        "each refused naming the key, argument or schedule; the run directory unchanged"),
+        "each refused naming the key, argument or schedule; the run directory unchanged",
+    ),
     "edge errors": (
         "Errors at the edges",
         "a checkpoint write failing under a 1 MiB file-size limit (the kernel's EFBIG); `toy --out` naming a file; a "
         "seed beyond 2**32 - 1; clip bounds of 1e308; generate callbacks returning None, dicts, lists, negative "
         "lengths; `load_state_dict(None)` and a state without its stream",
         "each one line and exit 2 (the API: an error naming the argument), no file half-written and the run "
-        "continued afterwards; the 1e308 run trained; the sampler unchanged by the refused loads"),
+        "continued afterwards; the 1e308 run trained; the sampler unchanged by the refused loads",
+    ),
     "SIGINT": (
         "Ctrl-C (SIGINT)",
         "a real `dapo-verl train` interrupted twice before its first regular checkpoint, then run to the end",
         "each stop at a step boundary with that step's checkpoint and a one-line message (exit 2); the run "
-        "resumed from there and ended with the uninterrupted run's metrics"),
+        "resumed from there and ended with the uninterrupted run's metrics",
+    ),
 }
 
 
 def _guard_row(guard: GuardResult) -> tuple[str, str, str]:
     name, tried, outcome = _GUARD_ROWS[guard.name]
-    result = f"{guard.held}/{guard.tried} held: {outcome}" if guard.passed else \
-        f"{guard.held}/{guard.tried} held; SEE FAILURES"
+    result = (
+        f"{guard.held}/{guard.tried} held: {outcome}"
+        if guard.passed
+        else f"{guard.held}/{guard.tried} held; SEE FAILURES"
+    )
     return name, tried, result
 
 

@@ -22,28 +22,49 @@ from typing import Any
 
 import torch
 
-__all__ = ["comparable_history", "history_differences", "metric_values", "quiet_run_logs", "state_differences",
-           "tiny_overrides", "work_directory"]
+__all__ = [
+    "comparable_history",
+    "history_differences",
+    "metric_values",
+    "quiet_run_logs",
+    "state_differences",
+    "tiny_overrides",
+    "work_directory",
+]
 
 _TINY = (
-    "data.train_batch_size=4", "data.gen_batch_size=8", "actor_rollout_ref.rollout.n=4",
-    "actor_rollout_ref.actor.ppo_mini_batch_size=2", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=3",
-    "local.task.heldout_size=50", "algorithm.filter_groups.surplus=carry",
-    "algorithm.filter_groups.max_staleness_steps=2", "algorithm.filter_groups.skip_uninformative=true",
+    "data.train_batch_size=4",
+    "data.gen_batch_size=8",
+    "actor_rollout_ref.rollout.n=4",
+    "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=3",
+    "local.task.heldout_size=50",
+    "algorithm.filter_groups.surplus=carry",
+    "algorithm.filter_groups.max_staleness_steps=2",
+    "algorithm.filter_groups.skip_uninformative=true",
 )
 
 
-def tiny_overrides(*, steps: int, seed: int, cache_dir: str | Path, save_freq: int = 2,
-                   test_freq: int = 4) -> list[str]:
+def tiny_overrides(
+    *, steps: int, seed: int, cache_dir: str | Path, save_freq: int = 2, test_freq: int = 4
+) -> list[str]:
     """Hydra overrides of the tiny run (see the module docstring) for ``dapo_verl.local.train.run``."""
-    return [*_TINY, f"trainer.total_training_steps={steps}", f"trainer.save_freq={save_freq}",
-            f"trainer.test_freq={test_freq}", f"data.seed={seed}", f"local.cache_dir={cache_dir}"]
+    return [
+        *_TINY,
+        f"trainer.total_training_steps={steps}",
+        f"trainer.save_freq={save_freq}",
+        f"trainer.test_freq={test_freq}",
+        f"data.seed={seed}",
+        f"local.cache_dir={cache_dir}",
+    ]
 
 
 def comparable_history(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """``metrics.jsonl`` records without the ``timing_s/*`` keys (wall-clock times differ between runs)."""
-    return [{"step": r["step"], "data": {k: v for k, v in r["data"].items() if not k.startswith("timing_s/")}}
-            for r in records]
+    return [
+        {"step": r["step"], "data": {k: v for k, v in r["data"].items() if not k.startswith("timing_s/")}}
+        for r in records
+    ]
 
 
 def metric_values(records: Sequence[dict[str, Any]]) -> int:
@@ -67,8 +88,9 @@ def history_differences(expected: Sequence[dict[str, Any]], actual: Sequence[dic
     return out
 
 
-def state_differences(expected: Any, actual: Any, where: str = "state",
-                      skip: tuple[str, ...] = ("config",)) -> tuple[float, list[str]]:
+def state_differences(
+    expected: Any, actual: Any, where: str = "state", skip: tuple[str, ...] = ("config",)
+) -> tuple[float, list[str]]:
     """Compare two checkpoint states: the largest absolute difference of any float tensor, and what differs.
 
     Returns:
@@ -78,8 +100,11 @@ def state_differences(expected: Any, actual: Any, where: str = "state",
         if expected.shape != actual.shape or expected.dtype != actual.dtype:
             return 0.0, [f"{where}: {tuple(actual.shape)} {actual.dtype} != {tuple(expected.shape)} {expected.dtype}"]
         same = torch.equal(expected, actual)
-        diff = (expected.double() - actual.double()).abs().max().item() if expected.is_floating_point() \
-            and expected.numel() and not same else 0.0
+        diff = (
+            (expected.double() - actual.double()).abs().max().item()
+            if expected.is_floating_point() and expected.numel() and not same
+            else 0.0
+        )
         return diff, [] if same else [f"{where} differs (max abs diff {diff:.3g})"]
     if isinstance(expected, dict) and isinstance(actual, dict):
         worst, out = 0.0, []
@@ -119,8 +144,11 @@ def quiet_run_logs(records: list[logging.LogRecord]) -> Iterator[None]:
     saved = package.level, package.propagate
     # A module logger raised above INFO earlier in the process (``dapo-verl ablate`` quietens some) would
     # drop the records the checks read: they inherit from the package here and get their levels back after.
-    children = {name: logger.level for name, logger in logging.Logger.manager.loggerDict.items()
-                if name.startswith("dapo_verl.") and isinstance(logger, logging.Logger)}
+    children = {
+        name: logger.level
+        for name, logger in logging.Logger.manager.loggerDict.items()
+        if name.startswith("dapo_verl.") and isinstance(logger, logging.Logger)
+    }
     disabled = logging.root.manager.disable  # a process-wide logging.disable() would drop them too
     package.addHandler(handler)
     package.setLevel(logging.INFO)

@@ -27,14 +27,19 @@ PHASES = (("all_correct", 1.0), ("all_wrong", 0.0), ("mixed", None), ("near_unif
 """Pass-rate phases in order; None means a per-prompt mix of rates."""
 
 STRESS_CONFIGS = {
-    "adaptive + carry + skip, partial": dict(refill="adaptive", surplus="carry", skip_uninformative=True,
-                                            on_shortfall="partial", max_staleness_steps=2),
-    "barrier + discard, error": dict(refill="barrier", surplus="discard", on_shortfall="error",
-                                     gen_batch_size=24),
+    "adaptive + carry + skip, partial": dict(
+        refill="adaptive", surplus="carry", skip_uninformative=True, on_shortfall="partial", max_staleness_steps=2
+    ),
+    "barrier + discard, error": dict(refill="barrier", surplus="discard", on_shortfall="error", gen_batch_size=24),
     "adaptive + discard, error": dict(refill="adaptive", surplus="discard", on_shortfall="error"),
-    "adaptive + carry + prediction, partial": dict(refill="adaptive", surplus="carry", prompt_selection="predicted",
-                                                   prefer_informative=True, explore_fraction=0.2,
-                                                   on_shortfall="partial"),
+    "adaptive + carry + prediction, partial": dict(
+        refill="adaptive",
+        surplus="carry",
+        prompt_selection="predicted",
+        prefer_informative=True,
+        explore_fraction=0.2,
+        on_shortfall="partial",
+    ),
 }
 
 
@@ -68,8 +73,9 @@ def run_stress(steps: int = 2000, steps_per_phase: int = 100, seed: int = 0) -> 
     level = quiet.level
     quiet.setLevel(logging.ERROR)  # shortfall warnings are the point here
     try:
-        return [_stress_one(name, overrides, steps, steps_per_phase, seed) for name, overrides in
-                STRESS_CONFIGS.items()]
+        return [
+            _stress_one(name, overrides, steps, steps_per_phase, seed) for name, overrides in STRESS_CONFIGS.items()
+        ]
     finally:
         quiet.setLevel(level)
 
@@ -95,10 +101,13 @@ def _stress_one(name: str, overrides: dict, steps: int, steps_per_phase: int, se
             full = len(batch.groups) == config.train_batch_size
             result.partial_batches += not full
             checks.expect(full or (batch.is_partial and config.on_shortfall == "partial"), "short batch not flagged")
-            checks.expect(not batch.groups or bool(dynamic_group_mask(batch.stacked_metric()).all()),
-                          "uninformative group trained")
-            checks.expect(batch.metrics["dapo/sampler/carried_staleness_max"] <= config.max_staleness_steps,
-                          "stale group trained")
+            checks.expect(
+                not batch.groups or bool(dynamic_group_mask(batch.stacked_metric()).all()),
+                "uninformative group trained",
+            )
+            checks.expect(
+                batch.metrics["dapo/sampler/carried_staleness_max"] <= config.max_staleness_steps, "stale group trained"
+            )
         checks.expect(policy.calls - calls <= config.max_num_gen_batches, "round limit exceeded")
         checks.expect(sampler.conservation_gap() == 0, f"conservation gap {sampler.conservation_gap()}")
         checks.expect(len(sampler.carried) <= carried_bound, f"{len(sampler.carried)} carried > {carried_bound}")

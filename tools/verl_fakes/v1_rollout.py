@@ -25,6 +25,7 @@ Timing (``SimulatedRollout(timing=...)``):
   load. The benchmark uses it. Latencies are bench_sampler's assumption: a group finishes ``U(0.5, 1)``
   budgets after dispatch.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -107,8 +108,9 @@ class _SimulatedWorker(_VerlWorker):
         finally:
             self.rollout._completed(prompt["uid"])
 
-    async def _run_agent_loop(self, sampling_params: dict, trajectory: dict, *, agent_name: str, trace: bool = True,
-                              **kwargs: Any) -> Any:
+    async def _run_agent_loop(
+        self, sampling_params: dict, trajectory: dict, *, agent_name: str, trace: bool = True, **kwargs: Any
+    ) -> Any:
         group = await self.rollout._generation(kwargs["uid"])
         output = self.rollout._output(group, int(kwargs["session_id"]))
         return await self._agent_loop_postprocess(output, trajectory["validate"], **kwargs)
@@ -130,12 +132,20 @@ class _SimulatedWorker(_VerlWorker):
             prompt_len, response_len = value["prompts"].size(0), value["responses"].size(0)
             keys.append(f"{uid}_{session}_0")
             fields.append(value)
-            tags.append({"status": "success", "prompt_len": prompt_len, "response_len": response_len,
-                         "seq_len": prompt_len + response_len, "global_steps": prompt["global_steps"],
-                         "min_global_steps": value["extra_fields"].get("min_global_steps"),
-                         "max_global_steps": value["extra_fields"].get("max_global_steps")})
-        await tq.async_kv_batch_put(keys=keys, fields=list_of_dict_to_tensordict(fields), tags=tags,
-                                    partition_id=partition)
+            tags.append(
+                {
+                    "status": "success",
+                    "prompt_len": prompt_len,
+                    "response_len": response_len,
+                    "seq_len": prompt_len + response_len,
+                    "global_steps": prompt["global_steps"],
+                    "min_global_steps": value["extra_fields"].get("min_global_steps"),
+                    "max_global_steps": value["extra_fields"].get("max_global_steps"),
+                }
+            )
+        await tq.async_kv_batch_put(
+            keys=keys, fields=list_of_dict_to_tensordict(fields), tags=tags, partition_id=partition
+        )
         await tq.async_kv_put(key=uid, partition_id=partition, tag={"status": "finished"})
 
 
@@ -160,9 +170,17 @@ class SimulatedRollout:
         rollout_s: Wall seconds spent in the simulated rollout (dispatch and, with virtual timing, completion).
     """
 
-    def __init__(self, config: DictConfig, pass_rate: Callable[[int, int], float], *, seed: int = 0,
-                 timing: str = "thread", latency_scale_s: float = 0.02, tick: float = 0.05,
-                 writer: str = "verl") -> None:
+    def __init__(
+        self,
+        config: DictConfig,
+        pass_rate: Callable[[int, int], float],
+        *,
+        seed: int = 0,
+        timing: str = "thread",
+        latency_scale_s: float = 0.02,
+        tick: float = 0.05,
+        writer: str = "verl",
+    ) -> None:
         if timing not in ("thread", "virtual"):
             raise ValueError(f"timing={timing!r}; expected 'thread' or 'virtual'.")
         if writer not in ("verl", "batched"):
@@ -219,14 +237,21 @@ class SimulatedRollout:
         occurrence = self._occurrences[(index, self.step)]
         self._occurrences[(index, self.step)] += 1
         key = ((self.seed * _SEED_MIX + index) * _SEED_MIX + self.step) * _SEED_MIX + occurrence
-        policy = SimulatedPolicy(self.pass_rate, group_size=n, max_response_length=self.response_length,
-                                 seed=key % (2**62))
+        policy = SimulatedPolicy(
+            self.pass_rate, group_size=n, max_response_length=self.response_length, seed=key % (2**62)
+        )
         policy.step = self.step
         (drawn,) = policy([index])
         latency = group_latencies(torch.Generator().manual_seed(key % (2**62) + LATENCY_SEED_OFFSET), 1)[0]
-        group = _Group(index=index, step=self.step, correct=[bool(c) for c in drawn.metric.tolist()],
-                       lengths=[int(x) for x in drawn.response_lengths.tolist()], latency=latency,
-                       dispatch_seq=next(self._seq), dispatch_time=self.now)
+        group = _Group(
+            index=index,
+            step=self.step,
+            correct=[bool(c) for c in drawn.metric.tolist()],
+            lengths=[int(x) for x in drawn.response_lengths.tolist()],
+            latency=latency,
+            dispatch_seq=next(self._seq),
+            dispatch_time=self.now,
+        )
         if self.timing == "virtual":
             group.gate, group.started, group.done = (self._loop.create_future() for _ in range(3))
         return group
@@ -234,13 +259,24 @@ class SimulatedRollout:
     def _output(self, group: _Group, session: int) -> AgentLoopOutput:
         """The agent loop's output for one session: the drawn length, reward and ``reward_extra_info``."""
         correct, length = group.correct[session], group.lengths[session]
-        info = {"acc": float(correct), "score": 1.0 if correct else -1.0, "overlong_penalty": 0.0,
-                "truncated": float(length >= self.response_length)}
+        info = {
+            "acc": float(correct),
+            "score": 1.0 if correct else -1.0,
+            "overlong_penalty": 0.0,
+            "truncated": float(length >= self.response_length),
+        }
         return AgentLoopOutput(
-            prompt_ids=[3, 4, 5], response_ids=[7] * length, response_mask=[1] * length, reward_score=info["score"],
-            num_turns=2, metrics=AgentLoopMetrics(),
-            extra_fields={"reward_extra_info": info, "min_global_steps": group.step + 1,
-                          "max_global_steps": group.step + 1},
+            prompt_ids=[3, 4, 5],
+            response_ids=[7] * length,
+            response_mask=[1] * length,
+            reward_score=info["score"],
+            num_turns=2,
+            metrics=AgentLoopMetrics(),
+            extra_fields={
+                "reward_extra_info": info,
+                "min_global_steps": group.step + 1,
+                "max_global_steps": group.step + 1,
+            },
         )
 
     async def _generation(self, uid: str) -> _Group:
@@ -295,6 +331,7 @@ class SimulatedRollout:
 
     def resume(self) -> None:
         """Open the gate again (verl's ``resume_generation_replicas``)."""
+
         def open_gate() -> None:
             self._rejecting = False
             self._open.set()
@@ -306,8 +343,10 @@ class SimulatedRollout:
         free the weights under it)."""
         running = [uid for uid, g in self.groups.items() if g.completion_seq is None]
         if running:
-            raise RuntimeError(f"sleep_replicas with {len(running)} groups still generating (e.g. {running[0]}); a "
-                               f"sync trainer must not leave requests in flight when its replicas sleep.")
+            raise RuntimeError(
+                f"sleep_replicas with {len(running)} groups still generating (e.g. {running[0]}); a "
+                f"sync trainer must not leave requests in flight when its replicas sleep."
+            )
 
     def _completed(self, uid: str) -> None:
         group = self.groups[uid]
@@ -321,8 +360,11 @@ class SimulatedRollout:
         """Virtual timing: a buffer's poll sleep -- advance the clock one tick and finish the groups now due."""
         started = time.perf_counter()
         self.now += self.tick
-        due = [g for g in self.groups.values() if g.completion_seq is None and g.gate is not None
-               and g.dispatch_time + g.latency <= self.now + 1e-9]
+        due = [
+            g
+            for g in self.groups.values()
+            if g.completion_seq is None and g.gate is not None and g.dispatch_time + g.latency <= self.now + 1e-9
+        ]
         for group in due:
             if not group.gate.done():
                 group.gate.set_result(None)
@@ -342,8 +384,9 @@ class SimulatedRollout:
     @contextlib.contextmanager
     def virtual_time(self) -> Iterator[None]:
         """Virtual timing: make the replay buffers' poll sleeps advance this rollout's clock instead of waiting."""
-        shim = types.SimpleNamespace(sleep=self.sleep, time=time.time, perf_counter=time.perf_counter,
-                                     monotonic=time.monotonic)
+        shim = types.SimpleNamespace(
+            sleep=self.sleep, time=time.time, perf_counter=time.perf_counter, monotonic=time.monotonic
+        )
         with mock.patch.object(verl_replay_buffer, "time", shim), mock.patch.object(v1_groups, "time", shim):
             yield
 
@@ -381,9 +424,14 @@ class SimulatedRollout:
         the window is in wave ``1 + the highest wave among groups that finished before it was dispatched``.
         The step's waves are the highest wave among groups that finished in the window (0 if none did).
         """
-        finished = sorted((g for g in self.groups.values()
-                           if g.completion_seq is not None and since_seq <= g.completion_seq < until_seq),
-                          key=lambda g: g.completion_seq)
+        finished = sorted(
+            (
+                g
+                for g in self.groups.values()
+                if g.completion_seq is not None and since_seq <= g.completion_seq < until_seq
+            ),
+            key=lambda g: g.completion_seq,
+        )
         wave: dict[int, int] = {}
         for group in sorted(finished, key=lambda g: g.dispatch_seq):
             if group.dispatch_seq < since_seq:

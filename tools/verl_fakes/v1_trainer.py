@@ -53,14 +53,25 @@ def compose_v1_config(tmp_dir: str | Path, *overrides: str, mode: str = "sync") 
         dapo_verl.main`` runs); set ``trainer.v1.sampler.custom_sampler.path=null`` for verl's own buffers.
     """
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base=None):
-        return compose("dapo_trainer", overrides=[
-            "data.train_batch_size=4", "data.dataloader_num_workers=0", "data.max_response_length=64",
-            "actor_rollout_ref.rollout.response_length=64", "actor_rollout_ref.rollout.n=4",
-            "actor_rollout_ref.actor.ppo_mini_batch_size=4", "reward.reward_model.enable=False",
-            "reward.reward_kwargs.overlong_tokens=16",
-            "trainer.total_training_steps=100", "trainer.save_freq=-1", "trainer.resume_mode=disable",
-            f"trainer.default_local_dir={tmp_dir}", f"trainer.v1.trainer_mode={mode}", *overrides,
-        ])
+        return compose(
+            "dapo_trainer",
+            overrides=[
+                "data.train_batch_size=4",
+                "data.dataloader_num_workers=0",
+                "data.max_response_length=64",
+                "actor_rollout_ref.rollout.response_length=64",
+                "actor_rollout_ref.rollout.n=4",
+                "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+                "reward.reward_model.enable=False",
+                "reward.reward_kwargs.overlong_tokens=16",
+                "trainer.total_training_steps=100",
+                "trainer.save_freq=-1",
+                "trainer.resume_mode=disable",
+                f"trainer.default_local_dir={tmp_dir}",
+                f"trainer.v1.trainer_mode={mode}",
+                *overrides,
+            ],
+        )
 
 
 class PromptDataset(torch.utils.data.Dataset):
@@ -77,11 +88,16 @@ class PromptDataset(torch.utils.data.Dataset):
         return self.size
 
     def __getitem__(self, i: int) -> dict:
-        return {"raw_prompt": [{"role": "user", "content": f"question {i}"}], "data_source": "simulated",
-                "reward_model": {"ground_truth": "1", "style": "rule"}, "extra_info": {"index": i}, "index": i,
-                "tools_kwargs": {}, "interaction_kwargs": {}, "dummy_tensor": torch.tensor([0], dtype=torch.uint8)}
-
-
+        return {
+            "raw_prompt": [{"role": "user", "content": f"question {i}"}],
+            "data_source": "simulated",
+            "reward_model": {"ground_truth": "1", "style": "rule"},
+            "extra_info": {"index": i},
+            "index": i,
+            "tools_kwargs": {},
+            "interaction_kwargs": {},
+            "dummy_tensor": torch.tensor([0], dtype=torch.uint8),
+        }
 
 
 @dataclass
@@ -145,8 +161,15 @@ class SimulatedTrainer(trainer_base.PPOTrainer):
             pool does while the trainer trains (``separate_async``). 0 models no overlap.
     """
 
-    def __init__(self, config: DictConfig, rollout: SimulatedRollout, *, dataset_size: int = 64,
-                 resume: bool = False, train_budgets: float = 0.0) -> None:
+    def __init__(
+        self,
+        config: DictConfig,
+        rollout: SimulatedRollout,
+        *,
+        dataset_size: int = 64,
+        resume: bool = False,
+        train_budgets: float = 0.0,
+    ) -> None:
         # Not verl's __init__ (it needs workers): only the parts the replay buffer touches, in verl's order.
         self.config = config
         self.checkpoint_callback = build_checkpoint_callback(config)
@@ -158,12 +181,15 @@ class SimulatedTrainer(trainer_base.PPOTrainer):
         self.agent_loop_manager = rollout
         self.rollout = rollout
         self.train_budgets = train_budgets  # virtual generation time each step's training takes (0: none)
-        self.actor_rollout_wg = types.SimpleNamespace(save_checkpoint=lambda *a, **k: None,
-                                                      load_checkpoint=lambda *a, **k: None)
+        self.actor_rollout_wg = types.SimpleNamespace(
+            save_checkpoint=lambda *a, **k: None, load_checkpoint=lambda *a, **k: None
+        )
         self.checkpoint_manager = types.SimpleNamespace(  # verl's replica controls, on the simulated rollout
             abort_replicas=lambda reject_request=False: rollout.abort(
-                keep=self.trainer_mode != "sync", reject_request=reject_request),
-            resume_generation_replicas=rollout.resume)
+                keep=self.trainer_mode != "sync", reject_request=reject_request
+            ),
+            resume_generation_replicas=rollout.resume,
+        )
         self.tokenizer = self.processor = None
         self.records: list[StepRecord] = []
         self._current: StepRecord | None = None
@@ -230,8 +256,9 @@ class SimulatedTrainer(trainer_base.PPOTrainer):
         self.on_sample_begin()
         before = self.rollout.rollout_s
         started = time.perf_counter()
-        batch, sample_metrics = self.replay_buffer.sample(global_steps=self.global_steps, partition_id="train",
-                                                          batch_size=sample_batch_size)
+        batch, sample_metrics = self.replay_buffer.sample(
+            global_steps=self.global_steps, partition_id="train", batch_size=sample_batch_size
+        )
         elapsed = time.perf_counter() - started - (self.rollout.rollout_s - before)
         metrics.update(sample_metrics)
         self.on_sample_end()
@@ -254,8 +281,9 @@ class SimulatedTrainer(trainer_base.PPOTrainer):
         tags = [{"is_prompt": True, "status": "pending", "global_steps": self.global_steps} for _ in range(len(batch))]
         tq.kv_batch_put(keys=list(batch["uid"]), partition_id="val", tags=tags)
         self.agent_loop_manager.generate_sequences(batch)
-        sampled, _ = self.replay_buffer.sample(global_steps=self.global_steps, partition_id="val",
-                                               batch_size=len(batch))
+        sampled, _ = self.replay_buffer.sample(
+            global_steps=self.global_steps, partition_id="val", batch_size=len(batch)
+        )
         return sampled
 
     def set_config(self, key: str, value: Any) -> None:

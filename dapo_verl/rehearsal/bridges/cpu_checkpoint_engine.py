@@ -71,13 +71,20 @@ class ZmqCheckpointEngine(CheckpointEngine):
         return {"address": f"tcp://{ray.util.get_node_ip_address()}:{port}"}
 
     @classmethod
-    def build_topology(cls, actor_wg_world_size: int, rollout_world_size: int,
-                       metadata: list[dict]) -> tuple[dict[str, list[Any]], dict[str, list[Any]]]:
+    def build_topology(
+        cls, actor_wg_world_size: int, rollout_world_size: int, metadata: list[dict]
+    ) -> tuple[dict[str, list[Any]], dict[str, list[Any]]]:
         master = metadata[0]["address"]  # actor rank 0, the first of the metadata verl gathered
-        actor = {"role": [_SENDER] + [_IDLE] * (actor_wg_world_size - 1), "master": [master] * actor_wg_world_size,
-                 "receivers": [rollout_world_size] * actor_wg_world_size}
-        rollout = {"role": [_RECEIVER] * rollout_world_size, "master": [master] * rollout_world_size,
-                   "receivers": [rollout_world_size] * rollout_world_size}
+        actor = {
+            "role": [_SENDER] + [_IDLE] * (actor_wg_world_size - 1),
+            "master": [master] * actor_wg_world_size,
+            "receivers": [rollout_world_size] * actor_wg_world_size,
+        }
+        rollout = {
+            "role": [_RECEIVER] * rollout_world_size,
+            "master": [master] * rollout_world_size,
+            "receivers": [rollout_world_size] * rollout_world_size,
+        }
         return actor, rollout
 
     def init_process_group(self, role: str, master: str, receivers: int) -> None:
@@ -94,8 +101,9 @@ class ZmqCheckpointEngine(CheckpointEngine):
             self._socket.close(linger=0)
             self._socket = None
 
-    async def send_weights(self, weights: Generator[tuple[str, torch.Tensor], None, None],
-                           global_steps: int | None = None) -> dict[str, Any]:
+    async def send_weights(
+        self, weights: Generator[tuple[str, torch.Tensor], None, None], global_steps: int | None = None
+    ) -> dict[str, Any]:
         if self._role != _SENDER:
             for _ in weights:  # every rank takes part in FSDP's gathers
                 pass
@@ -116,8 +124,9 @@ class ZmqCheckpointEngine(CheckpointEngine):
 
     def _send(self, peers: list[bytes], bucket: list[tuple[str, torch.Tensor]], *, last: bool) -> None:
         assert self._socket is not None
-        header = json.dumps({"last": last, "tensors": [(n, list(t.shape), str(t.dtype).removeprefix("torch."))
-                                                        for n, t in bucket]}).encode()
+        header = json.dumps(
+            {"last": last, "tensors": [(n, list(t.shape), str(t.dtype).removeprefix("torch.")) for n, t in bucket]}
+        ).encode()
         payload = [t.view(torch.uint8).reshape(-1).numpy() if t.numel() else b"" for _, t in bucket]
         for peer in peers:
             self._socket.send_multipart([peer, header, *payload], copy=False)

@@ -258,7 +258,8 @@ def apply_cpu_patches() -> None:
     applied = cpu_patches_applied()
     if not applied["gloo process group"]:
         distributed.initialize_global_process_group_ray = _gloo_process_group(
-            distributed.initialize_global_process_group_ray)
+            distributed.initialize_global_process_group_ray
+        )
     if not applied["unpinned FSDP2 offload"]:
         _fsdp_param.FSDPParam.__init__ = _unpinned_fsdp_param_init(_fsdp_param.FSDPParam.__init__)
     logger.debug("dapo_verl: CPU rehearsal patches active (gloo process group, unpinned FSDP2 offload).")

@@ -69,7 +69,12 @@ def server_actor_name(replica_rank: int, node_rank: int = 0) -> str:
 
 
 def sample_next_token(
-    logits: torch.Tensor, *, temperature: float, top_k: int, top_p: float, generator: torch.Generator,
+    logits: torch.Tensor,
+    *,
+    temperature: float,
+    top_k: int,
+    top_p: float,
+    generator: torch.Generator,
     banned: frozenset[int] = frozenset(),
 ) -> tuple[int, float]:
     """Sample one token from (V,) logits; return it and its log-probability under ``logits / temperature``.
@@ -154,12 +159,16 @@ class CpuRolloutServer:
     ) -> TokenOutput:
         """Token-in/token-out generation, the contract of vLLM's server ``generate``."""
         if image_data is not None or video_data is not None:
-            raise NotImplementedError("The CPU rollout replica generates text only; this request carries images "
-                                      "or video, which a rehearsal cannot check.")
+            raise NotImplementedError(
+                "The CPU rollout replica generates text only; this request carries images "
+                "or video, which a rehearsal cannot check."
+            )
         while not self._open.is_set():  # parked behind the gate, as vLLM parks requests after an abort
             if self._rejecting:
-                raise RuntimeError(f"Rollout replica {self.replica_rank} refused request {request_id}: generation "
-                                   f"is paused with reject_request=True.")
+                raise RuntimeError(
+                    f"Rollout replica {self.replica_rank} refused request {request_id}: generation "
+                    f"is paused with reject_request=True."
+                )
             await self._open.wait()
         asleep = [tag for tag, on in self.awake.items() if not on]
         if asleep:
@@ -206,17 +215,26 @@ class CpuRolloutServer:
                     scaled = logits.to(torch.float32) / (temperature if temperature > 0 else 1.0)
                     token, logp = eos, float(torch.log_softmax(scaled, dim=-1)[eos])
                 else:
-                    token, logp = sample_next_token(logits, temperature=temperature, top_k=top_k, top_p=top_p,
-                                                    generator=generator,
-                                                    banned=frozenset(self.eos_ids) if early else frozenset())
+                    token, logp = sample_next_token(
+                        logits,
+                        temperature=temperature,
+                        top_k=top_k,
+                        top_p=top_p,
+                        generator=generator,
+                        banned=frozenset(self.eos_ids) if early else frozenset(),
+                    )
                 tokens.append(token)
                 logps.append(logp)
                 if token in self.eos_ids and not ignore_eos:
                     break
                 input_ids = torch.tensor([[token]])
             self.generated += 1
-        return TokenOutput(token_ids=tokens, log_probs=logps if params.get("logprobs") else None,
-                           stop_reason=stop, extra_fields={"global_steps": self.global_steps})
+        return TokenOutput(
+            token_ids=tokens,
+            log_probs=logps if params.get("logprobs") else None,
+            stop_reason=stop,
+            extra_fields={"global_steps": self.global_steps},
+        )
 
     def _target_length(self, prompt_ids: list[int], seed: int) -> int | None:
         """The response length drawn for this request (``long_tail``), or None when the model decides."""
@@ -232,13 +250,17 @@ class CpuRolloutServer:
             ValueError: for a name the model does not have or a shape that differs.
         """
         if not self.awake["weights"]:
-            raise ReplicaAsleepError(f"Rollout replica {self.replica_rank} got a weight update while its weights "
-                                     f"are released; verl resumes them (tags=['weights']) first.")
+            raise ReplicaAsleepError(
+                f"Rollout replica {self.replica_rank} got a weight update while its weights "
+                f"are released; verl resumes them (tags=['weights']) first."
+            )
         unknown = sorted(set(weights) - set(self._names))
         wrong = sorted(k for k, t in weights.items() if k in self._names and tuple(t.shape) != self._names[k])
         if unknown or wrong:
-            raise ValueError(f"Weight update for replica {self.replica_rank} does not match its model: unknown "
-                             f"names {unknown[:5]}, wrong shapes {wrong[:5]}.")
+            raise ValueError(
+                f"Weight update for replica {self.replica_rank} does not match its model: unknown "
+                f"names {unknown[:5]}, wrong shapes {wrong[:5]}."
+            )
         with self._lock:
             self.model.load_state_dict(weights, strict=False)
             if global_steps is not None:
@@ -267,9 +289,13 @@ class CpuRolloutServer:
 
     async def status(self) -> dict[str, Any]:
         """What a test asks the server: awake tags, weight updates received, responses generated, step."""
-        return {"awake": dict(self.awake), "weight_updates": self.weight_updates, "generated": self.generated,
-                "global_steps": self.global_steps,
-                "checksum": float(sum(p.double().sum() for p in self.model.parameters()))}
+        return {
+            "awake": dict(self.awake),
+            "weight_updates": self.weight_updates,
+            "generated": self.generated,
+            "global_steps": self.global_steps,
+            "checksum": float(sum(p.double().sum() for p in self.model.parameters())),
+        }
 
     async def clear_kv_cache(self) -> None:
         return None
@@ -310,11 +336,14 @@ class CpuRolloutReplica(RolloutReplica):
 
     async def launch_servers(self) -> None:
         if self.nnodes != 1:
-            raise ValueError(f"The CPU rollout replica runs on one node; this replica spans {self.nnodes} "
-                             f"(tensor_model_parallel_size x data_parallel_size = {self.world_size}).")
+            raise ValueError(
+                f"The CPU rollout replica runs on one node; this replica spans {self.nnodes} "
+                f"(tensor_model_parallel_size x data_parallel_size = {self.world_size})."
+            )
         server_cls = ray.remote(CpuRolloutServer)
-        server = server_cls.options(name=server_actor_name(self.replica_rank), max_concurrency=self.max_concurrency,
-                                    num_cpus=0).remote(self.config, self.model_config, self.replica_rank)
+        server = server_cls.options(
+            name=server_actor_name(self.replica_rank), max_concurrency=self.max_concurrency, num_cpus=0
+        ).remote(self.config, self.model_config, self.replica_rank)
         self.servers = [server]
         await server.status.remote()  # wait until the model is loaded
         self._server_handle = server
@@ -332,12 +361,16 @@ def _full_cpu_tensor(tensor: torch.Tensor) -> torch.Tensor:
 class CpuServerAdapter(BaseRollout):
     """The rollout object inside each actor worker: forwards wake/sleep and weight updates to its server."""
 
-    def __init__(self, config: RolloutConfig, model_config: HFModelConfig, device_mesh: Any,
-                 replica_rank: int = -1) -> None:
+    def __init__(
+        self, config: RolloutConfig, model_config: HFModelConfig, device_mesh: Any, replica_rank: int = -1
+    ) -> None:
         super().__init__(config, model_config, device_mesh)
         rank = int(os.environ["RANK"])
-        world = (self.config.tensor_model_parallel_size * self.config.data_parallel_size
-                 * self.config.pipeline_model_parallel_size)
+        world = (
+            self.config.tensor_model_parallel_size
+            * self.config.data_parallel_size
+            * self.config.pipeline_model_parallel_size
+        )
         self.replica_rank = rank // world if replica_rank == -1 else replica_rank
         self.has_server = rank % world == 0
         self._server: Any = None
@@ -356,13 +389,19 @@ class CpuServerAdapter(BaseRollout):
             await self._handle().sleep.remote()
 
     @torch.no_grad()
-    async def update_weights(self, weights: Generator[tuple[str, torch.Tensor], None, None],
-                             global_steps: int | None = None, wire_format: str = "named_tensors",
-                             **kwargs: Any) -> None:
+    async def update_weights(
+        self,
+        weights: Generator[tuple[str, torch.Tensor], None, None],
+        global_steps: int | None = None,
+        wire_format: str = "named_tensors",
+        **kwargs: Any,
+    ) -> None:
         if wire_format != "named_tensors":
-            raise NotImplementedError(f"The CPU rollout replica takes full tensors (wire_format='named_tensors'), "
-                                      f"not {wire_format!r}; use actor_rollout_ref.rollout.checkpoint_engine."
-                                      f"backend=naive.")
+            raise NotImplementedError(
+                f"The CPU rollout replica takes full tensors (wire_format='named_tensors'), "
+                f"not {wire_format!r}; use actor_rollout_ref.rollout.checkpoint_engine."
+                f"backend=naive."
+            )
         # Every rank drains the generator: FSDP gathers the full tensors collectively.
         state = {name: _full_cpu_tensor(tensor) for name, tensor in weights}
         if self.has_server:

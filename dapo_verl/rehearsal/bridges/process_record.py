@@ -25,8 +25,13 @@ from typing import Any
 
 __all__ = ["JOB_VARIABLES", "read_records", "record_process"]
 
-JOB_VARIABLES = ("DAPO_MODEL_PATH", "DAPO_DATA_DIR", "DAPO_OUTPUT_DIR", "VERL_FILE_LOGGER_ROOT",
-                 "VERL_USE_EXTERNAL_MODULES")
+JOB_VARIABLES = (
+    "DAPO_MODEL_PATH",
+    "DAPO_DATA_DIR",
+    "DAPO_OUTPUT_DIR",
+    "VERL_FILE_LOGGER_ROOT",
+    "VERL_USE_EXTERNAL_MODULES",
+)
 """What ``recipes/run_ray.sh`` sends with a job."""
 
 _FOLDER = "processes"
@@ -46,8 +51,11 @@ def _entry_point() -> dict[str, Any]:
     loaded = False
     with contextlib.suppress(Exception):
         loaded = bool(found) and getattr(found[0].load(), "__name__", "") == _REGISTER
-    return {"found": [f"{ep.name} = {ep.value}" for ep in found], "loads": loaded,
-            "plugins_policy": os.environ.get("VERL_USE_EXTERNAL_PLUGINS", "auto")}
+    return {
+        "found": [f"{ep.name} = {ep.value}" for ep in found],
+        "loads": loaded,
+        "plugins_policy": os.environ.get("VERL_USE_EXTERNAL_PLUGINS", "auto"),
+    }
 
 
 def record_process(records: Path) -> None:
@@ -55,8 +63,13 @@ def record_process(records: Path) -> None:
     with contextlib.suppress(Exception):
         folder = records / _FOLDER
         folder.mkdir(parents=True, exist_ok=True)
-        record = {"pid": os.getpid(), "node_id": _node_id(), "argv0": sys.argv[0] if sys.argv else "",
-                  "env": {name: os.environ.get(name) for name in JOB_VARIABLES}, "entry_point": _entry_point()}
+        record = {
+            "pid": os.getpid(),
+            "node_id": _node_id(),
+            "argv0": sys.argv[0] if sys.argv else "",
+            "env": {name: os.environ.get(name) for name in JOB_VARIABLES},
+            "entry_point": _entry_point(),
+        }
         (folder / f"{os.getpid()}.json").write_text(json.dumps(record))
 
 

@@ -48,8 +48,9 @@ class RequestSeeds:
         """The seed of this request, an unsigned 64-bit integer: its content, the weights' version (verl's global
         step) and its occurrence since :meth:`restart`, hashed."""
         params = sorted((k, v) for k, v in sampling_params.items() if k != "seed")
-        key = hashlib.blake2b(repr((self._seed, weights_version, list(prompt_ids), params)).encode(),
-                              digest_size=8).digest()
+        key = hashlib.blake2b(
+            repr((self._seed, weights_version, list(prompt_ids), params)).encode(), digest_size=8
+        ).digest()
         occurrence = self._occurrences.get(key, 0)
         self._occurrences[key] = occurrence + 1
         return int.from_bytes(hashlib.blake2b(key + occurrence.to_bytes(8, "little"), digest_size=8).digest(), "little")

@@ -44,16 +44,20 @@ def length_shape(config: Any) -> LongTailLengths | None:
     key = f"actor_rollout_ref.rollout.engine_kwargs.{OPTIONS_ENGINE}"
     unknown = sorted(set(options) - {"response_lengths", "median_fraction"})
     if unknown:
-        raise ValueError(f"{key} has unknown keys {unknown}; expected response_lengths (model or long_tail) and "
-                         f"median_fraction.")
+        raise ValueError(
+            f"{key} has unknown keys {unknown}; expected response_lengths (model or long_tail) and median_fraction."
+        )
     shape = options.get("response_lengths", "model")
     if shape not in ("model", "long_tail"):
-        raise ValueError(f"{key}.response_lengths={shape!r}; expected model (the stand-in model decides) or "
-                         f"long_tail (DAPO-like lengths).")
+        raise ValueError(
+            f"{key}.response_lengths={shape!r}; expected model (the stand-in model decides) or "
+            f"long_tail (DAPO-like lengths)."
+        )
     fraction = options.get("median_fraction", 0.15)
     if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 < fraction <= 1:
-        raise ValueError(f"{key}.median_fraction={fraction!r}; expected a share of the response budget in (0, 1], "
-                         f"e.g. 0.15.")
+        raise ValueError(
+            f"{key}.median_fraction={fraction!r}; expected a share of the response budget in (0, 1], e.g. 0.15."
+        )
     if shape == "model":
         return None
     return LongTailLengths(median=max(1.0, fraction * config.response_length))
@@ -65,8 +69,7 @@ def target_length(shape: LongTailLengths, prompt_ids: Sequence[int], seed: int) 
     return max(1, round(shape.draw(prompt, 0, random.Random(seed))))
 
 
-def shape_vllm_request(params: dict[str, Any], shape: LongTailLengths, prompt_ids: Sequence[int],
-                       config: Any) -> int:
+def shape_vllm_request(params: dict[str, Any], shape: LongTailLengths, prompt_ids: Sequence[int], config: Any) -> int:
     """Set a vLLM request's ``min_tokens`` and ``max_tokens`` to its drawn length within its budget; return it.
 
     The budget is the request's own ``max_tokens`` (``max_new_tokens``) when it has one -- verl's partial-rollout
@@ -75,9 +78,11 @@ def shape_vllm_request(params: dict[str, Any], shape: LongTailLengths, prompt_id
     ``params`` must hold the request's ``seed``.
     """
     given = params.pop("max_tokens", None) or params.pop("max_new_tokens", None)
-    budget = int(given) if given else min(config.response_length,
-                                          config.prompt_length + config.response_length - len(prompt_ids))
+    budget = (
+        int(given)
+        if given
+        else min(config.response_length, config.prompt_length + config.response_length - len(prompt_ids))
+    )
     length = max(1, min(target_length(shape, prompt_ids, int(params["seed"])), budget))
     params["max_tokens"] = params["min_tokens"] = length
     return length
-

@@ -49,8 +49,10 @@ def wait_for(path: Path, timeout_s: float, poll_s: float = 0.2) -> None:
     deadline = time.monotonic() + timeout_s
     while not path.exists():
         if time.monotonic() > deadline:
-            raise TimeoutError(f"The rehearsal's resume run waited {timeout_s:.0f} s for the first run's checkpoint "
-                               f"({path} was never created); see the first run's log.")
+            raise TimeoutError(
+                f"The rehearsal's resume run waited {timeout_s:.0f} s for the first run's checkpoint "
+                f"({path} was never created); see the first run's log."
+            )
         time.sleep(poll_s)
 
 
@@ -64,11 +66,17 @@ def _patch(module: ModuleType, barrier: Path, timeout_s: float) -> None:
     def _load_checkpoint(self: Any, *args: Any, **kwargs: Any) -> Any:
         if not barrier.exists():  # printed, not logged: it goes to the rehearsal's run log whatever the log level
             started = time.monotonic()
-            print("[dapo-verl rehearse] resume run: waiting for the first run's checkpoint before loading it",
-                  file=sys.stderr, flush=True)
+            print(
+                "[dapo-verl rehearse] resume run: waiting for the first run's checkpoint before loading it",
+                file=sys.stderr,
+                flush=True,
+            )
             wait_for(barrier, timeout_s)
-            print(f"[dapo-verl rehearse] resume run: checkpoint ready after {time.monotonic() - started:.0f} s",
-                  file=sys.stderr, flush=True)
+            print(
+                f"[dapo-verl rehearse] resume run: checkpoint ready after {time.monotonic() - started:.0f} s",
+                file=sys.stderr,
+                flush=True,
+            )
         return original(self, *args, **kwargs)
 
     setattr(_load_checkpoint, _MARK, True)

@@ -26,14 +26,28 @@ import os
 from pathlib import Path
 from typing import Any
 
-__all__ = ["ENGINE_RECORDS", "LOGP_TOLERANCE", "PROBE_PROMPT", "PROBE_SAMPLING", "REFERENCE_RECORDS",
-           "append_record", "reference_decode", "weight_sync_check"]
+__all__ = [
+    "ENGINE_RECORDS",
+    "LOGP_TOLERANCE",
+    "PROBE_PROMPT",
+    "PROBE_SAMPLING",
+    "REFERENCE_RECORDS",
+    "append_record",
+    "reference_decode",
+    "weight_sync_check",
+]
 
 PROBE_PROMPT = list(range(11, 27))
 """16 token ids, valid for any vocabulary of the rehearsal's models, and shared with no chat-templated prompt."""
 PROBE_TOKENS = 8
-PROBE_SAMPLING = {"temperature": 0.0, "top_p": 1.0, "top_k": -1, "logprobs": True, "max_tokens": PROBE_TOKENS,
-                  "ignore_eos": True}
+PROBE_SAMPLING = {
+    "temperature": 0.0,
+    "top_p": 1.0,
+    "top_k": -1,
+    "logprobs": True,
+    "max_tokens": PROBE_TOKENS,
+    "ignore_eos": True,
+}
 """Greedy, a fixed length, with the sampled tokens' log-probabilities (verl's ``generate`` contract)."""
 LOGP_TOLERANCE = 1e-3
 """Largest |log p| difference between engine and reference that counts as the same weights (float32 both sides:
@@ -72,8 +86,10 @@ def reference_decode(model_path: str, weights: dict[str, Any]) -> dict[str, Any]
     missing, _ = model.load_state_dict({k: v.to(torch.float32) for k, v in weights.items()}, strict=False)
     tied = {"lm_head.weight"} if getattr(model.config, "tie_word_embeddings", False) else set()
     if set(missing) - tied:
-        raise ValueError(f"The weights verl sent lack {sorted(set(missing) - tied)[:5]} of the model at "
-                         f"{model_path}; the weight-sync probe cannot build a reference.")
+        raise ValueError(
+            f"The weights verl sent lack {sorted(set(missing) - tied)[:5]} of the model at "
+            f"{model_path}; the weight-sync probe cannot build a reference."
+        )
     if tied:
         model.tie_weights()
     tokens, log_probs = [], []
@@ -98,14 +114,18 @@ def _max_diff(a: list[float], b: list[float]) -> float:
     return max((abs(x - y) for x, y in zip(a, b)), default=math.inf) if len(a) == len(b) else math.inf
 
 
-def _pair(references: list[dict[str, Any]], probes: list[dict[str, Any]],
-          initial: dict[str, Any] | None) -> list[dict[str, Any]]:
+def _pair(
+    references: list[dict[str, Any]], probes: list[dict[str, Any]], initial: dict[str, Any] | None
+) -> list[dict[str, Any]]:
     """One row per push of one replica: the first engine probe after it with its global step, if any."""
     rows, previous, seq = [], initial, initial["seq"] if initial else -1
     for reference in references:
         probe = next((p for p in probes if p["global_steps"] == reference["global_steps"] and p["seq"] > seq), None)
-        row: dict[str, Any] = {"replica": reference.get("replica", 0), "global_steps": reference["global_steps"],
-                               "probed": probe is not None}
+        row: dict[str, Any] = {
+            "replica": reference.get("replica", 0),
+            "global_steps": reference["global_steps"],
+            "probed": probe is not None,
+        }
         if probe is not None:
             row["tokens_equal"] = probe["tokens"] == reference["tokens"]
             row["logp_max_diff"] = _max_diff(probe["log_probs"], reference["log_probs"])
@@ -129,32 +149,51 @@ def weight_sync_check(folder: Path) -> dict[str, Any]:
     """
     references, engine = _read(folder / REFERENCE_RECORDS), _read(folder / ENGINE_RECORDS)
     if not references:
-        return {"ok": False, "pushes": 0, "initial": False, "rows": [],
-                "reason": "no weight push was recorded (the probe never ran in the worker that talks to the engine)"}
+        return {
+            "ok": False,
+            "pushes": 0,
+            "initial": False,
+            "rows": [],
+            "reason": "no weight push was recorded (the probe never ran in the worker that talks to the engine)",
+        }
     replicas = sorted({r.get("replica", 0) for r in references})
     rows = []
     for replica in replicas:
         mine = [r for r in engine if r.get("replica", 0) == replica]
         initial = next((r for r in mine if r["when"] == "started"), None)
-        rows += _pair([r for r in references if r.get("replica", 0) == replica],
-                      [r for r in mine if r["when"] == "after_push"], initial)
+        rows += _pair(
+            [r for r in references if r.get("replica", 0) == replica],
+            [r for r in mine if r["when"] == "after_push"],
+            initial,
+        )
     probed = [r for r in rows if r["probed"]]
     matched = [r for r in probed if r["tokens_equal"] and r["logp_max_diff"] <= LOGP_TOLERANCE]
     unprobed_replicas = sorted(set(replicas) - {r["replica"] for r in probed})
     changed = [r for r in matched if r.get("tokens_changed")]
     ok = bool(changed) and len(matched) == len(probed) and not unprobed_replicas
     if len(matched) < len(probed) or unprobed_replicas:
-        reason = (f"{len(probed) - len(matched)} of {len(probed)} probed weight pushes were not followed by an engine "
-                  f"output equal to the sent weights'; replicas never probed: {unprobed_replicas} (records: {folder})")
+        reason = (
+            f"{len(probed) - len(matched)} of {len(probed)} probed weight pushes were not followed by an engine "
+            f"output equal to the sent weights'; replicas never probed: {unprobed_replicas} (records: {folder})"
+        )
     elif not changed:
-        reason = ("no weight push changed the engine's greedy output, so the probe cannot tell whether the weights "
-                  "reached it (vLLM started with the actor's weights? verl's default load_format=dummy starts it "
-                  "from random ones)")
+        reason = (
+            "no weight push changed the engine's greedy output, so the probe cannot tell whether the weights "
+            "reached it (vLLM started with the actor's weights? verl's default load_format=dummy starts it "
+            "from random ones)"
+        )
     else:
-        reason = (f"after each of {len(probed)} weight pushes followed by generation ({len(replicas)} "
-                  f"replica{'s' if len(replicas) > 1 else ''}) the engine's greedy output equalled the sent weights' "
-                  f"(log-probs within {max(r['logp_max_diff'] for r in matched):.1e}); {len(changed)} of them changed "
-                  f"its output; {len(rows) - len(probed)} push(es) had no request after them before the next push "
-                  f"or the end of the run")
-    return {"ok": ok, "pushes": len(rows), "initial": any(r["when"] == "started" for r in engine), "rows": rows,
-            "reason": reason}
+        reason = (
+            f"after each of {len(probed)} weight pushes followed by generation ({len(replicas)} "
+            f"replica{'s' if len(replicas) > 1 else ''}) the engine's greedy output equalled the sent weights' "
+            f"(log-probs within {max(r['logp_max_diff'] for r in matched):.1e}); {len(changed)} of them changed "
+            f"its output; {len(rows) - len(probed)} push(es) had no request after them before the next push "
+            f"or the end of the run"
+        )
+    return {
+        "ok": ok,
+        "pushes": len(rows),
+        "initial": any(r["when"] == "started" for r in engine),
+        "rows": rows,
+        "reason": reason,
+    }
