@@ -294,6 +294,8 @@ class _Counted:
     submitted, so the replenisher generates rounds (what ``DapoReplayBuffer`` does today: it waits until every group
     of a round finished)."""
 
+    resumes_partials, checks_groups = True, False
+
     def __init__(self, engine: SimulatedEngine, *, barrier: bool) -> None:
         self.engine, self.codec, self.barrier, self.streaming = engine, engine.codec, barrier, not barrier
         self.inflight = self.submissions = 0

@@ -60,6 +60,9 @@ class AgentLoopEngine:
     streaming = True
     """Groups finish one at a time."""
 
+    checks_groups = False
+    """The replenisher checks what :func:`~dapo_verl.adapter.v1_groups.read_round` read from TransferQueue."""
+
     def __init__(
         self,
         submit: Callable[[Sequence[int]], list[str]],

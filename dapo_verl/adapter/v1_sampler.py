@@ -36,7 +36,7 @@ round limit and ``on_shortfall``, carried surplus and its staleness, history ski
   (it is counted as dropped ``surplus``) and a resumed run repeats the uninterrupted one; in the async modes
   TransferQueue itself is checkpointed and carried groups survive.
 
-The same class serves ``sync``, ``colocate_async`` and ``separate_async`` (:mod:`.v1_prefetch`); for
+The same class serves ``sync``, ``colocate_async`` and ``separate_async``; for
 separate_async's hybrid switching it answers ``get_sampleable_count`` (groups of the asked step that need no more
 generation: carried fresh ones and finished informative ones of the prefetched round) and ``wait_for_sampleable``
 (builds the step's batch while verl's GPUs are lent). In ``separate_async`` the rollout replicas are a pool of their
@@ -70,10 +70,10 @@ from dapo_verl.adapter.epochs import epoch_divisor
 from dapo_verl.adapter.reward import overlong_metrics
 from dapo_verl.adapter.v1_engine import AgentLoopEngine
 from dapo_verl.adapter.v1_groups import GroupKeys, GroupKeysCodec, read_round, train_listing, wait_terminal
-from dapo_verl.adapter.v1_prefetch import PrefetchedRound
 from dapo_verl.adapter.v1_settings import check_off_policy_span, check_streaming
 from dapo_verl.config import DapoConfig
 from dapo_verl.sampler import BatchReplenisher, GroupResult
+from dapo_verl.sampler.verdicts import is_kept
 from dapo_verl.state_io import load_state, save_state
 
 __all__ = ["SAMPLER_STATE_FILE", "DapoCheckpointCallback", "DapoReplayBuffer", "GroupKeys"]
@@ -86,7 +86,7 @@ SAMPLER_STATE_FILE = "dapo_sampler.safetensors"
 _DEFAULT_POLL_S = 0.05
 
 
-class DapoReplayBuffer(PrefetchedRound, ReplayBufferAsync):
+class DapoReplayBuffer(ReplayBufferAsync):
     """verl v1 custom sampler driven by dapo_verl's batch replenisher (see the module docstring).
 
     verl constructs it with its custom-sampler keyword arguments; ``refill_fn`` is the trainer's bound
@@ -135,7 +135,6 @@ class DapoReplayBuffer(PrefetchedRound, ReplayBufferAsync):
         self._step_groups: list[GroupResult] = []
         self._step_metrics: dict[str, float] = {}
         self._served_in_step = 0  # slices of the current step served so far
-        self._live: dict[str, GroupKeys] = {}  # groups of ours still in TransferQueue (carried or being served)
         self._step_uids: list[str] = []
         self._prefetch = trainer_mode == "separate_async" and bool((sampler_kwargs or {}).get("prefetch", True))
         self._inflight: tuple[tuple[int, ...], list[str]] | None = None  # next step's first round: (prompt ids, uids)
@@ -172,8 +171,6 @@ class DapoReplayBuffer(PrefetchedRound, ReplayBufferAsync):
         served, self._step_groups = self._step_groups[:batch_size], self._step_groups[batch_size:]
         payloads: list[GroupKeys] = [g.payload for g in served]
         tq.kv_clear(partition_id="train", keys=[p.uid for p in payloads])  # the trainer clears the trajectories
-        for payload in payloads:
-            self._live.pop(payload.uid, None)
         metrics, self._step_metrics = self._step_metrics, {}
         keys = [k for p in payloads for k in p.keys]
         tags = [t for p in payloads for t in p.tags]
@@ -208,6 +205,7 @@ class DapoReplayBuffer(PrefetchedRound, ReplayBufferAsync):
                 f"Step {self._served_step} left {len(self._step_groups)} groups unserved; verl's "
                 f"trainer asked for fewer than train_batch_size. This is a dapo_verl bug."
             )
+        before = self._live_uids()  # the last step's groups are all served: what it carried
         self._step_uids = []
         # verl re-generates a checkpointed in-flight prompt from scratch, so a checkpointed step leaves none in flight
         settle = self._engine is not None and self._engine.resumes_partials and self._checkpoint_follows(global_steps)
@@ -216,13 +214,9 @@ class DapoReplayBuffer(PrefetchedRound, ReplayBufferAsync):
         if self._checkpoint_follows(global_steps) and self.trainer_mode == "sync" and replenisher.carried:
             metrics["dapo/sampler/dropped/surplus"] += replenisher.drop_carried("surplus")
             metrics["dapo/sampler/carried_groups"] = 0
-        carried = [g.payload for _, g in replenisher.carried] + [p.payload for _, p in replenisher.carried_aborted]
-        kept = {g.payload.uid for g in sampled.groups} | {payload.uid for payload in carried}
-        dropped = [uid for uid in [*self._live, *self._step_uids] if uid not in kept]
-        self._abandon(dropped)
-        self._live = {payload.uid: payload for payload in carried}
-        self._live.update({g.payload.uid: g.payload for g in sampled.groups})
         self._step_groups = list(sampled.groups)
+        kept = self._live_uids()
+        self._abandon([uid for uid in [*before, *self._step_uids] if uid not in kept])
         self._served_in_step = 0
         self._step_metrics = metrics
         self._served_step = global_steps
@@ -257,6 +251,13 @@ class DapoReplayBuffer(PrefetchedRound, ReplayBufferAsync):
         if int(trainer_config.total_epochs) < limit:
             with open_dict(self.trainer.config):
                 trainer_config.total_epochs = limit
+
+    def _live_uids(self) -> list[str]:
+        """Prompt keys of our groups TransferQueue still holds: carried (finished or aborted) and not yet served."""
+        replenisher = self._replenisher
+        carried = [] if replenisher is None else [g.payload for _, g in replenisher.carried]
+        aborted = [] if replenisher is None else [p.payload for _, p in replenisher.carried_aborted]
+        return [payload.uid for payload in [*carried, *aborted, *(g.payload for g in self._step_groups)]]
 
     def _checkpoint_follows(self, global_steps: int) -> bool:
         trainer_config = self.trainer.config.trainer
@@ -363,6 +364,125 @@ class DapoReplayBuffer(PrefetchedRound, ReplayBufferAsync):
         tu.assign_non_tensor_data(batch, "global_steps", self.trainer.global_steps)
         return batch
 
+    # -- separate_async: the next step's first round, generated while this step trains; verl's GPU switch ------
+
+    def get_sampleable_count(self, global_steps: int, partition_id: str) -> int:
+        """How many of step ``global_steps``'s ``train_batch_size`` groups need no more generation; never waits.
+
+        verl's ``separate_async`` trainer with ``hybrid_rollout.enable_switch=true`` reads this to decide whether
+        to lend its GPUs to generation: at the end of step k for step k+1, and at the start of a step and of each
+        slice for that step. It lends while the count is below its switch threshold (a share of
+        ``data.train_batch_size``, at least one slice). The answer:
+
+        * the step's batch is already built: its groups not served yet;
+        * otherwise: carried groups still fresh at that step (``max_staleness_steps``) plus the informative groups
+          of the prefetched round that TransferQueue already holds as finished, at most ``train_batch_size``.
+          Groups still generating count nothing (lending GPUs is what finishes them sooner), and neither do
+          finished all-correct or all-wrong ones (the step would drop them).
+
+        The batch is built whole before its first slice is served, so a count below ``train_batch_size`` means
+        the step will wait for generation even when it reaches verl's threshold.
+        """
+        if partition_id != "train":
+            return super().get_sampleable_count(global_steps, partition_id)
+        if self._served_step == global_steps:
+            return len(self._step_groups)
+        if self._replenisher is None:  # nothing submitted yet: the first step builds its batch from scratch
+            return 0
+        usable = self._replenisher.fresh_carried(global_steps)
+        return min(usable + self._finished_informative(), self.dapo.sampler.train_batch_size)
+
+    def wait_for_sampleable(self, global_steps: int, partition_id: str, target_count: int) -> tuple[set[str], dict]:
+        """Build step ``global_steps``'s batch now (``sample`` then serves it); return its prompt uids and ``{}``.
+
+        verl calls it while its GPUs are lent to generation and takes them back when it returns. verl's own
+        buffer returns once ``target_count`` groups are sampleable; this one returns once the whole batch is built
+        (``train_batch_size`` groups, which verl's threshold never exceeds; fewer only with
+        ``on_shortfall=partial``), because no slice can be served before that: the lent GPUs keep generating for
+        as long as the step needs generation. The sampler's metrics come with the first slice, not here.
+        """
+        if partition_id != "train":
+            return super().wait_for_sampleable(global_steps, partition_id, target_count)
+        self._prepare(global_steps)
+        return {g.payload.uid for g in self._step_groups}, {}
+
+    def _prefetched_round(self) -> tuple[tuple[int, ...], list[str]] | None:
+        """(prompt ids, prompt keys) of the round generating for the next step, or None.
+
+        A resumed run holds the checkpoint's keys until its first ``sample()`` reconciles them; the restored plan
+        is the same round (:meth:`_resume_inflight` pairs them the same way).
+        """
+        if self._inflight is not None:
+            return self._inflight
+        if self._restored_inflight and self._replenisher is not None:
+            planned = self._replenisher.plan_next_round()  # the restored plan; calling it again returns the same
+            if len(planned) == len(self._restored_inflight):
+                return tuple(planned), self._restored_inflight
+        return None
+
+    def _finished_informative(self) -> int:
+        """Informative groups of the prefetched round that TransferQueue holds as finished (read without waiting).
+
+        A group's verdict is read once and kept while its round is in flight: a finished group does not change.
+        """
+        prefetched = self._prefetched_round()
+        if prefetched is None:
+            self._verdicts = {}
+            return 0
+        prompt_ids, uids = prefetched
+        current = set(uids)
+        self._verdicts = {uid: v for uid, v in self._verdicts.items() if uid in current}
+        listing = train_listing()
+        unread = [
+            (p, u)
+            for p, u in zip(prompt_ids, uids)
+            if u not in self._verdicts and listing.get(u, {}).get("status") == "finished"
+        ]
+        if unread:
+            assert self._replenisher is not None
+            groups = read_round(
+                [p for p, _ in unread],
+                [u for _, u in unread],
+                listing,
+                metric=self._replenisher.config.metric,
+                response_length=int(self.trainer.config.actor_rollout_ref.rollout.response_length),
+            )
+            for (_, uid), group in zip(unread, groups):
+                self._verdicts[uid] = is_kept(group, filtering=self._replenisher.config.enable)
+        return sum(self._verdicts.values())
+
+    def _take_inflight(self, prompt_ids: Sequence[int]) -> list[str] | None:
+        """The prompt keys of the prefetched round if ``prompt_ids`` is it (the replenisher generates its plan
+        first), else None."""
+        if self._inflight is None:
+            return None
+        planned, uids = self._inflight
+        if tuple(prompt_ids) != planned:
+            raise RuntimeError(
+                f"The sampler generated prompts {list(prompt_ids)[:8]}... before its planned round "
+                f"{list(planned)[:8]}..., which is already generating. This is a dapo_verl bug."
+            )
+        self._inflight = None
+        return uids
+
+    def _resume_inflight(self, uids: list[str]) -> None:
+        """Follow the prefetched round saved with the checkpoint (its prompt keys ``uids``).
+
+        verl checkpoints TransferQueue in async modes and re-issues the prompts still generating, so the round is
+        normally there to wait for; one that TransferQueue did not keep is submitted again.
+        """
+        assert self._replenisher is not None
+        if not uids:
+            return
+        planned = self._replenisher.plan_next_round()  # the restored plan, not a new one
+        listing = train_listing()
+        if len(uids) == len(planned) and all(uid in listing for uid in uids):
+            self._inflight = (tuple(planned), uids)
+            return
+        self._clear([uid for uid in uids if uid in listing])
+        if planned:
+            self._inflight = (tuple(planned), self._submit(planned))
+
     # -- checkpoints ----------------------------------------------------------------------------------------
 
     def save_state(self, checkpoint_dir: str) -> None:
@@ -401,7 +521,6 @@ class DapoReplayBuffer(PrefetchedRound, ReplayBufferAsync):
         assert self._replenisher is not None
         state = load_state(path)
         self._replenisher.load_state_dict(state)
-        self._live = {g.payload.uid: g.payload for _, g in self._replenisher.carried}
         self._restored_inflight = [str(uid) for uid in state.get("v1_inflight_uids", [])]
         self._follow_data_epochs(global_steps - 1)
         logger.info("dapo_verl: restored the sampler state from %s", path)
@@ -414,7 +533,8 @@ class DapoReplayBuffer(PrefetchedRound, ReplayBufferAsync):
         them without their prompt keys.
         """
         listing = train_listing()
-        orphans = [key for key in listing if key.split("_")[0] not in self._live and key.split("_")[0] not in keep]
+        tracked = {*self._live_uids(), *keep}
+        orphans = [key for key in listing if key.split("_")[0] not in tracked]
         if orphans:
             tq.kv_clear(partition_id="train", keys=orphans)
 

@@ -68,6 +68,7 @@ class ChunkedEngine:
 
     streaming = True
     resumes_partials = True
+    checks_groups = False
 
     def __init__(self, rollout: Rollout, *, chunk_tokens: int = 8, stale_prefix: str = "train") -> None:
         if isinstance(chunk_tokens, bool) or not isinstance(chunk_tokens, int) or chunk_tokens < 1:

@@ -13,10 +13,11 @@ calls:
   far, kept opaque in ``payload``), which the sampler may carry and submit again at a later step
   (``Request.resume``). The engine continues a resumed group from its prefix within the remaining response budget.
 
-An engine whose groups finish a round at a time says so with ``streaming = False`` (others are taken to stream): the
-replenisher then sizes rounds, and ``stream_oversample`` does not apply.
-An engine that cannot continue an aborted group says so with ``resumes_partials = False``: the replenisher then drops
-its aborted groups (``discarded``) whatever ``surplus`` says.
+An engine also declares three attributes the replenisher reads (:class:`GenerationEngine`): ``streaming`` (false
+when its groups finish a round at a time: the replenisher then sizes rounds, and ``stream_oversample`` does not
+apply), ``resumes_partials`` (false when it cannot continue an aborted group: the replenisher then drops its aborted
+groups as ``discarded`` whatever ``surplus`` says) and ``checks_groups`` (true when ``collect`` already checked its
+groups against the contract, so the replenisher does not check them twice).
 
 Round-based generation is the special case of an engine whose ``collect`` generates everything submitted at once
 and that never has anything left to abort: :class:`RoundEngine` adapts the replenisher's documented round-based
@@ -38,7 +39,7 @@ from typing import Any, Protocol, runtime_checkable
 from dapo_verl.sampler.contracts import checked_groups
 from dapo_verl.sampler.types import GroupResult
 
-__all__ = ["Aborted", "Completion", "GenerationEngine", "PartialGroup", "Request", "RoundEngine"]
+__all__ = ["Aborted", "Completion", "GenerationEngine", "PartialGroup", "Request", "RoundEngine", "as_engine"]
 
 
 @dataclass(frozen=True)
@@ -97,7 +98,17 @@ class Aborted:
 
 @runtime_checkable
 class GenerationEngine(Protocol):
-    """Submits, collects and aborts groups (module docstring)."""
+    """Submits, collects and aborts groups, and says how (module docstring)."""
+
+    streaming: bool
+    """Groups finish one at a time (false: a round at a time, and the replenisher sizes rounds)."""
+
+    resumes_partials: bool
+    """An aborted group can be submitted again as ``Request.resume`` and continued from its prefix."""
+
+    checks_groups: bool
+    """``collect`` returns groups already checked against the contract (:func:`~dapo_verl.sampler.contracts.
+    checked_groups`); false: the replenisher checks them."""
 
     def submit(self, requests: Sequence[Request]) -> None:
         """Start generating each request's group; return at once."""
@@ -124,6 +135,9 @@ class RoundEngine:
 
     streaming = False
     """Its groups finish whole rounds at a time (the replenisher sizes rounds, not what is in flight)."""
+
+    resumes_partials = False
+    """It never aborts a group, so there is none to continue."""
 
     checks_groups = True
     """``collect`` checks the callback's groups against the contract (:func:`~dapo_verl.sampler.contracts.
@@ -156,3 +170,24 @@ class RoundEngine:
                 f"engine generates them in collect(). This is a dapo_verl bug."
             )
         return Aborted()
+
+
+ENGINE_TRAITS = ("streaming", "resumes_partials", "checks_groups")
+
+
+def as_engine(generate: object) -> GenerationEngine | None:
+    """``generate`` if it is a :class:`GenerationEngine`, None if it is a plain callback (a round-based ``generate``).
+
+    Raises:
+        TypeError: for an object with the engine's methods that lacks one of its declared attributes.
+    """
+    if isinstance(generate, GenerationEngine):
+        return generate
+    if all(callable(getattr(generate, name, None)) for name in ("submit", "collect", "abort")):
+        missing = [name for name in ENGINE_TRAITS if not hasattr(generate, name)]
+        raise TypeError(
+            f"{type(generate).__name__} has submit/collect/abort but not {', '.join(missing)}: a GenerationEngine "
+            f"declares streaming, resumes_partials and checks_groups (dapo_verl.sampler.engine), e.g. streaming = "
+            f"True, resumes_partials = False, checks_groups = False as class attributes."
+        )
+    return None

@@ -26,7 +26,7 @@ class Flight:
         self._inflight: dict[int, Request] = {}
         self._numbered = 0
         # A round engine runs checked_groups on its callback's round already (it knows the round's prompt order).
-        self._check_groups = not getattr(engine, "checks_groups", False)
+        self._check_groups = not engine.checks_groups
 
     def __len__(self) -> int:
         return len(self._inflight)

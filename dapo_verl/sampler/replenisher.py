@@ -40,7 +40,7 @@ from dapo_verl.core import DropReason
 from dapo_verl.sampler.arguments import require_instance
 from dapo_verl.sampler.carry import decode_groups, decode_partials, encode_groups, encode_partials, fresh, split_stale
 from dapo_verl.sampler.contracts import check_state, restoring
-from dapo_verl.sampler.engine import Completion, GenerationEngine, PartialGroup, RoundEngine
+from dapo_verl.sampler.engine import Completion, GenerationEngine, PartialGroup, RoundEngine, as_engine
 from dapo_verl.sampler.flight import Flight
 from dapo_verl.sampler.ledger import ABORTED_DROP_REASONS, DROP_REASONS, Ledger
 from dapo_verl.sampler.prediction import SuccessPredictor, successes
@@ -90,10 +90,8 @@ class BatchReplenisher:
         self.config = require_instance("config", config, SamplerConfig, fix="Use DapoConfig.sampler.")
         self.generate = generate
         # A callback is looked up on each round, so a caller may replace ``generate`` (a wrapper, a spy).
-        self.engine: GenerationEngine = (
-            generate
-            if isinstance(generate, GenerationEngine)
-            else RoundEngine(lambda prompt_ids: cast(GenerateFn, self.generate)(prompt_ids))
+        self.engine: GenerationEngine = as_engine(generate) or RoundEngine(
+            lambda prompt_ids: cast(GenerateFn, self.generate)(prompt_ids)
         )
         self.codec: PayloadCodec = codec or IdentityCodec()
         predicts = config.enable and config.skip_uninformative and config.prompt_selection == PromptSelection.PREDICTED
@@ -124,8 +122,6 @@ class BatchReplenisher:
         self.carried: list[tuple[int, GroupResult]] = []  # finished groups: (step of their oldest token, group)
         self.carried_aborted: list[tuple[int, PartialGroup]] = []  # aborted groups, likewise
         self._flight = Flight(self.engine)  # what is generating now (nothing between steps)
-        self._streams = bool(getattr(self.engine, "streaming", True))  # a round engine finishes whole rounds
-        self._resumes = bool(getattr(self.engine, "resumes_partials", True))  # else aborted groups are discarded
         self._planned: tuple[list[int], int] | None = None  # next step's first round: (prompt ids, revisits among them)
         self._trained_prompts: set[int] = set()  # every prompt a batch held (the pool's coverage)
 
@@ -201,13 +197,15 @@ class BatchReplenisher:
         """
         if self._planned is not None:
             return list(self._planned[0])
-        step = self._set_step()
-        usable = sum(fresh(born, step, self.config.max_staleness_steps) for born, _ in self.carried)
-        missing = self.config.train_batch_size - usable
+        missing = self.config.train_batch_size - self.fresh_carried(self._set_step())
         if missing <= 0:
             return []
         self._planned = self._choose(missing, step_prompt_budget(self.config))
         return list(self._planned[0])
+
+    def fresh_carried(self, step: int) -> int:
+        """How many carried finished groups step ``step`` may still train on (``max_staleness_steps``)."""
+        return sum(fresh(born, step, self.config.max_staleness_steps) for born, _ in self.carried)
 
     def _set_step(self) -> int:
         """The step the next batch is for, told to the predictor (its forgetting counts training steps)."""
@@ -264,7 +262,7 @@ class BatchReplenisher:
         many of them are revisits (none when what is in flight already covers the round)."""
         want = (
             inflight_target(
-                self.config, missing, self.keep_rate_estimate, budget_left + inflight, streaming=self._streams
+                self.config, missing, self.keep_rate_estimate, budget_left + inflight, streaming=self.engine.streaming
             )
             - inflight
         )
@@ -367,7 +365,7 @@ class BatchReplenisher:
         self._place(aborted.finished, batch, ages, step, target)
         for request, partial in aborted.partial:
             self.ledger.aborted(request, partial)
-            if self.config.surplus == SurplusPolicy.CARRY and self._resumes:
+            if self.config.surplus == SurplusPolicy.CARRY and self.engine.resumes_partials:
                 self.carried_aborted.append((request.born_step, partial))
             else:
                 self.ledger.drop_aborted(partial, "discarded")

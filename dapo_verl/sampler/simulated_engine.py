@@ -137,6 +137,8 @@ class SimulatedEngine:
     """
 
     streaming = True
+    resumes_partials = True
+    checks_groups = False
 
     def __init__(
         self,

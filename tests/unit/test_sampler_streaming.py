@@ -53,6 +53,8 @@ def _run(sampler, engine, steps, first=1):
 class _Spy:
     """Records what the sampler submits, then passes it on."""
 
+    streaming, resumes_partials, checks_groups = True, True, False
+
     def __init__(self, engine):
         self.engine, self.codec, self.submitted = engine, engine.codec, []
 
@@ -161,6 +163,8 @@ def test_a_round_engine_is_the_callback_path_and_refuses_to_resume():
 class _Broken:
     """An engine that breaks one rule of the contract."""
 
+    streaming, resumes_partials, checks_groups = True, True, False
+
     def __init__(self, rule):
         self.rule, self.requests = rule, []
 
@@ -193,6 +197,54 @@ def test_an_engine_that_breaks_the_contract_is_named_with_what_it_must_do(rule, 
     sampler = BatchReplenisher(SamplerConfig(train_batch_size=2, gen_batch_size=4, seed=0), 50, _Broken(rule))
     with pytest.raises(ValueError, match=message):
         sampler.next_batch()
+
+
+class _Undeclared:
+    """The engine's three methods without the attributes the protocol declares."""
+
+    streaming = True
+
+    def submit(self, requests):
+        raise AssertionError("never reached")
+
+    collect = abort = submit
+
+
+def test_an_engine_without_its_declared_attributes_is_refused_naming_them():
+    with pytest.raises(
+        TypeError, match=r"_Undeclared has submit/collect/abort but not resumes_partials, checks_groups"
+    ):
+        BatchReplenisher(SamplerConfig(train_batch_size=2, seed=0), 50, _Undeclared())
+
+
+@pytest.mark.parametrize("staleness", [1, 2])
+def test_fresh_carried_counts_what_the_next_step_takes_from_carry(staleness):
+    # Finished surplus only (a round engine): each step takes the fresh carried groups first, up to the batch.
+    sampler, served = (
+        BatchReplenisher(
+            SamplerConfig(
+                train_batch_size=4,
+                gen_batch_size=12,
+                refill="barrier",
+                surplus="carry",
+                max_staleness_steps=staleness,
+                seed=0,
+            ),
+            200,
+            lambda ids: [
+                GroupResult(i, torch.tensor([1.0, 0.0]), torch.tensor([3, 4]), torch.tensor([False, False]))
+                for i in ids
+            ],
+        ),
+        [],
+    )
+    for _ in range(6):
+        fresh = sampler.fresh_carried(sampler.train_steps + 1)
+        batch = sampler.next_batch()
+        served.append(fresh)
+        assert batch.metrics[P + "groups_from_carry"] == min(fresh, 4)
+    assert max(served) > 4  # more carried than one batch takes: the count is not the batch size
+    assert sampler.fresh_carried(sampler.train_steps + staleness + 1) == 0  # every group born by now is stale then
 
 
 @settings(max_examples=25, deadline=None)
