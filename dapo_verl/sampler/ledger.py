@@ -4,7 +4,7 @@ Accounting is conserved (:meth:`Ledger.conservation_gap`): every finished group 
 for one of :data:`DROP_REASONS`; every aborted group is continued, carried, or dropped for one of
 :data:`ABORTED_DROP_REASONS`. Every response token is counted once, when it is generated: an aborted group's tokens
 when it is aborted, a continued group's new tokens when it finishes. The per-step metrics
-(:mod:`~dapo_verl.sampler.step_metrics`) are differences of these counters over a step.
+(:mod:`~dapo_verl.sampler.replenisher`'s metrics) are differences of these counters over a step.
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ PACKAGE = ROOT / "dapo_verl"
 
 LAYERS = [  # an import may go to the same layer or one below, never up
     {"core"},
-    {"", "config_fields", "config_sampler", "config", "state_io", "lifetime"},
+    {"", "config", "state_io", "lifetime"},
     {"sampler", "preflight", "data", "report", "toy"},
     {"local", "adapter"},
     {"rehearsal"},
