@@ -11,12 +11,15 @@ Like ``verl.trainer.main_ppo`` it validates the config and starts Ray with a Tas
 ``--help`` and ``--cfg job`` show the resolved configuration without starting anything. Before Hydra starts the
 job, :func:`preflight` checks the command line's config (every job of a multirun) with the one pre-flight
 check (:mod:`dapo_verl.preflight` and :mod:`dapo_verl.adapter.preflight`); a config a run would refuse gets one
-line per problem on stderr and exit status 2, under ``--cfg job`` too (the recipes' ``--dry-run``).
+line per problem on stderr and exit status 2, under ``--cfg job`` too (the recipes' ``--dry-run``). The config is
+checked once on the driver: :func:`run_dapo` checks only a config the pre-flight did not (another config folder,
+or a caller of its own).
 """
 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import sys
 from collections.abc import Iterator, Sequence
@@ -25,9 +28,9 @@ from typing import Any
 
 import hydra
 from hydra.errors import HydraException
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
-from dapo_verl.adapter.preflight import DAPO_ENTRY, check_verl_config, compose_and_check
+from dapo_verl.adapter.preflight import DAPO_ENTRY, Findings, check_verl_config, compose_and_check
 from dapo_verl.adapter.preflight_dapo import clip_higher_warning, dapo_entry_problems
 from dapo_verl.config import DapoConfig
 from dapo_verl.preflight import ConfigRefused, compose_config_dir, one_line, raise_if_any
@@ -87,16 +90,24 @@ def _task_runner_class() -> Any:
     return ray.remote(num_cpus=1)(DapoTaskRunner)
 
 
+_CHECKED: dict[str, Findings] = {}
+"""What :func:`preflight` found for each config it passed in this process, by its unresolved YAML: Hydra hands
+:func:`main` that same config, which :func:`run_dapo` then does not check again."""
+
+
 def run_dapo(config: DictConfig) -> None:
-    """Validate ``config`` and train with Ray workers (needs the GPUs the config asks for)."""
+    """Validate ``config`` (unless :func:`preflight` passed it in this process) and train with Ray workers (needs
+    the GPUs the config asks for)."""
     from verl.trainer.main_ppo import run_ppo
     from verl.utils.device import auto_set_device
 
     import dapo_verl.adapter.register  # noqa: F401  (the driver process too; the workers get the entry point)
 
+    checked = _CHECKED.pop(OmegaConf.to_yaml(config), None)
     auto_set_device(config)
-    check_verl_config(config, entry_module=DAPO_ENTRY)  # verl's validate_config among its checks
-    clip_higher_warning(config, DapoConfig.from_verl(config))
+    findings = checked or check_verl_config(config, entry_module=DAPO_ENTRY)  # verl's validate_config among them
+    assert findings.dapo is not None  # read, or the check would have raised
+    clip_higher_warning(config, findings.dapo)
     if config.trainer.use_v1:
         from verl.trainer.main_ppo import TaskRunnerV1
 
@@ -160,22 +171,46 @@ def preflight(argv: Sequence[str]) -> list[str]:
     for number, job in enumerate(jobs):
         where = f"job {number} ({' '.join(job)}): " if len(jobs) > 1 else ""
         try:
-            compose_and_check(
+            config, findings = compose_and_check(
                 lambda j=job: compose_config_dir(str(CONFIG_DIR), config_name, j),
                 entry_module=DAPO_ENTRY,
                 unset_env_is_problem=not dry_run,
             )
         except ConfigRefused as refused:
             lines += [where + line for line in refused.lines()]
+        else:
+            if not dry_run:
+                _CHECKED[OmegaConf.to_yaml(config)] = findings
     return lines
 
 
 def _multirun_jobs(overrides: Sequence[str]) -> list[list[str]]:
-    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    """The jobs Hydra's basic sweeper runs for a multirun of ``overrides``: the product of each key's values, in
+    order, the last override of a key replacing earlier ones.
+
+    Hydra offers no public call that lists a sweep's jobs before it runs them (its sweeper plugins expand them
+    inside ``sweep()``, which also launches them), so the overrides are read with Hydra's public grammar
+    (``OverridesParser``, ``Override.sweep_string_iterator``) and combined by the basic sweeper's documented rule
+    (``tests/integration/test_main_driver.py`` compares the two).
+
+    Raises:
+        HydraException: for a sweep the basic sweeper does not run (an interval), as Hydra would.
+    """
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
-    parsed = OverridesParser.create().parse_overrides(list(overrides))
-    return [list(job) for job in BasicSweeper.split_arguments(parsed, None)[0]]
+    choices: dict[str, list[str]] = {}
+    for override in OverridesParser.create().parse_overrides(list(overrides)):
+        key = override.get_key_element()
+        if not override.is_sweep_override():
+            choices[key] = [f"{key}={override.get_value_element_as_str()}"]
+        elif override.is_discrete_sweep():
+            choices[key] = [f"{key}={value}" for value in override.sweep_string_iterator()]
+        else:
+            raise HydraException(
+                f"{override.input_line}: Hydra's basic sweeper, which runs dapo_verl's multiruns, does not sweep "
+                f"an interval. List the values (key=a,b,c) or use range(start,stop,step)."
+            )
+    return [list(job) for job in itertools.product(*choices.values())]
 
 
 @hydra.main(config_path="configs", config_name="dapo_trainer", version_base=None)

@@ -50,9 +50,9 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from dapo_verl.adapter.engine_ranges import engine_problems
 from dapo_verl.adapter.preflight_dapo import (
     component_settings,
-    dapo_settings,
+    dapo_entry_problems,
     data_keys,
-    entry_problems,
+    read_dapo,
     reward_and_filter,
 )
 from dapo_verl.adapter.preflight_verl import (
@@ -62,6 +62,7 @@ from dapo_verl.adapter.preflight_verl import (
     registries,
     validate_config_problems,
 )
+from dapo_verl.config import DapoConfig
 from dapo_verl.preflight import ConfigRefused, KnownKeys, Problem, one_line
 
 __all__ = [
@@ -86,11 +87,13 @@ class Findings:
         problems: One per thing a run would refuse.
         checked: The groups of checks that ran (see the module docstring), in order.
         unset: ``key (reads $VAR)`` for each value whose environment variable is not set here.
+        dapo: The DAPO section, parsed once (:data:`DAPO_ENTRY` only; None where it could not be read).
     """
 
     problems: list[Problem] = field(default_factory=list)
     checked: list[str] = field(default_factory=list)
     unset: list[str] = field(default_factory=list)
+    dapo: DapoConfig | None = None
 
 
 def check_verl_config(config: DictConfig, *, entry_module: str, unset_env_is_problem: bool = True) -> Findings:
@@ -161,6 +164,14 @@ def verl_config_problems(config: DictConfig, *, entry_module: str, unset_env_is_
         ]
     findings.problems += broken
     dapo_run = entry_module == DAPO_ENTRY
+
+    def dapo_settings(plain: DictConfig) -> list[Problem]:
+        findings.dapo, problems = read_dapo(plain)
+        return problems
+
+    def entry_problems(plain: DictConfig) -> list[Problem]:  # once the DAPO keys can be read (reported otherwise)
+        return [] if findings.dapo is None else dapo_entry_problems(plain, findings.dapo)
+
     groups: list[tuple[str, Callable[[DictConfig], list[Problem]]]] = [
         ("dapo_verl settings", dapo_settings if dapo_run else component_settings),
         *([("DAPO entry point", entry_problems)] if dapo_run else []),

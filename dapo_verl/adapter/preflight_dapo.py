@@ -33,9 +33,8 @@ __all__ = [
     "clip_higher_warning",
     "component_settings",
     "dapo_entry_problems",
-    "dapo_settings",
     "data_keys",
-    "entry_problems",
+    "read_dapo",
     "reward_and_filter",
 ]
 
@@ -62,13 +61,13 @@ def _problem_from(err: Exception, default_key: str) -> Problem:
     return Problem(match.group(1) if match else default_key, text)
 
 
-def dapo_settings(config: DictConfig) -> list[Problem]:
-    """Every DAPO key of a ``python -m dapo_verl.main`` config (:meth:`DapoConfig.from_verl`)."""
+def read_dapo(config: DictConfig) -> tuple[DapoConfig | None, list[Problem]]:
+    """Every DAPO key of a ``python -m dapo_verl.main`` config, read once (:meth:`DapoConfig.from_verl`): the parsed
+    config, or None and the problem."""
     try:
-        DapoConfig.from_verl(config)
+        return DapoConfig.from_verl(config), []
     except (ValueError, TypeError) as err:
-        return [_problem_from(err, "dapo_verl")]
-    return []
+        return None, [_problem_from(err, "dapo_verl")]
 
 
 def component_settings(config: DictConfig) -> list[Problem]:
@@ -147,15 +146,6 @@ def clip_higher_warning(config: DictConfig, dapo: DapoConfig) -> None:
     )
     if reason and dapo.loss.clip_ratio_high != dapo.loss.clip_ratio_low:
         warnings.warn(reason, stacklevel=3)
-
-
-def entry_problems(config: DictConfig) -> list[Problem]:
-    """:func:`dapo_entry_problems`, once the DAPO keys can be read (:func:`dapo_settings` reports them otherwise)."""
-    try:
-        dapo = DapoConfig.from_verl(config)
-    except (ValueError, TypeError):  # reported by _dapo_settings
-        return []
-    return dapo_entry_problems(config, dapo)
 
 
 def _v1_sampler_problems(config: DictConfig) -> list[Problem]:
