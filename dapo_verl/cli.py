@@ -16,11 +16,12 @@ from pathlib import Path
 from dapo_verl.cli_errors import fail as _fail
 from dapo_verl.cli_errors import os_error as _os_error
 from dapo_verl.cli_rehearse import add_rehearse
+from dapo_verl.config import CONFIG_DIR
 from dapo_verl.lifetime import Stopped, dying_with_this_process, signal_name, stop_signals
 
 __all__ = ["main"]
 
-DEFAULTS_YAML = Path(__file__).parent / "configs" / "dapo_defaults.yaml"
+DEFAULTS_YAML = CONFIG_DIR / "dapo_defaults.yaml"
 REPOSITORY = Path(__file__).resolve().parent.parent  # a source checkout's root; site-packages in an installed wheel
 
 

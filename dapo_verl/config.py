@@ -32,12 +32,14 @@ import warnings
 from collections.abc import Iterator, Mapping
 from dataclasses import MISSING, dataclass, field, fields, is_dataclass
 from enum import StrEnum
+from pathlib import Path
 from typing import Any, NoReturn, TypeVar
 
 from dapo_verl.core.losses import LossAggregation
 from dapo_verl.core.rewards import OVERLONG_SCHEDULES
 
 __all__ = [
+    "CONFIG_DIR",
     "MAX_SEED",
     "VERL_LOSS_AGG_MODES",
     "AdvantageConfig",
@@ -63,6 +65,9 @@ __all__ = [
 
 
 # -- fields: each one's verl key and the checks every section uses ----------------------------------------
+
+CONFIG_DIR = Path(__file__).resolve().parent / "configs"
+"""The Hydra configs the package ships (recipes, ``dapo_defaults.yaml``, ``local.yaml``); located here only."""
 
 MAX_SEED = 2**32 - 1
 """Largest ``data.seed``: the sampler derives a torch seed per epoch from it, which must fit in 64 bits."""

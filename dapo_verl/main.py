@@ -23,7 +23,6 @@ import itertools
 import logging
 import sys
 from collections.abc import Iterator, Sequence
-from pathlib import Path
 from typing import Any
 
 import hydra
@@ -32,7 +31,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from dapo_verl.adapter.preflight import DAPO_ENTRY, Findings, check_verl_config, compose_and_check
 from dapo_verl.adapter.preflight_dapo import clip_higher_warning, dapo_entry_problems
-from dapo_verl.config import DapoConfig
+from dapo_verl.config import CONFIG_DIR, DapoConfig
 from dapo_verl.preflight import ConfigRefused, compose_config_dir, one_line, raise_if_any
 
 __all__ = ["main", "preflight", "run_dapo", "validate_dapo_config"]
@@ -120,7 +119,6 @@ def run_dapo(config: DictConfig) -> None:
         run_ppo(config, task_runner_class=_task_runner_class())
 
 
-CONFIG_DIR = Path(__file__).resolve().parent / "configs"
 _HYDRA_INFO_FLAGS = {
     "-h",
     "--help",
@@ -213,7 +211,7 @@ def _multirun_jobs(overrides: Sequence[str]) -> list[list[str]]:
     return [list(job) for job in itertools.product(*choices.values())]
 
 
-@hydra.main(config_path="configs", config_name="dapo_trainer", version_base=None)
+@hydra.main(config_path=str(CONFIG_DIR), config_name="dapo_trainer", version_base=None)
 def main(config: DictConfig) -> None:
     """Hydra entry point: one line per problem and exit status 2 for a config a run would refuse."""
     try:

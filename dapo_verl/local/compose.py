@@ -23,7 +23,7 @@ from hydra import compose, initialize_config_dir
 from hydra.core.config_store import ConfigStore
 from omegaconf import OmegaConf
 
-from dapo_verl.config import DapoConfig, clip_higher_inert_reason
+from dapo_verl.config import CONFIG_DIR, DapoConfig, clip_higher_inert_reason
 from dapo_verl.local.config import LocalRunConfig, defaults_tree, read_run_config
 from dapo_verl.local.tasks import make_task
 from dapo_verl.preflight import ConfigRefused, KnownKeys, Problem, compose_checked
@@ -32,7 +32,6 @@ __all__ = ["CONFIG_DIR", "PRIMARY_CONFIG", "RunSpec", "changed_keys", "compose_r
 
 logger = logging.getLogger(__name__)
 
-CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
 PRIMARY_CONFIG = "local"
 _FILTER_METRICS = ("acc",)
 

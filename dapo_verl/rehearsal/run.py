@@ -45,6 +45,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from dapo_verl.config import CONFIG_DIR
 from dapo_verl.rehearsal.data import RehearsalData, prepare_files
 from dapo_verl.rehearsal.engine import (
     VLLM_ENVIRONMENT,
@@ -69,7 +70,6 @@ __all__ = [
     "rehearse",
 ]
 
-CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 VERL_CONFIG = "ppo_trainer"
 """verl's own trainer config: rehearsed through ``verl.trainer.main_ppo`` (the existing-setup user's path)."""
 

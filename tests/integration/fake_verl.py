@@ -16,7 +16,6 @@ responses according to ``i % 3``, so every generation round holds all-correct, a
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -31,9 +30,9 @@ from verl.trainer.ppo.utils import Role
 from verl.utils import tensordict_utils as tu
 from verl.utils.reward_score import default_compute_score
 
-import dapo_verl
+from dapo_verl.config import CONFIG_DIR as PACKAGE_CONFIGS
 
-CONFIG_DIR = str(Path(dapo_verl.__file__).parent / "configs")
+CONFIG_DIR = str(PACKAGE_CONFIGS)
 PROMPT_LEN, RESPONSE_LEN = 4, 6
 WORDS = ["<pad>", "<eos>", "<unk>", "Answer:", "q", "the", *[str(i) for i in range(10)]]
 

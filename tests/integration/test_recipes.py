@@ -24,15 +24,14 @@ from verl.trainer.ppo.utils import need_critic, need_reference_policy
 from verl.utils.config import omega_conf_to_dataclass, validate_config
 from verl.workers.config import FSDPActorConfig, RolloutConfig, SandboxFusionConfig
 
-import dapo_verl
 from dapo_verl.adapter.reward import DapoRewardManager, reward_settings
 from dapo_verl.adapter.verl_config import DapoAlgoConfig
+from dapo_verl.config import CONFIG_DIR
 from dapo_verl.main import validate_dapo_config
 from dapo_verl.report import derive_label
 
 pytestmark = pytest.mark.verl
 
-CONFIG_DIR = Path(dapo_verl.__file__).parent / "configs"
 PAPER = "dapo_qwen2.5_32b"
 SINGLE_NODE = "dapo_qwen2.5_math_1.5b"
 ARMS = {0.2: "dapo_clip_ablation_eps_high_0.2", 0.28: "dapo_clip_ablation_eps_high_0.28"}

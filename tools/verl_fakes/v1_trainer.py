@@ -32,12 +32,12 @@ from verl.trainer.ppo.checkpoint_callback import build_checkpoint_callback
 from verl.trainer.ppo.v1 import trainer_base
 from verl.utils import tensordict_utils as tu
 
-import dapo_verl
+from dapo_verl.config import CONFIG_DIR as PACKAGE_CONFIGS
 from tools.verl_fakes.v1_rollout import SimulatedRollout
 
 __all__ = ["CONFIG_DIR", "PromptDataset", "SimulatedTrainer", "StepRecord", "compose_v1_config"]
 
-CONFIG_DIR = str(Path(dapo_verl.__file__).parent / "configs")
+CONFIG_DIR = str(PACKAGE_CONFIGS)
 
 
 def compose_v1_config(tmp_dir: str | Path, *overrides: str, mode: str = "sync") -> DictConfig:
