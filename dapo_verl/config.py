@@ -35,7 +35,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any, NoReturn, TypeVar
 
-from dapo_verl.core.losses import LossAggregation
+from dapo_verl.core.losses import CLIP_HIGH, CLIP_LOW, LossAggregation
 from dapo_verl.core.rewards import OVERLONG_SCHEDULES
 
 __all__ = [
@@ -467,14 +467,14 @@ class LossConfig:
     """The decoupled-clip policy loss (paper §3.1, §3.3)."""
 
     clip_ratio_low: float = field(
-        default=0.2, metadata=verl_key("actor_rollout_ref.actor.clip_ratio_low", verl_native=True)
+        default=CLIP_LOW, metadata=verl_key("actor_rollout_ref.actor.clip_ratio_low", verl_native=True)
     )
     """eps_low: the ratio is clipped below at 1 - clip_ratio_low for negative advantages. Range [0, 1]; paper §3.1 uses
     0.2.
     """
 
     clip_ratio_high: float = field(
-        default=0.28, metadata=verl_key("actor_rollout_ref.actor.clip_ratio_high", verl_native=True)
+        default=CLIP_HIGH, metadata=verl_key("actor_rollout_ref.actor.clip_ratio_high", verl_native=True)
     )
     """eps_high: the ratio is clipped above at 1 + clip_ratio_high for positive advantages (clip-higher). Range >= 0;
     paper §3.1 uses 0.28.

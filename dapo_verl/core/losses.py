@@ -63,6 +63,8 @@ from dapo_verl.core.aggregation import (
 )
 
 __all__ = [
+    "CLIP_HIGH",
+    "CLIP_LOW",
     "LOG_RATIO_CLAMP",
     "ClippedSurrogate",
     "LossAggregation",
@@ -74,6 +76,13 @@ __all__ = [
     "group_token_mean_weights",
     "policy_ratio",
 ]
+
+CLIP_LOW = 0.2
+"""eps_low, the paper's (§3.1): the default of every loss here and of ``actor_rollout_ref.actor.clip_ratio_low``."""
+
+CLIP_HIGH = 0.28
+"""eps_high, the paper's clip-higher (§3.1): the default of every loss here and of
+``actor_rollout_ref.actor.clip_ratio_high``."""
 
 _LARGEST_RATIO = math.exp(LOG_RATIO_CLAMP)  # no ratio exceeds it: the log-ratio is clamped first
 
@@ -189,8 +198,8 @@ def clipped_surrogate_loss_matrix(
     advantages: Tensor,
     mask: Tensor,
     *,
-    clip_low: float = 0.2,
-    clip_high: float = 0.28,
+    clip_low: float = CLIP_LOW,
+    clip_high: float = CLIP_HIGH,
     clip_ratio_c: float | None = None,
 ) -> Tensor:
     """Per-token clipped-surrogate loss before aggregation; the one implementation every variant uses.
@@ -231,8 +240,8 @@ def clipped_surrogate_with_diagnostics(
     advantages: Tensor,
     mask: Tensor,
     *,
-    clip_low: float = 0.2,
-    clip_high: float = 0.28,
+    clip_low: float = CLIP_LOW,
+    clip_high: float = CLIP_HIGH,
     clip_ratio_c: float | None = None,
     diagnostics: bool = True,
 ) -> ClippedSurrogate:
@@ -271,8 +280,8 @@ def dapo_loss(
     old_logp: Tensor,
     advantages: Tensor,
     mask: Tensor,
-    clip_low: float = 0.2,
-    clip_high: float = 0.28,
+    clip_low: float = CLIP_LOW,
+    clip_high: float = CLIP_HIGH,
     *,
     clip_ratio_c: float | None = None,
     aggregation: LossAggregation | str = LossAggregation.TOKEN_MEAN_GLOBAL,
@@ -335,8 +344,8 @@ def clip_diagnostics(
     advantages: Tensor,
     mask: Tensor,
     *,
-    clip_low: float = 0.2,
-    clip_high: float = 0.28,
+    clip_low: float = CLIP_LOW,
+    clip_high: float = CLIP_HIGH,
     clip_ratio_c: float | None = None,
 ) -> dict[str, Tensor]:
     """Where the clip acts, as fractions of the valid tokens, plus ratio statistics.
