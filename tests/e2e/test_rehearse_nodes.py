@@ -65,6 +65,13 @@ def test_the_paper_recipe_runs_as_jobs_on_two_nodes_with_verls_workers_on_both(t
     assert_dapo_metrics_every_step(logged, 3)
     assert (out / "run1" / "output" / "checkpoints" / project / experiment / "global_step_2").is_dir()
     assert report["runs"][1]["state"] == "finished" and report["resume"]["compared"] > 50
+    changes = {c["key"]: c for c in json.loads((out / "changes.json").read_text())}
+    # Only what a CPU cannot do changed, and the engine's budgets keep their relations (one factor, 22528 -> 136).
+    assert changes["actor_rollout_ref.rollout.dtype"]["rehearsal"] == "float32"
+    assert changes["actor_rollout_ref.rollout.free_cache_engine"]["rehearsal"] is False
+    assert changes["actor_rollout_ref.rollout.max_num_batched_tokens"]["rehearsal"] == 136
+    assert changes["actor_rollout_ref.rollout.tensor_model_parallel_size"]["rehearsal"] == 1
+    assert "actor_rollout_ref.rollout.top_p" not in changes and "actor_rollout_ref.rollout.temperature" not in changes
     assert report["rollout_vs_actor"]["ok"] and report["engine_started"]
     assert "cluster: 2 Ray nodes on this machine" in done.stdout
     _nothing_left(str(out), cluster["temp_dir"])

@@ -11,9 +11,8 @@ from __future__ import annotations
 
 import pytest
 
-from dapo_verl.rehearsal.report import read_jsonl
 from dapo_verl.rehearsal.run import RehearsalOptions, rehearse
-from tests.e2e.rehearsal_helpers import SIZES, assert_dapo_metrics_every_step, run_rehearsal, training_steps
+from tests.e2e.rehearsal_helpers import SIZES, assert_dapo_metrics_every_step, run_rehearsal
 
 pytestmark = [pytest.mark.slow, pytest.mark.verl, pytest.mark.e2e]
 
@@ -24,7 +23,7 @@ ODD_SIZES = [s for s in SIZES if "ppo_micro_batch_size_per_gpu" not in s] + [
 ]
 
 
-def test_legacy_trainer_on_two_ranks_with_odd_n_and_partial_batches_and_a_resume(tmp_path):
+def test_legacy_trainer_on_two_ranks_with_odd_n_and_partial_batches(tmp_path):
     # Two data-parallel ranks, n=3 over two agent-loop workers: every request must be padded to split evenly
     # (verl's DataProto.chunk refuses a remainder). One round of 3 prompts (9 rows) per step with
     # on_shortfall=partial: always short, topped up to whole mini-batches that verl's rank balancing can split.
@@ -42,8 +41,10 @@ def test_legacy_trainer_on_two_ranks_with_odd_n_and_partial_batches_and_a_resume
         *ODD_SIZES,
         gpus=2,
         steps=2,
+        resume=False,  # the legacy trainer's resume: test_rehearse_vllm.py (exact, one replica)
         engine="stand-in",
-    )  # 2 steps: checkpoint at 1, resumed at 2; two vLLM engines would need ~13 GB
+    )  # two vLLM engines would need ~13 GB
+    assert report["ok"], report
     trained = assert_dapo_metrics_every_step(logged, 2)
     assert any(data["dapo/sampler/partial"] == 1 for data in trained.values())
     assert any(data["dapo/rollout/padding_responses"] > 0 for data in trained.values())
@@ -52,13 +53,6 @@ def test_legacy_trainer_on_two_ranks_with_odd_n_and_partial_batches_and_a_resume
     # Both ranks trained: verl balanced each batch over 2 partitions.
     assert all("global_seqlen/balanced_max" in data for data in trained.values())
     assert (out / "run1" / "checkpoints" / "global_step_1" / "dapo_sampler.safetensors").is_file()
-    # The resume restored the sampler: its counters continue from the checkpoint. The responses themselves may
-    # differ: with 2 ranks there are 2 rollout replicas, and verl routes each request to the less busy one, whose
-    # sampler seeds it (one replica regenerates the same groups: tests/e2e/test_rehearse_v1.py).
-    resumed = training_steps(read_jsonl(out / "run2" / "metrics.jsonl"))
-    assert sorted(resumed) == [2] and report["resume"]["step"] == 2
-    for key in ("dapo/sampler/train_step", "dapo/sampler/prompts_consumed", "dapo/sampler/data_epoch"):
-        assert resumed[2][key] == trained[2][key], key
 
 
 def test_a_recipe_whose_data_lacks_the_prompt_column_fails_with_verls_own_error(tmp_path):
