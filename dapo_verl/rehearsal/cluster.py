@@ -14,7 +14,7 @@ recipe's paths, the plugin modules, the run's record folder -- reaches the job t
 (``recipes/run_ray.sh``), as on a cluster.
 
 ``ray start`` leaves its daemons running in the session it started in; each ``ray start`` runs in a session of its
-own, recorded for :class:`dapo_verl.lifetime.Watchdog` (:func:`dapo_verl.lifetime.record_session`), and
+own, recorded for :class:`dapo_verl.rehearsal.reaper.Watchdog` (:func:`dapo_verl.rehearsal.reaper.record_session`), and
 :meth:`LocalCluster.stop` stops those sessions and every process naming the cluster's folder, whatever ended the
 rehearsal. :meth:`LocalCluster.actors` reads, from Ray's state API, which node ran each actor of a job.
 """
@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from dapo_verl import lifetime
+from dapo_verl.rehearsal import reaper
 
 __all__ = ["ROLES", "ClusterError", "LocalCluster", "NodeActors", "free_ports", "role_of"]
 
@@ -177,7 +178,7 @@ class LocalCluster:
                     env=self._env,
                     start_new_session=True,
                 )
-            lifetime.record_session(self._records, process.pid)
+            reaper.record_session(self._records, process.pid)
             self._sessions.append(process.pid)
             self._processes.append(process)
             self._wait(lambda joined=index + 1: self._alive_nodes() >= joined, index, log)  # type: ignore[misc]
@@ -260,8 +261,8 @@ class LocalCluster:
         """Stop every node and everything they started: the sessions of the ``ray start`` commands, then every
         process naming the cluster's folder (idempotent)."""
         for session in self._sessions:
-            lifetime.kill_session(session)
-        lifetime.kill_marked(self.temp_dir)
+            reaper.kill_session(session)
+        reaper.kill_marked(self.temp_dir)
 
     def __enter__(self) -> LocalCluster:
         try:

@@ -3,7 +3,7 @@
 :func:`own_out` holds ``--out``'s lock for the rehearsal and refuses a folder that an earlier rehearsal's processes
 still write into (its command was killed and they have not stopped yet), naming them. :func:`private_folders` makes
 one private Ray folder per run and the bridges' site folder, and stops every process naming them and removes them
-however the rehearsal ends -- through a :class:`~dapo_verl.lifetime.Watchdog` when its command is killed outright.
+however the rehearsal ends -- through a :class:`~.reaper.Watchdog` when its command is killed outright.
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from dapo_verl.lifetime import Watchdog, processes_with
 from dapo_verl.rehearsal.bridges.cpu_vllm import RECORD_ENV
 from dapo_verl.rehearsal.processes import kill_leftovers
+from dapo_verl.rehearsal.reaper import Watchdog, processes_with
 
 __all__ = ["REHEARSAL_MARK", "RehearsalError", "live_processes", "own_out", "private_folders"]
 
@@ -103,7 +103,7 @@ def private_folders(out: Path, cluster: bool = False) -> Iterator[tuple[list[str
     (:mod:`.cluster`, recording their sessions in ``out/cluster``), and the bridges' site folder, for the block.
 
     On leaving the block, however it is left, every process naming a Ray folder is stopped and the folders are
-    removed. If this process dies first (SIGKILL), a :class:`~dapo_verl.lifetime.Watchdog` does the same, stops
+    removed. If this process dies first (SIGKILL), a :class:`~dapo_verl.rehearsal.reaper.Watchdog` does the same, stops
     the sessions the runs' drivers and the cluster's nodes lead and removes the shared memory the runs recorded
     (which each run's launch does otherwise).
     """

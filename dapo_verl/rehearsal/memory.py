@@ -3,7 +3,7 @@
 :class:`MemorySampler` sums the memory of the rehearsal's processes every ``interval_s`` seconds in a thread, and
 keeps the largest sum for the whole rehearsal and for each run. A run's processes are those the rehearsal can find
 for it however they were started: the descendants of its driver and the members of the session its driver leads
-(:func:`dapo_verl.lifetime.record_session` names the driver in the run's record folder), and every process whose
+(:func:`dapo_verl.rehearsal.reaper.record_session` names the driver in the run's record folder), and every process whose
 command line or environment names the run's private Ray folder (Ray's daemons name it in their command lines, vLLM's
 engine processes in the environment they inherit), with their descendants. The whole rehearsal adds its own process
 and its other descendants (the watchdog).
@@ -34,7 +34,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dapo_verl.lifetime import SESSION_RECORD_PREFIX, start_time
+from dapo_verl.rehearsal.reaper import SESSION_RECORD_PREFIX, start_time
 
 __all__ = [
     "RAY_OOM",

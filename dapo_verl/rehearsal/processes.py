@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from dapo_verl import lifetime
+from dapo_verl.rehearsal import reaper
 from dapo_verl.rehearsal.bridges import cpu_leftovers, cpu_vllm
 from dapo_verl.rehearsal.memory import memory_kill, oom_kills
 
@@ -207,7 +208,7 @@ def stop_tree(process: subprocess.Popen[Any], marker: str) -> None:
     every process whose command line or environment names ``marker`` (any that left the session); reap it."""
     with contextlib.suppress(ProcessLookupError):
         os.killpg(process.pid, signal.SIGKILL)
-    lifetime.kill_session(process.pid)  # not reaped yet, so the number cannot have been reused
+    reaper.kill_session(process.pid)  # not reaped yet, so the number cannot have been reused
     kill_leftovers(marker)
     process.wait()
 
@@ -215,8 +216,8 @@ def stop_tree(process: subprocess.Popen[Any], marker: str) -> None:
 def kill_leftovers(marker: str) -> None:
     """Stop the run's processes still alive: the private Ray cluster's (their command lines name its temporary
     directory), those the run's processes started (vLLM's engine processes; their environment names it), and the
-    process groups of both (:func:`dapo_verl.lifetime.kill_marked`)."""
-    lifetime.kill_marked(marker)
+    process groups of both (:func:`dapo_verl.rehearsal.reaper.kill_marked`)."""
+    reaper.kill_marked(marker)
 
 
 _NOT_A_MESSAGE = re.compile(
@@ -311,7 +312,7 @@ def launch(
             start_new_session=True,
             bufsize=1,
         )
-        lifetime.record_session(records, process.pid)  # for the watchdog, should this process be killed
+        reaper.record_session(records, process.pid)  # for the watchdog, should this process be killed
         if on_start is not None:
             on_start(process)
 

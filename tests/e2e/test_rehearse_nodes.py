@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from dapo_verl import lifetime
+from dapo_verl.rehearsal import reaper
 from dapo_verl.rehearsal.bridges import cpu_leftovers
 from dapo_verl.rehearsal.cluster import LocalCluster
 from dapo_verl.rehearsal.multinode import RUN_RAY, node_env
@@ -33,7 +33,7 @@ CLI = Path(sys.executable).parent / "dapo-verl"
 
 def _nothing_left(*markers: str) -> None:
     deadline = time.monotonic() + 45
-    while (left := [p for m in markers for p in lifetime.processes_naming(m)]) and time.monotonic() < deadline:
+    while (left := [p for m in markers for p in reaper.processes_naming(m)]) and time.monotonic() < deadline:
         time.sleep(1)
     assert not left, left
 

@@ -31,6 +31,7 @@ from pathlib import Path
 import pytest
 
 from dapo_verl import lifetime
+from dapo_verl.rehearsal import reaper
 from dapo_verl.rehearsal.folders import own_out
 
 pytestmark = [pytest.mark.slow, pytest.mark.verl, pytest.mark.e2e]
@@ -77,8 +78,8 @@ def _wait_for_line(console: Path, command: subprocess.Popen, text: str, within_s
 def _plant_segment(records: Path) -> str:
     """A ``/dev/shm`` entry recorded as a process of the run records the segments it creates."""
     name = f"dapo-verl-test-{uuid.uuid4().hex[:12]}"
-    (lifetime.SHM_ROOT / name).write_bytes(bytes(4096))
-    with open(records / f"{lifetime.SHM_RECORD_PREFIX}999999999.txt", "a") as record:
+    (reaper.SHM_ROOT / name).write_bytes(bytes(4096))
+    with open(records / f"{reaper.SHM_RECORD_PREFIX}999999999.txt", "a") as record:
         record.write(name + "\n")
     return name
 
@@ -88,14 +89,14 @@ def _leftovers(out: Path, ray_folders: list[str], tree: dict[int, str], planted:
     found = [
         f"pid {pid} names {marker}: {line[:150]}"
         for marker in (str(out), *ray_folders)
-        for pid, line in lifetime.processes_naming(marker)
+        for pid, line in reaper.processes_naming(marker)
     ]
     found += [
         f"pid {pid} (a descendant at the signal) lives" for pid, started in tree.items() if _start_time(pid) == started
     ]
     found += [f"{folder} exists" for folder in ray_folders if Path(folder).exists()]
-    recorded = {planted, *(name for run in ("run1", "run2") for name in lifetime.recorded_names(out / run / "engine"))}
-    found += [f"/dev/shm/{name} exists" for name in sorted(recorded) if (lifetime.SHM_ROOT / name).exists()]
+    recorded = {planted, *(name for run in ("run1", "run2") for name in reaper.recorded_names(out / run / "engine"))}
+    found += [f"/dev/shm/{name} exists" for name in sorted(recorded) if (reaper.SHM_ROOT / name).exists()]
     return found
 
 
@@ -110,11 +111,11 @@ def _stop_what_the_test_started(
         if _start_time(pid) == started:
             os.kill(pid, signal.SIGKILL)
     for marker in (str(out), *folders):
-        lifetime.kill_marked(marker)
+        reaper.kill_marked(marker)
     for folder in folders:
         shutil.rmtree(folder, ignore_errors=True)
     if planted:
-        (lifetime.SHM_ROOT / planted).unlink(missing_ok=True)
+        (reaper.SHM_ROOT / planted).unlink(missing_ok=True)
 
 
 def _assert_interrupted(console: str, report: dict, by: str, processes: int) -> None:
@@ -181,7 +182,7 @@ def test_a_rehearsal_stopped_with_its_runs_up_leaves_no_process_folder_or_shared
         planted = _plant_segment(out / "run1" / "engine")
         tree = _descendants(command.pid)
         commands = " ".join(Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace") for pid in tree)
-        assert "raylet" in commands and "lifetime.py" in commands, commands  # Ray is up; so is the watchdog
+        assert "raylet" in commands and "reaper.py" in commands, commands  # Ray is up; so is the watchdog
 
         command.send_signal(signum)
         sent = time.monotonic()

@@ -26,6 +26,7 @@ from pathlib import Path
 import pytest
 
 from dapo_verl import lifetime
+from dapo_verl.rehearsal import reaper
 from dapo_verl.rehearsal.bridges.cpu_vllm import RECORD_ENV
 from dapo_verl.rehearsal.folders import RehearsalError, own_out
 from tests.process_helpers import running
@@ -113,10 +114,10 @@ def left_behind():
     found: dict[str, list] = {"pids": [], "shm": [], "folders": []}
     yield found
     for pid, started in found["pids"]:
-        if running(pid) and lifetime.start_time(pid) == started:  # not a pid reused meanwhile
+        if running(pid) and reaper.start_time(pid) == started:  # not a pid reused meanwhile
             os.kill(pid, signal.SIGKILL)
     for name in found["shm"]:
-        (lifetime.SHM_ROOT / name).unlink(missing_ok=True)
+        (reaper.SHM_ROOT / name).unlink(missing_ok=True)
     for folder in found["folders"]:
         shutil.rmtree(folder, ignore_errors=True)
 
@@ -132,7 +133,7 @@ def left_behind():
 )
 def test_a_stopped_command_leaves_no_process_folder_or_shared_memory_of_its_run(tmp_path, signum, status, left_behind):
     command, out, console = _start_command(tmp_path)
-    left_behind["pids"].append((command.pid, lifetime.start_time(command.pid)))
+    left_behind["pids"].append((command.pid, reaper.start_time(command.pid)))
     started = json.loads((tmp_path / "pids.json").read_text())
     ray_folders = next(line for line in console.read_text().splitlines() if line.startswith("ray folders ")).split()[2:]
     left_behind["shm"].append(started["shm"])
@@ -140,8 +141,8 @@ def test_a_stopped_command_leaves_no_process_folder_or_shared_memory_of_its_run(
     agent = tmp_path / "pids.json.agent"
     assert _wait_until(lambda: agent.exists() and agent.read_text(), 10)
     mine = [started["driver"], *started["children"], int(agent.read_text())]
-    watchdog = [pid for pid, line in lifetime.processes_naming(str(out)) if "lifetime.py" in line]
-    left_behind["pids"] += [(pid, lifetime.start_time(pid)) for pid in [*mine, *watchdog]]
+    watchdog = [pid for pid, line in reaper.processes_naming(str(out)) if "reaper.py" in line]
+    left_behind["pids"] += [(pid, reaper.start_time(pid)) for pid in [*mine, *watchdog]]
     assert all(running(pid) for pid in mine) and all(Path(folder).is_dir() for folder in ray_folders)
     assert len(watchdog) == 1
 
@@ -151,12 +152,12 @@ def test_a_stopped_command_leaves_no_process_folder_or_shared_memory_of_its_run(
     def gone() -> bool:
         return (
             not any(running(pid) for pid in [*mine, *watchdog])
-            and not lifetime.processes_naming(str(out))
-            and not any(lifetime.processes_naming(folder) for folder in ray_folders)
+            and not reaper.processes_naming(str(out))
+            and not any(reaper.processes_naming(folder) for folder in ray_folders)
         )
 
-    assert _wait_until(gone, 15), (lifetime.processes_naming(str(out)), [p for p in mine if running(p)])
-    assert not (lifetime.SHM_ROOT / started["shm"]).exists()
+    assert _wait_until(gone, 15), (reaper.processes_naming(str(out)), [p for p in mine if running(p)])
+    assert not (reaper.SHM_ROOT / started["shm"]).exists()
     assert not any(Path(folder).exists() for folder in ray_folders)
     if signum != signal.SIGKILL:
         assert f"stopped by {lifetime.signal_name(signum)} after" in (out / "run1" / "log.txt").read_text()
@@ -171,12 +172,12 @@ def test_the_watchdog_leaves_everything_alone_once_the_command_cleaned_up(tmp_pa
         [sys.executable, "-c", "import time; time.sleep(300)", str(folder)], start_new_session=True
     )
     try:
-        with lifetime.Watchdog("test") as watchdog:
+        with reaper.Watchdog("test") as watchdog:
             watchdog.kill(str(folder))
             watchdog.remove(folder)
         assert watchdog._process.returncode == 0
         assert running(sleeper.pid) and folder.is_dir()  # "done": a re-run may already use the same names
-        with pytest.raises(RuntimeError), lifetime.Watchdog("test") as watchdog:
+        with pytest.raises(RuntimeError), reaper.Watchdog("test") as watchdog:
             watchdog.kill(str(folder))
             watchdog.remove(folder)
             raise RuntimeError("the command failed before it cleaned up")
@@ -272,7 +273,7 @@ def test_a_folder_whose_earlier_rehearsals_processes_still_live_is_refused_namin
         env={**os.environ, "PWD": str(out), "OUT": str(out)},
     )
     try:
-        assert _wait_until(lambda: lifetime.processes_with(out, RECORD_ENV), 10)
+        assert _wait_until(lambda: reaper.processes_with(out, RECORD_ENV), 10)
         refused = (
             rf"--out {out} is still in use by 1 process\(es\) of an earlier rehearsal that outlived its "
             rf"command: pid {left.pid} \(.*python.*\); .*neither a second rehearsal nor --overwrite may start"

@@ -160,3 +160,16 @@ def test_importing_what_a_cluster_run_loads_imports_nothing_of_the_rehearsal(ent
         """
     out = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, check=True)
     assert json.loads(out.stdout.strip().splitlines()[-1]) == []
+
+
+@pytest.mark.parametrize("module", ["dapo_verl.lifetime", "dapo_verl.rehearsal.reaper"])
+def test_what_runs_under_python_minus_i_minus_s_imports_the_standard_library_only(module):
+    # The watchdog runs reaper.py as a script under `python -I -S`, with no site-packages; lifetime's parent-death
+    # wrapper is as small. Any third-party or dapo_verl import there would fail only once a command is killed.
+    roots = {
+        (node.module or "").split(".")[0] if isinstance(node, ast.ImportFrom) else alias.name.split(".")[0]
+        for node in ast.walk(ast.parse(MODULES[module].read_text()))
+        if isinstance(node, ast.Import | ast.ImportFrom) and not (isinstance(node, ast.ImportFrom) and node.level)
+        for alias in node.names
+    }
+    assert roots <= set(sys.stdlib_module_names) | {"__future__"}, sorted(roots - set(sys.stdlib_module_names))

@@ -17,8 +17,7 @@ import time
 
 import pytest
 
-from dapo_verl import lifetime
-from dapo_verl.rehearsal import memory
+from dapo_verl.rehearsal import memory, reaper
 from dapo_verl.rehearsal.memory import (
     MemoryPeaks,
     MemorySampler,
@@ -59,11 +58,11 @@ def run_processes(tmp_path):
     try:
         pids = [driver.pid, *map(int, driver.stdout.readline().split())]
         assert other.stdout.readline() == "held\n"
-        lifetime.record_session(records, driver.pid)
+        reaper.record_session(records, driver.pid)
         yield Watched("run1", marker, records), pids, other.pid
     finally:
-        lifetime.kill_session(driver.pid)
-        lifetime.kill_marked(marker)
+        reaper.kill_session(driver.pid)
+        reaper.kill_marked(marker)
         for process in (driver, other):
             process.kill()
             process.wait()
@@ -116,7 +115,7 @@ def test_a_page_three_processes_share_counts_once_in_the_proportional_sum_and_th
         assert 192 * MIB <= pss.bytes <= rss.bytes - 2 * 160 * MIB  # the block once, split among the three
         assert peaks.pss.bytes >= pss.bytes and peaks.pss_interval_s == 2.0
     finally:
-        lifetime.kill_session(parent.pid)
+        reaper.kill_session(parent.pid)
         parent.wait()
 
 

@@ -18,8 +18,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from dapo_verl.lifetime import SHM_RECORD_PREFIX, SHM_ROOT, recorded_names, remove_recorded
 from dapo_verl.rehearsal.bridges.import_patches import is_patched, mark
+from dapo_verl.rehearsal.reaper import SHM_RECORD_PREFIX, SHM_ROOT, recorded_names, remove_recorded
 
 __all__ = ["SHM_ROOT", "recorded_names", "remove_recorded", "track"]
 
