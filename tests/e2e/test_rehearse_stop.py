@@ -118,6 +118,33 @@ def _stop_what_the_test_started(
         (reaper.SHM_ROOT / planted).unlink(missing_ok=True)
 
 
+def _start_rehearsal(tmp_path: Path, *options: str) -> tuple[Path, Path, subprocess.Popen]:
+    """``dapo-verl rehearse dapo_trainer --engine stand-in OPTIONS`` in a session of its own, its console to a file."""
+    out, console = tmp_path / "rehearsal", tmp_path / "console.txt"
+    cli = Path(sys.executable).with_name("dapo-verl")
+    with open(console, "w") as sink:
+        command = subprocess.Popen(
+            [
+                "nice",
+                "-n",
+                "10",
+                str(cli),
+                "rehearse",
+                "dapo_trainer",
+                "--engine",
+                "stand-in",
+                *options,
+                "--out",
+                str(out),
+            ],
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            start_new_session=True,
+        )
+    return out, console, command
+
+
 def _assert_interrupted(console: str, report: dict, by: str, processes: int) -> None:
     """One line says the rehearsal was interrupted; the report lists both runs as interrupted, with a plausible
     memory peak that covers many processes."""
@@ -143,28 +170,7 @@ def _assert_interrupted(console: str, report: dict, by: str, processes: int) -> 
 # stand-in processes in tests/unit/test_lifetime.py.
 @pytest.mark.parametrize(("signum", "status"), [(signal.SIGTERM, 128 + signal.SIGTERM)])
 def test_a_rehearsal_stopped_with_its_runs_up_leaves_no_process_folder_or_shared_memory(tmp_path, signum, status):
-    out, console = tmp_path / "rehearsal", tmp_path / "console.txt"
-    cli = Path(sys.executable).with_name("dapo-verl")
-    with open(console, "w") as sink:
-        command = subprocess.Popen(
-            [
-                "nice",
-                "-n",
-                "10",
-                str(cli),
-                "rehearse",
-                "dapo_trainer",
-                "--engine",
-                "stand-in",
-                "--overlap-resume",
-                "--out",
-                str(out),
-            ],
-            stdout=sink,
-            stderr=subprocess.STDOUT,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
-            start_new_session=True,
-        )
+    out, console, command = _start_rehearsal(tmp_path, "--overlap-resume")
     tree: dict[int, str] = {}
     ray_folders: list[str] = []
     planted = ""
@@ -194,10 +200,9 @@ def test_a_rehearsal_stopped_with_its_runs_up_leaves_no_process_folder_or_shared
             f"after the signal"
         )
         assert not left, left
-        if signum != signal.SIGKILL:
-            by = lifetime.signal_name(signum)
-            assert f"stopped by {by} after" in (out / "run1" / "log.txt").read_text()
-            _assert_interrupted(console.read_text(), json.loads((out / "report.json").read_text()), by, len(tree))
+        by = lifetime.signal_name(signum)
+        assert f"stopped by {by} after" in (out / "run1" / "log.txt").read_text()
+        _assert_interrupted(console.read_text(), json.loads((out / "report.json").read_text()), by, len(tree))
         with own_out(out, overwrite=True):  # a rehearsal started again into the same --out may begin
             pass
     finally:  # on a failure, stop what this test started
@@ -208,29 +213,7 @@ def test_a_two_node_rehearsal_killed_with_its_job_up_leaves_no_ray_node_process_
     # SIGKILL: the CLI runs no code, so the watchdog stops the nodes' sessions and every process naming the
     # cluster's folder or a run's; SIGTERM and Ctrl-C take the path of the one-node runs above (the launch stops its
     # job, then the cluster stops with its block).
-    out, console = tmp_path / "rehearsal", tmp_path / "console.txt"
-    cli = Path(sys.executable).with_name("dapo-verl")
-    with open(console, "w") as sink:
-        command = subprocess.Popen(
-            [
-                "nice",
-                "-n",
-                "10",
-                str(cli),
-                "rehearse",
-                "dapo_trainer",
-                "--engine",
-                "stand-in",
-                "--nodes",
-                "2",
-                "--out",
-                str(out),
-            ],
-            stdout=sink,
-            stderr=subprocess.STDOUT,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
-            start_new_session=True,
-        )
+    out, console, command = _start_rehearsal(tmp_path, "--nodes", "2")
     tree: dict[int, str] = {}
     folders: list[str] = []
     planted = ""
