@@ -52,10 +52,17 @@ ROLES = {
 """verl's actor classes by the role they play (the rest are listed under their class name)."""
 
 _START_TIMEOUT_S = 120.0
+_START_ATTEMPTS = 3
+"""A node that exits while the cluster starts (a chosen port taken meanwhile by another program) is retried on fresh
+ports this many times in all; a node that hangs is not."""
 
 
 class ClusterError(RuntimeError):
     """The cluster could not start; the message names the node, Ray's last lines and what to do."""
+
+
+class _NodeExited(Exception):
+    """A node's ``ray start`` exited while the cluster started (retried on fresh ports)."""
 
 
 def role_of(class_name: str) -> str:
@@ -124,7 +131,10 @@ class LocalCluster:
         self.temp_dir, self._records, self._env, self._echo = temp_dir, records, env, echo
         self._sessions: list[int] = []
         self._processes: list[subprocess.Popen[bytes]] = []
-        gcs, dashboard, client, *agents = free_ports(3 + nodes)
+        self._choose_ports()
+
+    def _choose_ports(self) -> None:
+        gcs, dashboard, client, *agents = free_ports(3 + self.nodes)
         self.gcs_address = f"127.0.0.1:{gcs}"
         self.dashboard_url = f"http://127.0.0.1:{dashboard}"
         self._client_port, self._agent_ports = client, agents
@@ -164,10 +174,34 @@ class LocalCluster:
     def start(self) -> LocalCluster:
         """Start every node and wait until all are alive and the job server answers.
 
+        A free port is only free when it is chosen: another program on the machine (another rehearsal's Ray, say) can
+        take it before a node binds it, and the node exits. Such a start is stopped and retried on fresh ports, said
+        on the console, up to ``_START_ATTEMPTS`` times in all.
+
         Raises:
-            ClusterError: when a node does not join within two minutes (its log is named).
+            ClusterError: when a node exits at every attempt, or does not join within two minutes (its log's last
+                lines are in the message).
         """
         self._records.mkdir(parents=True, exist_ok=True)
+        for attempt in range(1, _START_ATTEMPTS + 1):
+            try:
+                self._start_nodes()
+                break
+            except _NodeExited as exited:
+                self.stop()
+                self._sessions.clear()
+                self._processes.clear()
+                if attempt == _START_ATTEMPTS:
+                    raise ClusterError(f"{exited} at each of {attempt} starts on fresh ports") from None
+                self._echo(f"[cluster] {exited}; starting the cluster again on fresh ports")
+                self._choose_ports()
+        self._echo(
+            f"[cluster] {self.nodes} Ray nodes up ({', '.join(self.node_name(i) for i in range(self.nodes))}; "
+            f"{self.gpus_per_node} fake GPU(s) each); job server {self.dashboard_url}; folder {self.temp_dir}"
+        )
+        return self
+
+    def _start_nodes(self) -> None:
         for index in range(self.nodes):
             log = self._records / f"{self.node_name(index)}.log"
             with open(log, "w") as sink:  # --block: the command lives as long as the node, in its own session
@@ -183,27 +217,20 @@ class LocalCluster:
             self._processes.append(process)
             self._wait(lambda joined=index + 1: self._alive_nodes() >= joined, index, log)  # type: ignore[misc]
         self._wait(self._job_server_answers, 0, self._records / "head.log")
-        self._echo(
-            f"[cluster] {self.nodes} Ray nodes up ({', '.join(self.node_name(i) for i in range(self.nodes))}; "
-            f"{self.gpus_per_node} fake GPU(s) each); job server {self.dashboard_url}; folder {self.temp_dir}"
-        )
-        return self
 
     def _wait(self, ready: Callable[[], bool], index: int, log: Path) -> None:
         deadline = time.monotonic() + _START_TIMEOUT_S
         while not ready():
             ended = next((p for p in self._processes if p.poll() is not None), None)
             if ended is not None or time.monotonic() > deadline:
-                tail = " / ".join(log.read_text(errors="replace").strip().splitlines()[-3:])
-                what = (
-                    f"exited with status {ended.returncode}"
-                    if ended is not None
-                    else f"did not come up within {_START_TIMEOUT_S:.0f} s"
-                )
+                tail = " / ".join(log.read_text(errors="replace").strip().splitlines()[-3:]) or "empty"
+                if ended is not None:
+                    raise _NodeExited(
+                        f"Ray node {self.node_name(index)} exited with status {ended.returncode} ({log}: {tail})"
+                    )
                 raise ClusterError(
-                    f"Ray node {self.node_name(index)} {what} ({log}: {tail or 'empty'}); a machine "
-                    f"busy with other work can be too slow, and a port taken meanwhile fails it: run "
-                    f"the same command again."
+                    f"Ray node {self.node_name(index)} did not come up within {_START_TIMEOUT_S:.0f} s ({log}: "
+                    f"{tail}); a machine busy with other work can be too slow: run the same command again."
                 )
             time.sleep(0.5)
 

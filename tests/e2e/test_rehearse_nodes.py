@@ -46,8 +46,10 @@ def test_the_paper_recipe_runs_as_jobs_on_two_nodes_with_verls_workers_on_both(t
         text=True,
         timeout=1500,
     )
+    said = (done.stdout[-3000:], done.stderr[-3000:])
+    assert done.returncode == 0 and (out / "report.json").is_file(), said  # a rehearsal that cannot start has none
     report = json.loads((out / "report.json").read_text())
-    assert done.returncode == 0 and report["ok"], (done.stdout[-3000:], done.stderr[-3000:])
+    assert report["ok"], said
     cluster = report["cluster"]
     assert cluster["ok"] and cluster["spans_nodes"] and cluster["job_env_on_every_node"]
     for run in ("run1", "run2"):

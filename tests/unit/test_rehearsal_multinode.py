@@ -156,11 +156,48 @@ def test_a_process_records_the_jobs_variables_and_finds_verls_plugin_entry_point
     assert record["entry_point"]["loads"] is True
 
 
-def test_a_node_whose_ray_start_fails_is_reported_at_once_with_its_log(tmp_path, monkeypatch):
+def test_a_node_whose_ray_start_fails_at_every_start_is_reported_with_its_log(tmp_path, monkeypatch):
     from dapo_verl.rehearsal.cluster import ClusterError
 
-    cluster = LocalCluster(2, 1, "/tmp/dvr-none", tmp_path, {})
+    said = []
+    cluster = LocalCluster(2, 1, "/tmp/dvr-none", tmp_path, {}, echo=said.append)
     monkeypatch.setattr(cluster, "_command", lambda index: [sys.executable, "-c", "print('port taken'); exit(3)"])
     monkeypatch.setattr(cluster, "_alive_nodes", lambda: 0)
-    with pytest.raises(ClusterError, match=r"Ray node head exited with status 3 \(.*head.log: port taken\)"), cluster:
+    with (
+        pytest.raises(
+            ClusterError, match=r"Ray node head exited with status 3 \(.*head.log: port taken\) at each of 3 starts"
+        ),
+        cluster,
+    ):
         pass
+    assert len(said) == 2 and all("starting the cluster again on fresh ports" in line for line in said), said
+
+
+def test_a_node_that_exits_at_start_is_started_again_on_fresh_ports(tmp_path, monkeypatch):
+    # The first head exits as a node does whose chosen port another program took; the second start comes up.
+    said, commands = [], []
+    cluster = LocalCluster(2, 1, "/tmp/dvr-none", tmp_path, {}, echo=said.append)
+    first_gcs = cluster.gcs_address
+
+    def command(index):
+        commands.append((index, cluster.gcs_address))
+        if len(commands) == 1:
+            return [sys.executable, "-c", "print('bind: address already in use'); exit(1)"]
+        return [sys.executable, "-c", "import time; time.sleep(60)"]
+
+    monkeypatch.setattr(cluster, "_command", command)
+
+    def alive():  # as Ray counts them: a node that exits never joined
+        return sum(p.poll() is None and "sleep" in str(p.args) for p in cluster._processes)
+
+    monkeypatch.setattr(cluster, "_alive_nodes", alive)
+    monkeypatch.setattr(cluster, "_job_server_answers", lambda: True)
+    try:
+        cluster.start()
+        assert [index for index, _ in commands] == [0, 0, 1]
+        assert commands[1][1] == cluster.gcs_address != first_gcs  # the second start chose its ports again
+        assert "head exited with status 1" in said[0] and "address already in use" in said[0], said
+        assert "starting the cluster again on fresh ports" in said[0] and "2 Ray nodes up" in said[1], said
+        assert all(p.poll() is None for p in cluster._processes) and len(cluster._processes) == 2
+    finally:
+        cluster.stop()
