@@ -54,8 +54,8 @@ def test_the_check_fails_when_resuming_forgets_the_sampler(tmp_path, monkeypatch
     assert any("metrics differ" in f for f in result.failures)
 
 
-# The default fault injection (12 faults) runs once, inside `dapo-verl reliability`:
-# tests/e2e/test_reliability_report.py asserts on it.
+# The default fault injection (12 faults) is the reliability report's (`dapo-verl reliability`), not the suite's: the
+# tests above take the same path with one fault of each kind.
 
 
 def _train_command(out, overrides):

@@ -40,5 +40,5 @@ def test_the_cache_check_notices_when_verification_is_missing(tmp_path, monkeypa
     assert any("loaded, not rebuilt" in p or "loading crashed" in p for p in result.problems)
 
 
-# The slow guard checks (changed re-runs, concurrent writers, Ctrl-C) run once, inside `dapo-verl reliability`:
-# tests/e2e/test_reliability_report.py asserts on each of them.
+# The slow guard checks (changed re-runs, concurrent writers, Ctrl-C) and the refusals:
+# tests/e2e/test_reliability_report.py.

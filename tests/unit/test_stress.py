@@ -21,5 +21,5 @@ def test_stress_quick():
     _check(run_stress(steps=240, steps_per_phase=30), 240)
 
 
-# The 2000-step run (the reliability report's) is asserted with _check on the report's single run, in
-# tests/e2e/test_reliability_report.py, rather than run a second time here.
+# The 2000-step run is the reliability report's (`dapo-verl reliability`), not the suite's: the quick run above takes
+# the same path.

@@ -8,9 +8,10 @@ re-runs, failed ``prepare-data``, a damaged model cache, Ctrl-C), and the refusa
 mislabel (:mod:`.refusals`: the pre-flight check, reports over bad input, silently different runs, errors at the
 edges). Every count is seeded or fixed, so the
 table is the same on every run of the same code; ``dapo-verl reliability --write`` puts it into
-``docs/reliability.md`` between :data:`TABLE_START` and :data:`TABLE_END`, and ``--check`` (run by CI
-through ``tests/e2e/test_reliability_report.py``) fails when that page no longer matches what the checks
-produce. Durations are printed, never written.
+``docs/reliability.md`` between :data:`TABLE_START` and :data:`TABLE_END`, and ``--check`` fails when that page
+no longer matches what the checks produce (run it after changing a check, as the benchmarks after changing what
+they measure). The test suite runs each check's path once, at a smaller size where the report's is large
+(``tests/e2e/test_reliability_report.py`` says where). Durations are printed, never written.
 """
 
 from __future__ import annotations
