@@ -137,7 +137,8 @@ def test_v1_colocate_async_streams_on_real_vllm_and_continues_what_verl_aborted(
     # sequences at a time a group can take less than a TransferQueue poll on a loaded machine, so a step may see every
     # group finished at once and have nothing left to abort (CI, at step 1). Here the engine runs one sequence at a
     # time and every response runs its 16 tokens (ignore_eos), so groups finish one by one, each a poll's many times
-    # apart; and two steps may abort (the checkpoint, save_freq 3, settles step 3; step 4 is the resumed one).
+    # apart; and two steps may abort (the checkpoint, save_freq 3, settles step 3). Its resume is not run: what a
+    # resume of colocate_async restores, the carried groups among it, is the test above's.
     report, logged, out = run_rehearsal(
         tmp_path,
         "dapo_trainer",
@@ -150,6 +151,7 @@ def test_v1_colocate_async_streams_on_real_vllm_and_continues_what_verl_aborted(
         *SIZES,
         *STREAMING,
         steps=4,
+        resume=False,
     )
     assert report["ok"], report
     trained = assert_dapo_metrics_every_step(logged, 4)
@@ -183,11 +185,6 @@ def test_v1_colocate_async_streams_on_real_vllm_and_continues_what_verl_aborted(
     assert sampler[3]["carried_aborted_groups"] == 0  # a checkpointed step leaves nothing in flight
     for data in trained.values():  # verl's truncated importance weights, which the dapo loss applies per token
         assert 0 < data["rollout_corr/rollout_is_mean"] <= 2.0  # rollout_is_threshold
-    # Which groups finish first depends on timing, so the resumed step's data may differ; the restored state may not.
-    assert not report["resume"]["required"] and "streaming" in report["resume"]["why_not_required"]
-    resumed = training_steps(read_jsonl(out / "run2" / "metrics.jsonl"))
-    for key in ("dapo/sampler/train_step", "dapo/sampler/groups_from_carry"):  # carried groups restored and served
-        assert resumed[4][key] == trained[4][key], key
 
 
 def test_v1_sync_streaming_aborts_on_real_vllm_and_discards_what_verl_cannot_continue(tmp_path):

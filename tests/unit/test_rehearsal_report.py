@@ -22,6 +22,7 @@ from dapo_verl.rehearsal.report import build_report, summary_lines, write_report
 from dapo_verl.rehearsal.run import RehearsalInterrupted, RehearsalOptions, RehearsalResult
 
 GIB = 2**30
+_LENDS = {"trainer.v1.separate_async.hybrid_rollout.enable_switch": True}
 
 
 def _record(out: Path, folder: str, name: str, returncode: int, **fields) -> RunRecord:
@@ -176,3 +177,25 @@ def test_the_resume_run_overlaps_the_first_only_when_asked(tmp_path, monkeypatch
     monkeypatch.setattr(run_module, "rehearse", rehearse)
     assert cli.main(["rehearse", "dapo_trainer", "--out", str(tmp_path), *flags]) == 2
     assert seen == [overlap]
+
+
+@pytest.mark.parametrize(
+    ("recipe", "gpus", "why"),
+    [
+        ({}, 1, ""),  # one replica regenerates the same groups: the resumed step must match
+        ({"algorithm.filter_groups.streaming": True}, 1, "streaming"),
+        ({}, 2, "replicas"),
+        ({"trainer.v1.trainer_mode": "separate_async", **_LENDS}, 1, "replicas"),
+    ],
+)
+def test_a_resumed_step_must_match_unless_timing_picks_its_groups(tmp_path, recipe, gpus, why):
+    from dataclasses import replace
+
+    from dapo_verl.rehearsal.report import REPLICAS_ROUTE, STREAMING_TIMES
+
+    runs = [_record(tmp_path, "run1", "run1", 0), _record(tmp_path, "run2", "run2 (resume)", 0)]
+    result = _result(tmp_path, runs, recipe=recipe)
+    result.options = replace(result.options, gpus=gpus)
+    resume = build_report(result)["resume"]
+    assert resume["required"] is (why == "")
+    assert resume["why_not_required"] == {"": "", "streaming": STREAMING_TIMES, "replicas": REPLICAS_ROUTE}[why]
