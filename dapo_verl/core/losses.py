@@ -10,7 +10,8 @@ other aggregations). Under micro-batching or data parallelism the divisor is the
 mini-batch, passed in explicitly as ``num_valid_tokens``.
 
 One pass: the inputs are validated once and the ratio is computed once; the loss and every diagnostic are
-derived from it (:func:`clipped_surrogate_with_diagnostics`), with no boolean indexing. Checks on values
+derived from it, with no boolean indexing. The public functions are thin wrappers of one body (``_clipped``), which
+holds no defaults: the paper's widths are the wrappers' (:data:`CLIP_LOW`, :data:`CLIP_HIGH`). Checks on values
 (NaN, a non-0/1 mask, overflow, token counts) are computed on the device and read back together: one host
 synchronisation per call. Inputs holding NaN or inf cost more: the readback finds them, further reads name
 the argument and index, and if they sit only on padding the call is recomputed masking first
@@ -38,7 +39,8 @@ Shape legend: B responses, L padded response length, P prompt groups.
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
@@ -168,6 +170,49 @@ def _loss_checks(tok: TokenInputs, terms: RatioTerms, loss_mat: Tensor) -> tuple
     return not_finite, checks
 
 
+_Aggregate = Callable[[Tensor, Tensor], tuple[Tensor, list[DeviceCheck]]]
+
+
+def _clipped(
+    logp: Tensor,
+    old_logp: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    clip_low: float,
+    clip_high: float,
+    clip_ratio_c: float | None,
+    *,
+    loss: bool,
+    diagnostics: bool,
+    aggregate: _Aggregate | None,
+) -> Any:
+    """The one body of the public functions below: the inputs validated once, one ratio, one readback.
+
+    Returns, by what is asked: ``aggregate(loss_matrix, mask)`` when ``aggregate`` is given; a
+    :class:`ClippedSurrogate` when ``loss`` (its diagnostics empty unless ``diagnostics``); or, when not ``loss``,
+    the diagnostics alone, computed without gradient and without the loss's overflow checks.
+    """
+    tok = token_inputs(logp, old_logp, mask)
+    clip = _check_clip(clip_low, clip_high, clip_ratio_c)
+    adv = advantage_inputs(advantages, tok)
+
+    def compute(mask_first: bool) -> tuple[Any, Tensor, list[DeviceCheck]]:
+        if not loss:
+            with torch.no_grad():
+                terms = ratio_terms(tok, adv, mask_first=mask_first)
+                return clip_statistics(terms, tok, clip), has_nan_or_inf(terms), []
+        terms = ratio_terms(tok, adv, mask_first=mask_first)
+        loss_mat = _surrogate(terms, clip)  # (B, L)
+        not_finite, checks = _loss_checks(tok, terms, loss_mat)
+        if aggregate is not None:
+            value, count_checks = aggregate(loss_mat, tok.mask_float)
+            return value, not_finite, checks + count_checks
+        stats = clip_statistics(terms, tok, clip) if diagnostics else {}
+        return ClippedSurrogate(loss_mat, stats), not_finite, checks
+
+    return evaluate(tok, advantages, compute)
+
+
 def policy_ratio(logp: Tensor, old_logp: Tensor, mask: Tensor) -> Tensor:
     """Importance ratio pi_theta / pi_old per token, masked before exponentiating.
 
@@ -222,15 +267,17 @@ def clipped_surrogate_loss_matrix(
     Raises:
         TypeError, ValueError: as :func:`dapo_loss`.
     """
-    return clipped_surrogate_with_diagnostics(
+    return _clipped(
         logp,
         old_logp,
         advantages,
         mask,
-        clip_low=clip_low,
-        clip_high=clip_high,
-        clip_ratio_c=clip_ratio_c,
+        clip_low,
+        clip_high,
+        clip_ratio_c,
+        loss=True,
         diagnostics=False,
+        aggregate=None,
     ).loss_matrix
 
 
@@ -262,17 +309,18 @@ def clipped_surrogate_with_diagnostics(
     Raises:
         TypeError, ValueError: as :func:`dapo_loss`.
     """
-    tok = token_inputs(logp, old_logp, mask)
-    clip = _check_clip(clip_low, clip_high, clip_ratio_c)
-    adv = advantage_inputs(advantages, tok)
-
-    def compute(mask_first: bool) -> tuple[ClippedSurrogate, Tensor, list[DeviceCheck]]:
-        terms = ratio_terms(tok, adv, mask_first=mask_first)
-        loss_mat = _surrogate(terms, clip)  # (B, L)
-        stats = clip_statistics(terms, tok, clip) if diagnostics else {}
-        return ClippedSurrogate(loss_mat, stats), *_loss_checks(tok, terms, loss_mat)
-
-    return evaluate(tok, advantages, compute)
+    return _clipped(
+        logp,
+        old_logp,
+        advantages,
+        mask,
+        clip_low,
+        clip_high,
+        clip_ratio_c,
+        loss=True,
+        diagnostics=diagnostics,
+        aggregate=None,
+    )
 
 
 def dapo_loss(
@@ -317,25 +365,29 @@ def dapo_loss(
         >>> float(loss)
         0.0
     """
-    tok = token_inputs(logp, old_logp, mask)
-    clip = _check_clip(clip_low, clip_high, clip_ratio_c)
-    adv = advantage_inputs(advantages, tok)
 
-    def compute(mask_first: bool) -> tuple[Tensor, Tensor, list[DeviceCheck]]:
-        terms = ratio_terms(tok, adv, mask_first=mask_first)
-        loss_mat = _surrogate(terms, clip)  # (B, L)
-        loss, count_checks = masked_aggregate(
+    def aggregate(loss_mat: Tensor, mask_float: Tensor) -> tuple[Tensor, list[DeviceCheck]]:
+        return masked_aggregate(
             loss_mat,
-            tok.mask_float,
+            mask_float,
             aggregation,
             group_index=group_index,
             num_valid_tokens=num_valid_tokens,
             num_sequences=None,
         )
-        not_finite, checks = _loss_checks(tok, terms, loss_mat)
-        return loss, not_finite, checks + count_checks
 
-    return evaluate(tok, advantages, compute)
+    return _clipped(
+        logp,
+        old_logp,
+        advantages,
+        mask,
+        clip_low,
+        clip_high,
+        clip_ratio_c,
+        loss=True,
+        diagnostics=False,
+        aggregate=aggregate,
+    )
 
 
 def clip_diagnostics(
@@ -386,13 +438,15 @@ def clip_diagnostics(
     Raises:
         TypeError, ValueError: as :func:`dapo_loss` (the loss itself is not computed, so no overflow check).
     """
-    tok = token_inputs(logp, old_logp, mask)
-    clip = _check_clip(clip_low, clip_high, clip_ratio_c)
-    adv = advantage_inputs(advantages, tok)
-
-    def compute(mask_first: bool) -> tuple[dict[str, Tensor], Tensor, list[DeviceCheck]]:
-        with torch.no_grad():
-            terms = ratio_terms(tok, adv, mask_first=mask_first)
-            return clip_statistics(terms, tok, clip), has_nan_or_inf(terms), []
-
-    return evaluate(tok, advantages, compute)
+    return _clipped(
+        logp,
+        old_logp,
+        advantages,
+        mask,
+        clip_low,
+        clip_high,
+        clip_ratio_c,
+        loss=False,
+        diagnostics=True,
+        aggregate=None,
+    )
