@@ -1,14 +1,15 @@
 """Documentation generated from the config dataclasses, so prose and code cannot drift apart.
 
-* :func:`render_defaults_yaml` -- ``configs/dapo_defaults.yaml``: every DAPO key at its verl path with its
-  default, each preceded by the first sentence of its field docstring (``dapo-verl config --write``).
+* :func:`render_defaults_yaml` -- ``configs/dapo_defaults.yaml`` and ``configs/local_defaults.yaml``: every key of
+  :class:`dapo_verl.config.DapoConfig` (of :class:`dapo_verl.local.config.LocalRunConfig`) at its verl path with
+  its default, each preceded by the first sentence of its field docstring (``dapo-verl config --write``).
 * :func:`render_reference_markdown` -- the tables of ``docs/configuration.md`` (``dapo-verl config --write``),
   between the markers :data:`REFERENCE_START` and :data:`REFERENCE_END`
   (:func:`update_generated_section` puts them there).
 
 Field docstrings are the string literals below each field, read from source with ``ast``. Tests
-regenerate both outputs and fail on any difference. Imports only the standard library and
-``dapo_verl.config``.
+regenerate every output and fail on any difference. Imports only the standard library, ``dapo_verl.config``
+and ``dapo_verl.local.config``.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from dapo_verl.config import (
     defaults_tree,
     iter_verl_fields,
 )
+from dapo_verl.local.config import LocalRunConfig
 
 __all__ = [
     "REFERENCE_END",
@@ -78,18 +80,34 @@ def _leaf_docs(root: type) -> dict[str, str]:
     return {path: docs[owners[id(leaf.field)]][leaf.name] for path, leaf in iter_verl_fields(root)}
 
 
-def render_defaults_yaml() -> str:
-    """The text of ``configs/dapo_defaults.yaml``: every DAPO key at its verl path with its default.
+_DEFAULTS_FILES = {
+    "dapo_defaults.yaml": (
+        DapoConfig,
+        "dapo_verl/config.py",
+        "Every DAPO key at its verl path, with its default. Keys verl already has keep verl's meaning.",
+    ),
+    "local_defaults.yaml": (
+        LocalRunConfig,
+        "dapo_verl/local/config.py",
+        "Every key of the local backend (local.* and the verl keys it reads), with its default; configs/local.yaml "
+        "composes it.",
+    ),
+}
+"""The configs generated from the config dataclasses: the one way defaults reach Hydra, for the cluster's recipes
+(``dapo_defaults``) and the local backend (``dapo_defaults`` and ``local_defaults``) alike."""
+
+
+def render_defaults_yaml(name: str = "dapo_defaults.yaml") -> str:
+    """The text of ``configs/<name>`` (a key of :data:`_DEFAULTS_FILES`): every key of its dataclass at its verl
+    path with its default.
 
     Each key is preceded by the first sentence of its field docstring as a comment, keys are separated by
     a blank line and there are no inline comments (verl's own YAML conventions).
     """
-    comments = {path: _first_sentence(doc) for path, doc in _leaf_docs(DapoConfig).items()}
-    header = (
-        "# Generated from dapo_verl/config.py by `dapo-verl config --write`; do not edit by hand.\n"
-        "# Every DAPO key at its verl path, with its default. Keys verl already has keep verl's meaning.\n"
-    )
-    return header + "\n" + "\n".join(_yaml_lines(defaults_tree(DapoConfig), comments, ())) + "\n"
+    cls, source, what = _DEFAULTS_FILES[name]
+    comments = {path: _first_sentence(doc) for path, doc in _leaf_docs(cls).items()}
+    header = f"# Generated from {source} by `dapo-verl config --write`; do not edit by hand.\n# {what}\n"
+    return header + "\n" + "\n".join(_yaml_lines(defaults_tree(cls), comments, ())) + "\n"
 
 
 def _yaml_lines(tree: Mapping[str, Any], comments: Mapping[str, str], parents: tuple[str, ...]) -> Iterator[str]:
@@ -137,7 +155,6 @@ def render_reference_markdown() -> str:
 
     The DAPO keys (both backends) come first, then the local backend's own keys (``dapo-verl train``).
     """
-    from dapo_verl.local.config import LocalRunConfig  # stdlib + dapo_verl.config only
 
     extra = (
         ("Local backend (`dapo-verl train`; `configs/local.yaml` also overrides some DAPO defaults)", LocalRunConfig),
@@ -191,18 +208,19 @@ def update_generated_section(
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m tools.config_docs --write | --check`` from the repository root (``dapo-verl config --write`` and
-    ``--check`` run it): regenerate, or check, ``configs/dapo_defaults.yaml`` and docs/configuration.md's tables."""
+    ``--check`` run it): regenerate, or check, the generated configs (:data:`_DEFAULTS_FILES`) and
+    docs/configuration.md's tables."""
     parser = argparse.ArgumentParser(prog="python -m tools.config_docs", description=main.__doc__)
     mode = parser.add_mutually_exclusive_group(required=True)
     mode.add_argument("--write", action="store_true")
     mode.add_argument("--check", action="store_true")
     args = parser.parse_args(argv)
     root = Path(__file__).resolve().parent.parent
-    defaults, reference = root / "dapo_verl" / "configs" / "dapo_defaults.yaml", root / "docs" / "configuration.md"
-    outputs = {
-        defaults: render_defaults_yaml(),
-        reference: update_generated_section(reference.read_text(), render_reference_markdown(), where=str(reference)),
-    }
+    reference = root / "docs" / "configuration.md"
+    outputs = {root / "dapo_verl" / "configs" / name: render_defaults_yaml(name) for name in _DEFAULTS_FILES}
+    outputs[reference] = update_generated_section(
+        reference.read_text(), render_reference_markdown(), where=str(reference)
+    )
     if args.write:
         for path, text in outputs.items():
             path.write_text(text)

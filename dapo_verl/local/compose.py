@@ -1,8 +1,8 @@
 """Compose a local run's configuration with Hydra and check it as a whole before anything runs.
 
 The primary config is ``configs/local.yaml``: it composes ``dapo_defaults`` (every DAPO key, generated
-from :mod:`dapo_verl.config`), ``local_defaults`` (the keys of :mod:`dapo_verl.local.config`, registered
-here from the dataclass defaults so they have a single home) and its own overrides for the embedded
+from :mod:`dapo_verl.config`), ``local_defaults`` (the keys of :mod:`dapo_verl.local.config`, generated from
+its dataclasses the same way: ``dapo-verl config --write``) and its own overrides for the embedded
 experiment. Command-line overrides use Hydra's ``key=value`` grammar. A key the composed config does not
 hold is refused before Hydra sees it, ``+key`` and ``++key`` included, with the closest valid key (the
 local backend reads only its own keys, so an added key would be ignored without a word), and so is a deletion
@@ -20,11 +20,10 @@ from pathlib import Path
 from typing import Any
 
 from hydra import compose, initialize_config_dir
-from hydra.core.config_store import ConfigStore
 from omegaconf import OmegaConf
 
 from dapo_verl.config import CONFIG_DIR, DapoConfig, clip_higher_inert_reason
-from dapo_verl.local.config import LocalRunConfig, defaults_tree, read_run_config
+from dapo_verl.local.config import LocalRunConfig, read_run_config
 from dapo_verl.local.tasks import make_task
 from dapo_verl.preflight import ConfigRefused, KnownKeys, Problem, compose_checked
 
@@ -103,7 +102,6 @@ def compose_run(
 
 
 def _compose(config_name: str, overrides: Sequence[str]) -> Any:
-    ConfigStore.instance().store(name="local_defaults", node=defaults_tree(LocalRunConfig))
     with initialize_config_dir(version_base=None, config_dir=str(CONFIG_DIR), job_name="dapo_verl_local"):
         return compose(config_name=config_name, overrides=list(overrides))
 

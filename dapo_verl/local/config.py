@@ -11,8 +11,9 @@ Two kinds of keys live here, each with its dotted key in the composed Hydra conf
 
 The DAPO keys themselves (clip ratios, loss aggregation, filter groups, overlong shaping, batch sizes,
 ``data.seed``) come from :class:`dapo_verl.config.DapoConfig`. The defaults of this module reach Hydra
-through :func:`defaults_tree` (registered as the ``local_defaults`` config node when a run composes
-``configs/local.yaml``), so each number has one home. Imports only the standard library and
+through ``configs/local_defaults.yaml``, generated from these dataclasses by ``dapo-verl config --write`` as
+``dapo_defaults.yaml`` is from :mod:`dapo_verl.config` (``--check`` fails when it is stale), so each number has one
+home. Imports only the standard library and
 ``dapo_verl.config``.
 """
 

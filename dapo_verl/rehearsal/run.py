@@ -119,7 +119,9 @@ def compose_recipe(config_name: str, overrides: Sequence[str]) -> tuple[DictConf
         config_dir, entry = str(CONFIG_DIR), [sys.executable, "-m", "dapo_verl.main", f"--config-name={config_name}"]
         searchpath = _searchpath_override(config_name, overrides)
     else:
-        names = sorted(p.stem for p in CONFIG_DIR.glob("*.yaml") if p.stem not in ("dapo_defaults", "local"))
+        names = sorted(
+            p.stem for p in CONFIG_DIR.glob("*.yaml") if p.stem not in ("dapo_defaults", "local_defaults", "local")
+        )
         raise RehearsalError(
             f"No config named {config_name!r}. Rehearse one of {', '.join(names)}, or {VERL_CONFIG} "
             f"(verl's own trainer, e.g. with the loss_mode=dapo overrides of an existing setup)."
