@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from dapo_verl.core import LossAggregation, clipped_surrogate_loss_matrix, dapo_loss, dynamic_group_mask
-from dapo_verl.state_io import atomic_write, write_text_atomically
+from dapo_verl.files import atomic_write, write_text_atomically
 
 __all__ = ["CLIP_SETTINGS", "run_toy"]
 

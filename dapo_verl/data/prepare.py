@@ -50,6 +50,7 @@ from dapo_verl.data.schema import (
     is_math_dapo_data_source,
 )
 from dapo_verl.data.sources import open_source
+from dapo_verl.files import apply_umask
 
 __all__ = [
     "AIME_2024_PROBLEMS",
@@ -333,7 +334,7 @@ def _write_outputs(
             staged[files["report"]] = _stage(files["report"])
             staged[files["report"]].write_text(json.dumps(_manifest(prepared, inputs, earlier), indent=2) + "\n")
         for target, tmp in staged.items():
-            _apply_umask(tmp)
+            apply_umask(tmp)
             os.replace(tmp, target)
     finally:
         for tmp in staged.values():
@@ -350,14 +351,6 @@ def _named(target: Path) -> Iterator[None]:
         if err.errno is None:
             raise
         raise OSError(err.errno, os.strerror(err.errno), str(target)) from None
-
-
-def _apply_umask(path: Path) -> None:
-    """Mode 0666 minus the umask, as a plain ``open`` gives (mkstemp creates 0600); the data package imports no
-    other part of dapo_verl, so this repeats :func:`dapo_verl.state_io.apply_umask` for files."""
-    mask = os.umask(0o022)
-    os.umask(mask)
-    os.chmod(path, 0o666 & ~mask)
 
 
 def _stage(target: Path) -> Path:

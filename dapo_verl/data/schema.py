@@ -23,6 +23,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from dapo_verl.files import atomic_write
+
 __all__ = [
     "DAPO_PROMPT_PREFIX",
     "DAPO_PROMPT_SUFFIX",
@@ -111,12 +113,8 @@ def is_math_dapo_data_source(name: str) -> bool:
 
 
 def write_parquet(table: pa.Table, path: Path) -> Path:
-    """Write ``table`` to ``path`` atomically (temporary file in the same folder, then rename); returns ``path``."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    pq.write_table(table, tmp)
-    os.replace(tmp, path)
-    return path
+    """Write ``table`` to ``path`` atomically (:func:`dapo_verl.files.atomic_write`); returns ``path``."""
+    return atomic_write(path, lambda tmp: pq.write_table(table, tmp))
 
 
 def _fail(where: str, what: str, fix: str) -> ValueError:

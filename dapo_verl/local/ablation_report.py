@@ -24,12 +24,12 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from dapo_verl.files import write_text_atomically
 from dapo_verl.local.arms import Study
 from dapo_verl.local.powered_test import PooledEstimate, PrimaryResult, analyse_primary, pool_with_development
 from dapo_verl.report import DEFAULT_METRICS, JSON_FILE, Report, RunLog, build_report, load_runs, write_report
 from dapo_verl.report.plots import plot_arms
 from dapo_verl.report.summary import Spread, accuracy_keys, pass_at_k_keys
-from dapo_verl.state_io import write_text_atomically
 
 __all__ = [
     "CURVES_FILE",

@@ -30,8 +30,9 @@ from typing import Any
 
 import torch
 
+from dapo_verl.files import write_text_atomically
 from dapo_verl.sampler import BatchReplenisher
-from dapo_verl.state_io import CorruptStateError, load_state, save_state, write_text_atomically
+from dapo_verl.state_io import CorruptStateError, load_state, save_state
 
 __all__ = [
     "LATEST",

@@ -1,6 +1,6 @@
 """Crash-safe writes of a run directory's small files, and clean-up of what a crash leaves behind.
 
-Every file of a local run is replaced atomically (:func:`dapo_verl.state_io.write_text_atomically`): it is
+Every file of a local run is replaced atomically (:func:`dapo_verl.files.write_text_atomically`): it is
 written to a temporary file in the same directory, named ``.<name>.<random>.tmp`` (the naming
 :func:`dapo_verl.state_io.save_state` uses too), flushed to disk and renamed over the target, so a reader -- or
 a resumed run -- sees the old file or the new one, never half of one. A process killed mid-write leaves at most
@@ -19,7 +19,7 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from dapo_verl.state_io import apply_umask, os_errors_named
+from dapo_verl.files import apply_umask, os_errors_named
 
 __all__ = ["TMP_SUFFIX", "remove_stale_temporaries", "replace_directory"]
 
@@ -36,13 +36,13 @@ def _temporary_name(target: Path) -> str:
 def replace_directory(path: str | os.PathLike[str], fill: Callable[[Path], None]) -> Path:
     """Build a directory with ``fill(tmp_dir)`` and swap it in for ``path``. Returns the path.
 
-    Every entry gets the mode the umask allows (as :func:`~dapo_verl.state_io.apply_umask`). POSIX cannot
+    Every entry gets the mode the umask allows (as :func:`~dapo_verl.files.apply_umask`). POSIX cannot
     rename a directory over a non-empty one, so the old directory is first renamed aside
     (to a temporary name) and deleted after the swap; a crash in between leaves the new or the old
     directory plus a temporary one, never a half-written ``path``.
 
     Raises:
-        OSError: naming ``path`` when a write fails (:func:`~dapo_verl.state_io.os_errors_named`); the old
+        OSError: naming ``path`` when a write fails (:func:`~dapo_verl.files.os_errors_named`); the old
             directory is left as it was.
     """
     target = Path(path)

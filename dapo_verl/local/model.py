@@ -31,9 +31,9 @@ from tokenizers import Regex, Tokenizer, models, pre_tokenizers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 from transformers.utils import logging as hf_logging
 
+from dapo_verl.files import apply_umask, os_errors_named
 from dapo_verl.local.config import ModelConfig
 from dapo_verl.local.tasks import ALPHABET
-from dapo_verl.state_io import apply_umask, os_errors_named
 
 __all__ = [
     "CHECKSUMS",

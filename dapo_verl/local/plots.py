@@ -17,7 +17,7 @@ from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from dapo_verl.state_io import atomic_write
+from dapo_verl.files import atomic_write
 
 __all__ = ["PANELS", "Panel", "plot_history", "training_figure"]
 

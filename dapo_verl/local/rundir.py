@@ -41,8 +41,8 @@ import yaml
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from dapo_verl.files import apply_umask, os_errors_named
 from dapo_verl.local.compose import flatten_keys
-from dapo_verl.state_io import apply_umask, os_errors_named
 
 __all__ = [
     "CONFIG_FILE",

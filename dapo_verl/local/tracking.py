@@ -24,7 +24,7 @@ from typing import Any
 
 from torch.utils.tensorboard import SummaryWriter
 
-from dapo_verl.state_io import os_errors_named, write_text_atomically
+from dapo_verl.files import os_errors_named, write_text_atomically
 
 __all__ = ["MetricsLog", "missing_steps", "read_history"]
 

@@ -64,6 +64,7 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
+from dapo_verl.files import write_text_atomically
 from dapo_verl.local.actor import assemble_batch, batch_metrics, update_policy
 from dapo_verl.local.checkpoint import (
     ResumePoint,
@@ -101,7 +102,6 @@ from dapo_verl.local.tasks import make_task
 from dapo_verl.local.tracking import MetricsLog
 from dapo_verl.local.warm_start import warm_start
 from dapo_verl.sampler import BatchReplenisher
-from dapo_verl.state_io import write_text_atomically
 
 __all__ = [
     "RunFinished",

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dapo_verl.files import write_text_atomically
 from dapo_verl.report.derived import RATIO_METRICS
 from dapo_verl.report.plots import write_plots
 from dapo_verl.report.readers import MetricFilter, RunLog, load_run
@@ -33,7 +34,6 @@ from dapo_verl.report.summary import (
     kept_metric,
     select_metrics,
 )
-from dapo_verl.state_io import write_text_atomically
 
 __all__ = ["JSON_FILE", "MARKDOWN_FILE", "Report", "build_report", "load_runs", "summarize", "write_report"]
 

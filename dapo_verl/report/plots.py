@@ -19,9 +19,9 @@ import pandas as pd
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from dapo_verl.files import atomic_write
 from dapo_verl.report.readers import RunLog
 from dapo_verl.report.summary import CLIP_METRICS, CLIPPED_PROBABILITY_METRICS, is_validation_metric, pass_at_k_keys
-from dapo_verl.state_io import atomic_write
 
 __all__ = ["MAX_PLOT_POINTS", "SMOOTHING_POINTS", "arm_curve", "plot_arms", "thin_curve", "write_plots"]
 

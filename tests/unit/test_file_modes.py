@@ -10,10 +10,11 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
+from dapo_verl.files import write_text_atomically
 from dapo_verl.local.config import ModelConfig
 from dapo_verl.local.files import replace_directory
 from dapo_verl.local.model import load_or_build
-from dapo_verl.state_io import save_state, write_text_atomically
+from dapo_verl.state_io import save_state
 
 
 @pytest.fixture

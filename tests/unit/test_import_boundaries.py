@@ -17,6 +17,7 @@ PURE_MODULES = [
     "dapo_verl.data",
     "dapo_verl.report",
     "dapo_verl.lifetime",
+    "dapo_verl.files",
 ]
 
 

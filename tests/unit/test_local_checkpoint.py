@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from dapo_verl.config import SamplerConfig
+from dapo_verl.files import write_text_atomically
 from dapo_verl.local.checkpoint import (
     LATEST,
     STATE_FILE,
@@ -20,7 +21,7 @@ from dapo_verl.local.files import remove_stale_temporaries, replace_directory
 from dapo_verl.local.tracking import MetricsLog, read_history
 from dapo_verl.sampler import BatchReplenisher
 from dapo_verl.sampler.simulation import SimulatedPolicy
-from dapo_verl.state_io import CorruptStateError, write_text_atomically
+from dapo_verl.state_io import CorruptStateError
 
 
 def _save(run_dir, steps):
