@@ -274,7 +274,7 @@ def config_checks(config_name: str, overrides: Sequence[str]) -> tuple[list[Chec
     Raises:
         dapo_verl.rehearsal.run.RehearsalError: for a config name that is neither a recipe nor ``ppo_trainer``.
     """
-    from dapo_verl.rehearsal.run import VERL_CONFIG, compose_recipe
+    from dapo_verl.rehearsal.recipe import VERL_CONFIG, compose_recipe
 
     entry = VERL_ENTRY if config_name == VERL_CONFIG else DAPO_ENTRY
     try:
@@ -382,16 +382,19 @@ def describe_run(config: Any, entry_module: str) -> list[Check]:
         else:
             message = "no dynamic sampling: verl's legacy trainer has no filter_groups; use python -m dapo_verl.main."
         checks.append(Check("sampler", True, message, checked=False))
-    actor, algorithm = config.actor_rollout_ref.actor, config.algorithm
-    checks.append(
-        Check(
-            "algorithm",
-            True,
-            f"loss_mode={actor.policy_loss.loss_mode}, "
-            f"clip {actor.clip_ratio_low}/{actor.clip_ratio_high}, {actor.loss_agg_mode}, "
-            f"adv_estimator={algorithm.adv_estimator}, reward manager "
-            f"{config.reward.reward_manager.name}.",
-            checked=False,
-        )
-    )
+    from dapo_verl.rehearsal.recipe import component_settings, recipe_summary
+
+    settings = component_settings(recipe_summary(config))
+    algorithm = [f"{name}: {settings[name]}" for name in _ALGORITHM_COMPONENTS]
+    checks.append(Check("algorithm", True, "; ".join(algorithm) + ".", checked=False))
     return checks
+
+
+_ALGORITHM_COMPONENTS = (
+    "decoupled-clip loss",
+    "group advantage",
+    "reward manager",
+    "soft overlong punishment",
+    "overlong filtering",
+)
+"""The components ``doctor``'s algorithm line names (the sampler and the prompts have lines of their own)."""

@@ -3,7 +3,7 @@
 :func:`check_verl_config` is the one validation of a composed verl config. ``python -m dapo_verl.main`` runs it
 before Hydra starts the job (so the recipes' dry runs, ``--cfg job``, run it too) and again in
 :func:`dapo_verl.main.run_dapo`; ``dapo-verl doctor CONFIG_NAME`` and ``dapo-verl rehearse`` run it on the
-config composed by :func:`dapo_verl.rehearsal.run.compose_recipe`, whose overrides went through
+config composed by :func:`dapo_verl.rehearsal.recipe.compose_recipe`, whose overrides went through
 :func:`dapo_verl.preflight.compose_checked` (grammar, deletions, unknown keys). Nothing is started: verl is
 imported, no Ray, no worker, no model. Each group of checks reports every problem it finds, one line each
 (:class:`~dapo_verl.preflight.Problem`), and :attr:`Findings.checked` says which groups ran, in this order:

@@ -16,6 +16,7 @@ from dapo_verl.rehearsal.engine import Engine
 from dapo_verl.rehearsal.memory import gib
 from dapo_verl.rehearsal.options import RehearsalResult
 from dapo_verl.rehearsal.processes import RunRecord
+from dapo_verl.rehearsal.recipe import component_settings
 from dapo_verl.rehearsal.resume_check import REPLICAS_ROUTE, STREAMING_TIMES, resume_check, resume_verdict
 
 __all__ = [
@@ -83,63 +84,35 @@ def _training_steps(steps: dict[int, dict[str, Any]]) -> dict[int, dict[str, Any
 
 
 def _components(result: RehearsalResult, logged: dict[int, dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each DAPO component as the recipe sets it (:func:`.recipe.component_settings`), and whether verl's log shows
+    it acted."""
     recipe = result.recipe
     seen = set().union(*logged.values()) if logged else set()
-
-    def row(name: str, setting: str, active: bool, evidence: str) -> dict[str, Any]:
-        return {"component": name, "setting": setting, "active": active, "evidence": evidence}
-
-    loss = recipe.get("actor_rollout_ref.actor.policy_loss.loss_mode")
-    actor = "actor_rollout_ref.actor"
-    low, high, agg = (recipe.get(f"{actor}.{k}") for k in ("clip_ratio_low", "clip_ratio_high", "loss_agg_mode"))
-    fg = recipe.get("algorithm.filter_groups.enable")
-    sampler = "dapo/sampler/gen_rounds" in seen
-    return [
-        row(
-            "decoupled-clip loss",
-            f"loss_mode={loss}, eps {low}/{high}, {agg}",
-            loss == "dapo" and "actor/dapo/clip_upper_fraction" in seen,
+    evidence = {
+        "decoupled-clip loss": (
+            recipe.get("actor_rollout_ref.actor.policy_loss.loss_mode") == "dapo"
+            and "actor/dapo/clip_upper_fraction" in seen,
             "actor/dapo/clip_*_fraction logged",
         ),
-        row(
-            "group advantage",
-            f"adv_estimator={recipe.get('algorithm.adv_estimator')}",
-            "critic/advantages/mean" in seen,
-            "critic/advantages/* logged",
-        ),
-        row(
-            "reward manager",
-            f"{recipe.get('reward.reward_manager.name')}",
-            "critic/score/mean" in seen,
-            "critic/score/* logged",
-        ),
-        row(
-            "soft overlong punishment",
-            f"overlong_reward_penalty={recipe.get('reward.reward_kwargs.overlong_reward_penalty')}",
+        "group advantage": ("critic/advantages/mean" in seen, "critic/advantages/* logged"),
+        "reward manager": ("critic/score/mean" in seen, "critic/score/* logged"),
+        "soft overlong punishment": (
             "dapo/overlong/penalty_mean" in seen or any(k.endswith("/overlong_penalty/mean@1") for k in seen),
             "dapo/overlong/penalty_mean logged (verl's own trainer: the validation's overlong_penalty)",
         ),
-        row(
-            "overlong filtering",
-            f"overlong_filtering={recipe.get('algorithm.overlong_filtering')}",
+        "overlong filtering": (
             bool(recipe.get("algorithm.overlong_filtering")) and "dapo/overlong/filtered_fraction" in seen,
             "dapo/overlong/filtered_fraction logged",
         ),
-        row(
-            "dynamic sampling (batch replenisher)",
-            f"filter_groups.enable={fg}, refill={recipe.get('algorithm.filter_groups.refill')}, "
-            f"surplus={recipe.get('algorithm.filter_groups.surplus')}, "
-            f"on_shortfall={recipe.get('algorithm.filter_groups.on_shortfall')}",
-            sampler,
-            "dapo/sampler/* logged",
-        ),
-        row(
-            "prompt prediction",
-            f"skip_uninformative={recipe.get('algorithm.filter_groups.skip_uninformative')}, "
-            f"prompt_selection={recipe.get('algorithm.filter_groups.prompt_selection')}",
+        "dynamic sampling (batch replenisher)": ("dapo/sampler/gen_rounds" in seen, "dapo/sampler/* logged"),
+        "prompt prediction": (
             all(key in seen for key in PREDICTION_METRICS),
             "dapo/sampler/predicted_keep_rate, prediction_calibration, prediction_brier logged",
         ),
+    }
+    return [
+        {"component": name, "setting": setting, "active": evidence[name][0], "evidence": evidence[name][1]}
+        for name, setting in component_settings(recipe).items()
     ]
 
 

@@ -34,18 +34,15 @@ Output layout under ``out``: ``data/`` (train/val parquet), ``model/`` (the stan
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
-import sys
 from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
-from dapo_verl.config import CONFIG_DIR
 from dapo_verl.rehearsal.data import RehearsalData, prepare_files
 from dapo_verl.rehearsal.engine import (
     VLLM_ENVIRONMENT,
@@ -59,6 +56,7 @@ from dapo_verl.rehearsal.engine import (
 from dapo_verl.rehearsal.folders import RehearsalError, own_out, private_folders
 from dapo_verl.rehearsal.options import RehearsalInterrupted, RehearsalOptions, RehearsalResult
 from dapo_verl.rehearsal.plan import Change, RehearsalShape, override_keys, rehearsal_changes, select
+from dapo_verl.rehearsal.recipe import VERL_CONFIG, compose_recipe, recipe_summary
 from dapo_verl.rehearsal.schedule import Outcome, Target, run_both
 
 __all__ = [
@@ -70,64 +68,8 @@ __all__ = [
     "rehearse",
 ]
 
-VERL_CONFIG = "ppo_trainer"
-"""verl's own trainer config: rehearsed through ``verl.trainer.main_ppo`` (the existing-setup user's path)."""
-
 MAX_OWN_MODEL_PARAMETERS = 30_000_000
 """A recipe's ``model.path`` is rehearsed as is when it is a local model up to this size; else the stand-in."""
-
-
-VERL_SEARCHPATH = "pkg://verl.trainer.config"
-
-
-def _verl_config_dir() -> str:
-    """verl's trainer config folder, found without importing verl (the import alone takes seconds)."""
-    spec = importlib.util.find_spec("verl")
-    if spec is None or not spec.submodule_search_locations:
-        raise RehearsalError("verl is not installed in this environment; install dapo_verl with its verl extra.")
-    return str(Path(next(iter(spec.submodule_search_locations))) / "trainer" / "config")
-
-
-def _searchpath_override(config_name: str, overrides: Sequence[str]) -> list[str]:
-    """The recipe's Hydra search path with verl's package entry as a folder, so composing does not import verl.
-
-    Hydra resolves ``pkg://verl.trainer.config`` by importing verl; the same folder given as ``file://`` composes
-    the same config (a test compares them). Nothing is changed when the command line sets the search path.
-    """
-    if any(item.lstrip("+").startswith("hydra.searchpath") for item in overrides):
-        return []
-    entries = OmegaConf.load(CONFIG_DIR / f"{config_name}.yaml").get("hydra", {}).get("searchpath", [])
-    if VERL_SEARCHPATH not in entries:
-        return []
-    folder = f"file://{_verl_config_dir()}"
-    return [f"hydra.searchpath=[{','.join(folder if e == VERL_SEARCHPATH else e for e in entries)}]"]
-
-
-def compose_recipe(config_name: str, overrides: Sequence[str]) -> tuple[DictConfig, list[str]]:
-    """Compose ``config_name`` with ``overrides`` as its launcher would; return it and the entry command.
-
-    Raises:
-        RehearsalError: for a config name that is neither under ``configs/`` nor ``ppo_trainer``.
-        dapo_verl.preflight.ConfigRefused: for overrides Hydra or the config would refuse (one problem each).
-    """
-    from dapo_verl.preflight import compose_config_dir
-
-    searchpath: list[str] = []
-    if config_name == VERL_CONFIG:
-        config_dir, entry = _verl_config_dir(), [sys.executable, "-m", "verl.trainer.main_ppo"]
-    elif (CONFIG_DIR / f"{config_name}.yaml").is_file():
-        config_dir, entry = str(CONFIG_DIR), [sys.executable, "-m", "dapo_verl.main", f"--config-name={config_name}"]
-        searchpath = _searchpath_override(config_name, overrides)
-    else:
-        names = sorted(
-            p.stem for p in CONFIG_DIR.glob("*.yaml") if p.stem not in ("dapo_defaults", "local_defaults", "local")
-        )
-        raise RehearsalError(
-            f"No config named {config_name!r}. Rehearse one of {', '.join(names)}, or {VERL_CONFIG} "
-            f"(verl's own trainer, e.g. with the loss_mode=dapo overrides of an existing setup)."
-        )
-    config = compose_config_dir(config_dir, config_name, overrides, fixed_overrides=searchpath)
-    return config, entry
 
 
 def _as_list(value: Any) -> list[str] | None:
@@ -375,7 +317,7 @@ def _rehearse_in(
             replaced,
             engine,
             environment,
-            recipe=_recipe_summary(config),
+            recipe=recipe_summary(config),
         )
         (out / "changes.json").write_text(json.dumps([asdict(c) for c in changes], indent=1, default=str))
         echo(_changes_text(options, entry, changes, engine, environment))
@@ -426,40 +368,6 @@ def _on_cluster(
     except ClusterError as err:
         raise RehearsalError(str(err)) from None
     return outcome
-
-
-_RECIPE_KEYS = (
-    "trainer.use_v1",
-    "actor_rollout_ref.actor.policy_loss.loss_mode",
-    "actor_rollout_ref.actor.loss_agg_mode",
-    "actor_rollout_ref.actor.clip_ratio_low",
-    "actor_rollout_ref.actor.clip_ratio_high",
-    "algorithm.adv_estimator",
-    "reward.reward_manager.name",
-    "reward.reward_kwargs.overlong_reward_penalty",
-    "algorithm.overlong_filtering",
-    "algorithm.filter_groups.enable",
-    "algorithm.filter_groups.metric",
-    "algorithm.filter_groups.refill",
-    "algorithm.filter_groups.surplus",
-    "algorithm.filter_groups.on_shortfall",
-    "algorithm.filter_groups.skip_uninformative",
-    "algorithm.filter_groups.prompt_selection",
-    "algorithm.filter_groups.max_num_gen_batches",
-    "actor_rollout_ref.rollout.n",
-    "trainer.nnodes",
-    "trainer.n_gpus_per_node",
-    "actor_rollout_ref.model.path",
-    "data.train_batch_size",
-    "data.max_response_length",
-    "trainer.v1.trainer_mode",
-    "trainer.v1.separate_async.hybrid_rollout.enable_switch",
-    "algorithm.filter_groups.streaming",
-)
-
-
-def _recipe_summary(config: DictConfig) -> dict[str, Any]:
-    return {key: select(config, key) for key in _RECIPE_KEYS}
 
 
 def _changes_text(

@@ -173,7 +173,7 @@ def test_composing_without_importing_verl_gives_the_launchers_config(name):
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
-    from dapo_verl.rehearsal.run import CONFIG_DIR
+    from dapo_verl.config import CONFIG_DIR
 
     rehearsed, _ = compose_recipe(name, ["data.train_batch_size=8"])
     GlobalHydra.instance().clear()

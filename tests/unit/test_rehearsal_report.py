@@ -191,7 +191,7 @@ def test_the_resume_run_overlaps_the_first_only_when_asked(tmp_path, monkeypatch
 def test_a_resumed_step_must_match_unless_timing_picks_its_groups(tmp_path, recipe, gpus, why):
     from dataclasses import replace
 
-    from dapo_verl.rehearsal.report import REPLICAS_ROUTE, STREAMING_TIMES
+    from dapo_verl.rehearsal.resume_check import REPLICAS_ROUTE, STREAMING_TIMES
 
     runs = [_record(tmp_path, "run1", "run1", 0), _record(tmp_path, "run2", "run2 (resume)", 0)]
     result = _result(tmp_path, runs, recipe=recipe)
