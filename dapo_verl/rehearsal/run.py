@@ -178,9 +178,7 @@ def _check(options: RehearsalOptions) -> None:
 
 _HELD_GIB = {Engine.STAND_IN: (4.0, 0.8), Engine.VLLM: (7.0, 2.5)}
 """Per engine, a lower bound of the memory one run holds (GiB, sum of PSS): with one data-parallel rank, and for
-each further rank. Measured on 2 cores, 2026-12-07 (docs/rehearse.md, Memory): the stand-in held 4.5 GiB with one
-rank, 5.4 with two on one node and 6.3 with one on each of two nodes; vLLM 7.3 with one rank and 11.1 on two
-nodes."""
+each further rank; below the measurements in docs/rehearse.md, Memory."""
 _NODE_GIB = 0.8
 """A lower bound of what each further Ray node's daemons hold (GiB), from the same measurements."""
 
