@@ -32,12 +32,13 @@ Strategies, each on its own engine with the same draws:
 * ``verl_sync`` -- verl v1 ``ReplayBuffer`` with ``algorithm.filter_groups`` (``replay_buffer.py`` ``sample``): one
   batch submitted per step; each group found uninformative earns 2 refill prompts, dispatched while fewer than
   ``max_inflight_gen_batches (1) x train_batch_size`` prompts are in flight; once enough informative groups are
-  finished it stops dispatching, drains everything in flight, and discards the surplus.
+  finished it stops dispatching and drains everything in flight, then trains a batch drawn among all the informative
+  groups, those finished during the drain included, and discards the rest (verl's selection, :func:`verl_selection`).
 * ``verl_async`` -- verl v1 ``colocate_async`` with ``ReplayBufferAsync`` and ``filter_groups``: one warm-up batch,
   then one batch submitted per step; each uninformative group refilled by one prompt; the oldest informative groups
-  served; when the batch is full every request in flight is aborted and resumed after the weight update from its
-  prefix (verl's ``FullyAsyncLLMServerClient``); finished surplus waits for later steps (``max_off_policy_threshold``
-  8, ``drop``).
+  served, those of one step in random order (:func:`verl_selection`); when the batch is full every request in flight
+  is aborted and resumed after the weight update from its prefix (verl's ``FullyAsyncLLMServerClient``); finished
+  surplus waits for later steps (``max_off_policy_threshold`` 8, ``drop``).
 * ``dapo_rounds`` -- :class:`~dapo_verl.sampler.BatchReplenisher` with the shipped defaults, each round generated to
   its end before the next (what ``DapoReplayBuffer`` does today: it waits until every group of a round finished).
 * ``dapo_stream`` / ``dapo_stream_carry`` -- the same replenisher on the streaming engine: groups counted as they
@@ -70,6 +71,7 @@ import dataclasses
 import json
 import math
 import platform
+import random
 import statistics
 import sys
 import time
@@ -208,6 +210,20 @@ class StepRecord:
     token_age_max: int = 0
 
 
+def verl_selection(pool: list[Completion], size: int, rng: random.Random) -> tuple[list[Completion], list[Completion]]:
+    """verl's choice of the groups a step trains: ``(chosen, rest)``.
+
+    ``ReplayBuffer._select_prompt_uids`` (verl 0.9.1 ``trainer/ppo/v1/replay_buffer.py:383-392``) sorts the keys of
+    every sampleable group by the step its prompt was submitted at, and the keys come from a set of uuid strings, so
+    groups of the same step come in hash order: a random order, drawn here from ``rng``. Not the order they finished
+    in: in sync mode, groups that finish while the buffer drains compete with the first ones on equal terms.
+    """
+    shuffled = list(pool)
+    rng.shuffle(shuffled)
+    ordered = sorted(shuffled, key=lambda item: item[0].born_step)  # stable: ties keep the random order
+    return ordered[:size], ordered[size:]
+
+
 class VerlSync:
     """verl v1 ``ReplayBuffer.sample`` with filter_groups, as the module docstring describes it."""
 
@@ -215,6 +231,7 @@ class VerlSync:
         self.s, self.engine = scenario, engine
         self.prompts = PromptStream(scenario.num_prompts, seed=seed)
         self.requests = _Requests()
+        self.rng = random.Random(f"verl-selection-{seed}")
 
     def step(self, step: int) -> StepRecord:
         s, engine = self.s, self.engine
@@ -236,7 +253,8 @@ class VerlSync:
             if dispatch:
                 engine.submit(self.requests.fresh(self.prompts.take(dispatch)[0], step))
                 inflight, credit, waves = inflight + dispatch, credit - dispatch, waves + 1
-        batch = [g for _, g in ready[: s.train_batch_size]]  # the surplus is discarded
+        chosen, _ = verl_selection(ready, s.train_batch_size, self.rng)  # the rest is discarded
+        batch = [g for _, g in chosen]
         return StepRecord(engine.clock - start, sum(g.num_tokens for g in batch), len(batch) * s.group_size, waves)
 
 
@@ -252,6 +270,7 @@ class VerlColocateAsync:
         self.pool: list[Completion] = []  # finished informative groups waiting to be served
         self.aborted: Aborted = Aborted()
         self.warm = False
+        self.rng = random.Random(f"verl-selection-{seed}")
 
     def _submit(self, count: int, step: int) -> None:
         self.engine.submit(self.requests.fresh(self.prompts.take(count)[0], step))
@@ -280,8 +299,7 @@ class VerlColocateAsync:
             if refill:
                 self._submit(refill, step)
                 inflight += refill
-        self.pool.sort(key=lambda item: item[0].born_step)  # oldest first
-        served, self.pool = self.pool[: s.train_batch_size], self.pool[s.train_batch_size :]
+        served, self.pool = verl_selection(self.pool, s.train_batch_size, self.rng)  # oldest first
         gen_s = engine.clock - start
         self.aborted = engine.abort()  # on_sample_end: abort the replicas
         batch = [g for _, g in served]

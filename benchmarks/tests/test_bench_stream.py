@@ -70,6 +70,50 @@ def test_every_strategy_trains_full_batches_and_reports_its_metrics(strategy, ca
     assert "step 6/6" in capsys.readouterr().out
 
 
+def _item(born_step, tag):
+    return (bench_stream.Request(tag, tag, born_step), tag)
+
+
+def test_verls_selection_takes_the_oldest_step_first_and_draws_within_a_step():
+    import random
+
+    pool = [_item(2, i) for i in range(6)] + [_item(1, i) for i in range(6, 9)]
+    chosen, rest = bench_stream.verl_selection(pool, 5, random.Random(0))
+    assert sorted(tag for _, tag in chosen[:3]) == [6, 7, 8] and len(chosen) == 5  # step 1 before step 2
+    assert sorted(tag for _, tag in chosen + rest) == list(range(9))  # nothing lost or repeated
+    # Within a step the order is hash order in verl: every tied group is as likely to be trained, not the first.
+    picks = [0] * 6
+    for seed in range(600):
+        chosen, _ = bench_stream.verl_selection(pool[:6], 2, random.Random(seed))
+        for _, tag in chosen:
+            picks[tag] += 1
+    assert all(150 < count < 250 for count in picks), picks  # 200 each on average
+
+
+def test_the_verl_sync_buffer_trains_a_draw_among_every_informative_group_drain_included(monkeypatch):
+    scenario = StreamScenario(
+        num_prompts=300,
+        train_batch_size=8,
+        group_size=4,
+        steps=4,
+        max_response_length=512,
+        median_length=60.0,
+        prompt_tokens=16,
+        max_num_seqs=8,
+    )
+    offered = []
+    real = bench_stream.verl_selection
+
+    def spy(pool, size, rng):
+        offered.append(len(pool))
+        return real(pool, size, rng)
+
+    monkeypatch.setattr(bench_stream, "verl_selection", spy)
+    bench_stream.run("verl_sync", scenario, seed=1, cost=RooflineCost(replicas=2), warmup=1, echo=lambda line: None)
+    assert len(offered) == 4 and all(n >= 8 for n in offered)
+    assert max(offered) > 8  # groups that finished while the buffer drained were candidates too
+
+
 def test_the_command_line_appends_one_line_per_strategy_and_seed(tmp_path, capsys):
     out = tmp_path / "bench.jsonl"
     assert (
