@@ -38,15 +38,17 @@ Strategies, each on its own engine with the same draws:
   then one batch submitted per step; each uninformative group refilled by one prompt; the oldest informative groups
   served, those of one step in random order (:func:`verl_selection`); when the batch is full every request in flight
   is aborted and resumed after the weight update from its prefix (verl's ``FullyAsyncLLMServerClient``); finished
-  surplus waits for later steps (``max_off_policy_threshold`` 8, ``drop``).
+  surplus waits for later steps (``max_off_policy_threshold`` 8, ``drop``). ``verl_async_warmup2``: the same with
+  ``trainer.v1.colocate_async.num_warmup_batches=2``, verl's own knob for keeping more in flight: the streaming
+  candidates keep twice a round, and a round is sized to the batch over the keep rate, more than verl's one batch.
 * ``dapo_rounds`` -- :class:`~dapo_verl.sampler.BatchReplenisher` with the shipped defaults, each round generated to
   its end before the next (what ``DapoReplayBuffer`` does today: it waits until every group of a round finished).
 * ``dapo_stream`` / ``dapo_stream_carry`` -- the same replenisher on the streaming engine: groups counted as they
   finish, what is in flight topped up, everything aborted once the batch is full; aborted groups dropped
   (``surplus=discard``, the default) or carried and continued first at the next step (``surplus=carry``).
 * ``dapo_stream_carry_2x`` -- the same with ``stream_oversample=2``: twice a round's groups kept in flight, so the
-  batch fills from those that finish first (APRIL's suggested setting, arXiv 2509.18521; verl's colocate_async keeps
-  about as much in flight with its warm-up batch).
+  batch fills from those that finish first (APRIL's suggested setting, arXiv 2509.18521). That is more in flight than
+  verl's colocate_async keeps at its default one warm-up batch; compare it with ``verl_async_warmup2`` too.
 * ``dapo_rounds_carry`` -- rounds as ``dapo_rounds``, with ``surplus=carry``: a round's informative groups beyond the
   batch are kept and served first at the next step (at most ``max_staleness_steps=1`` old) instead of discarded.
 
@@ -94,6 +96,7 @@ from dapo_verl.sampler.simulation import drifting_pass_rates
 STRATEGIES = (
     "verl_sync",
     "verl_async",
+    "verl_async_warmup2",
     "dapo_rounds",
     "dapo_stream",
     "dapo_stream_carry",
@@ -263,8 +266,8 @@ class VerlColocateAsync:
 
     THRESHOLD = 8
 
-    def __init__(self, scenario: StreamScenario, engine: SimulatedEngine, seed: int) -> None:
-        self.s, self.engine = scenario, engine
+    def __init__(self, scenario: StreamScenario, engine: SimulatedEngine, seed: int, warmup_batches: int = 1) -> None:
+        self.s, self.engine, self.warmup_batches = scenario, engine, warmup_batches
         self.prompts = PromptStream(scenario.num_prompts, seed=seed)
         self.requests = _Requests()
         self.pool: list[Completion] = []  # finished informative groups waiting to be served
@@ -281,11 +284,12 @@ class VerlColocateAsync:
         resumed = [r for r, _ in self.aborted.partial]  # verl's client continues each from its prefix
         if resumed:
             engine.submit([Request(r.request_id, r.prompt_id, r.born_step, p) for r, p in self.aborted.partial])
-        if not self.warm:
-            self._submit(s.train_batch_size, step)  # num_warmup_batches = 1
+        inflight = len(resumed) + s.train_batch_size
+        if not self.warm:  # on_train_begin: trainer.v1.colocate_async.num_warmup_batches batches, once
+            self._submit(s.train_batch_size * self.warmup_batches, step)
+            inflight += s.train_batch_size * self.warmup_batches
             self.warm = True
         self._submit(s.train_batch_size, step)  # prepare_step
-        inflight = len(resumed) + s.train_batch_size * (2 if step == 1 else 1)
         self.pool = [(r, g) for r, g in self.pool if step - r.born_step + 1 <= self.THRESHOLD]
         while len(self.pool) < s.train_batch_size:
             done = engine.collect()
@@ -363,6 +367,7 @@ class Dapo:
 DRIVERS: dict[str, Callable[[StreamScenario, SimulatedEngine, int], Any]] = {
     "verl_sync": VerlSync,
     "verl_async": VerlColocateAsync,
+    "verl_async_warmup2": lambda s, e, seed: VerlColocateAsync(s, e, seed, warmup_batches=2),
     "dapo_rounds": lambda s, e, seed: Dapo(s, e, seed, rounds=True),
     "dapo_stream": lambda s, e, seed: Dapo(s, e, seed, rounds=False),
     "dapo_stream_carry": lambda s, e, seed: Dapo(s, e, seed, rounds=False, surplus="carry"),
@@ -490,7 +495,13 @@ def report(lines: list[dict[str, Any]], scenario: str = "paper") -> str:
             )
         elif scenario != "small" and strategy in CANDIDATES:
             met = 1 + ratio.ci_high <= 0.67 and versus_async.ci_high <= 0 and tokens.ci_high <= 0
-            verdicts.append(f"{strategy}: {'meets' if met else 'does not meet'} the bar")
+            verdict = f"{strategy}: {'meets' if met else 'does not meet'} the bar"
+            if "verl_async_warmup2" in strategies:  # verl's own knob for as much in flight as the candidates keep
+                wider = paired_t_test(
+                    [r["gen_s_per_step"] - by[("verl_async_warmup2", r["seed"])]["gen_s_per_step"] for r in runs]
+                )
+                verdict += f"; minus verl_async_warmup2 {wider.mean:+.1f} s [{wider.ci_low:+.1f}, {wider.ci_high:+.1f}]"
+            verdicts.append(verdict)
     return "\n".join([f"seeds {seeds[0]}-{seeds[-1]} ({len(seeds)})", *rows, "", *verdicts])
 
 

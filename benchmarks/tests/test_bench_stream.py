@@ -63,9 +63,13 @@ def test_every_strategy_trains_full_batches_and_reports_its_metrics(strategy, ca
     result = bench_stream.run(strategy, scenario, seed=1, cost=RooflineCost(replicas=2), warmup=1, echo=print)
     assert result["steps"] == 5 and len(result["gen_s"]) == 5 and all(t > 0 for t in result["gen_s"])
     assert result["trained_tokens_per_step"] > 0 and result["tokens_per_trained"] >= 1.0
-    oldest = {"verl_async": 7, "dapo_stream_carry": 1, "dapo_stream_carry_2x": 1, "dapo_rounds_carry": 1}.get(
-        strategy, 0
-    )  # 8-step spans
+    oldest = {
+        "verl_async": 7,
+        "verl_async_warmup2": 7,
+        "dapo_stream_carry": 1,
+        "dapo_stream_carry_2x": 1,
+        "dapo_rounds_carry": 1,
+    }.get(strategy, 0)  # 8-step spans
     assert 0 <= result["token_age_max"] <= oldest
     assert "step 6/6" in capsys.readouterr().out
 
@@ -112,6 +116,34 @@ def test_the_verl_sync_buffer_trains_a_draw_among_every_informative_group_drain_
     bench_stream.run("verl_sync", scenario, seed=1, cost=RooflineCost(replicas=2), warmup=1, echo=lambda line: None)
     assert len(offered) == 4 and all(n >= 8 for n in offered)
     assert max(offered) > 8  # groups that finished while the buffer drained were candidates too
+
+
+def test_verl_async_submits_its_warm_up_batches_once_at_the_start(monkeypatch):
+    scenario = StreamScenario(
+        num_prompts=300,
+        train_batch_size=8,
+        group_size=4,
+        steps=3,
+        max_response_length=512,
+        median_length=60.0,
+        prompt_tokens=16,
+        max_num_seqs=8,
+    )
+    for warmup, first in ((1, 16), (2, 24)):  # warm-up batches plus the step's own batch at step 1
+        submitted = []
+        engine = scenario.engine(1, RooflineCost(replicas=2))
+        real = engine.submit
+        monkeypatch.setattr(
+            engine,
+            "submit",
+            lambda requests, seen=submitted, real=real: (seen.append(len(requests)), real(requests))[1],
+        )
+        driver = bench_stream.VerlColocateAsync(scenario, engine, 1, warmup_batches=warmup)
+        driver.step(1)
+        assert sum(submitted[:2]) == first and submitted[:2] == [8 * warmup, 8], submitted
+        submitted.clear()
+        driver.step(2)
+        assert 8 in submitted and sum(submitted) < first + 8 * 4  # one batch a step after the first, plus refills
 
 
 def test_the_command_line_appends_one_line_per_strategy_and_seed(tmp_path, capsys):
