@@ -65,6 +65,11 @@ class _NodeExited(Exception):
     """A node's ``ray start`` exited while the cluster started (retried on fresh ports)."""
 
 
+def _tail(log: Path) -> str:
+    """A node log's last three lines, on one line."""
+    return " / ".join(log.read_text(errors="replace").strip().splitlines()[-3:]) or "empty"
+
+
 def role_of(class_name: str) -> str:
     """The role an actor of ``class_name`` plays (its class name when verl gives it no role here). verl's
     colocated workers are a class made in a function (``create_colocated_worker_cls.<locals>.WorkerDict``)."""
@@ -222,12 +227,12 @@ class LocalCluster:
         deadline = time.monotonic() + _START_TIMEOUT_S
         while not ready():
             ended = next((p for p in self._processes if p.poll() is not None), None)
-            if ended is not None or time.monotonic() > deadline:
-                tail = " / ".join(log.read_text(errors="replace").strip().splitlines()[-3:]) or "empty"
-                if ended is not None:
-                    raise _NodeExited(
-                        f"Ray node {self.node_name(index)} exited with status {ended.returncode} ({log}: {tail})"
-                    )
+            if ended is not None:  # the node waited for, or one that had joined before it
+                node = self.node_name(self._processes.index(ended))
+                log = self._records / f"{node}.log"
+                raise _NodeExited(f"Ray node {node} exited with status {ended.returncode} ({log}: {_tail(log)})")
+            if time.monotonic() > deadline:
+                tail = _tail(log)
                 raise ClusterError(
                     f"Ray node {self.node_name(index)} did not come up within {_START_TIMEOUT_S:.0f} s ({log}: "
                     f"{tail}); a machine busy with other work can be too slow: run the same command again."
