@@ -24,8 +24,10 @@ iteration of a replica holding S sequences with C context tokens takes ``max((W 
 2 P S / (eta_fl F)) + t_sched`` (memory-bound until the batch passes the ridge), summed exactly over iterations as C
 grows; prefill (a resumed response's prompt and prefix, and every new prompt) is compute-bound, ``2 P tokens /
 (eta_fl F)``. Qwen2.5-32B in bf16 on 128 H100 SXM GPUs as 32 tensor-parallel-4 replicas; requests spread evenly over
-the replicas (pooled: the replicas' imbalance is not modelled, nor KV-cache capacity and preemption; both would
-lengthen tails and so favour aborting them).
+the replicas. Two things are not modelled, and each favours one side: the replicas' imbalance (verl routes each
+request once, to the least busy replica, and keeps it there), which would lengthen the tails the waiting strategies
+(verl sync, rounds) wait for; and KV-cache capacity with preemption, which would slow the strategies that keep the
+most in flight (streaming with ``stream_oversample=2``).
 
 Strategies, each on its own engine with the same draws:
 
