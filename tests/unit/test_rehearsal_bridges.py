@@ -274,3 +274,27 @@ def test_a_request_is_recorded_from_its_admission_under_the_weights_it_was_admit
     assert [(r["weights"], r["tokens"]) for r in records] == [(3, 3), (4, 3)]
     assert records[1]["start"] >= arrived + 0.2  # the wait at the gate is not generation time
     assert server.__dict__["_dapo_rehearsal"]["admitted"] == {}  # a failed request leaves no admission behind
+
+
+def test_a_probe_cut_short_by_an_abort_is_compared_as_a_prefix(tmp_path):
+    # colocate_async with streaming aborts every request in flight once the batch is full, the probe among them.
+    engine = [
+        _probe("started", 1, None, [7, 7, 7], -6.0),
+        _probe("after_push", 2, 0, [3, 3, 3], -1.0),
+        _probe("after_push", 3, 1, [3], -0.99),  # aborted after one token
+        _probe("after_push", 4, 2, [], -0.9),  # aborted before any: shows nothing
+        _probe("after_push", 5, 2, [3, 4, 4], -0.9),  # the next request's probe after the same push
+    ]
+    references = [_reference(0, [3, 3, 3], -1.0), _reference(1, [3, 3, 3], -0.99), _reference(2, [3, 4, 4], -0.9)]
+    _records(tmp_path, engine, references)
+    check = weight_probe.weight_sync_check(tmp_path)
+    assert check["ok"], check
+    assert [(r["global_steps"], r["probe_tokens"], r["tokens_equal"]) for r in check["rows"]] == [
+        (0, 3, True),
+        (1, 1, True),
+        (2, 3, True),
+    ]
+    # A prefix that disagrees with the reference still fails.
+    engine[2] = _probe("after_push", 3, 1, [5], -0.99)
+    _records(tmp_path, engine, references)
+    assert not weight_probe.weight_sync_check(tmp_path)["ok"]

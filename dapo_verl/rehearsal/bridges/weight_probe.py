@@ -10,7 +10,8 @@ recipe's learning rate (1e-6) they barely move in a few steps. This probe needs 
   ``global_steps``;
 * **the engine**: the vLLM server greedy-decodes the same prompt through its own ``generate`` once when it has
   started (vLLM's initial weights: random with verl's default ``load_format=dummy``) and again before the first
-  request after each weight push, recording what it returned with its ``global_steps``.
+  request after each weight push, recording what it returned with its ``global_steps``. verl may abort the probe
+  with the requests in flight; a reply cut short is compared as a prefix of the reference.
 
 :func:`weight_sync_check` pairs them: after every push the engine must return the reference's tokens with
 log-probabilities within :data:`LOGP_TOLERANCE`, and the report says how much each push changed the output
@@ -114,24 +115,37 @@ def _max_diff(a: list[float], b: list[float]) -> float:
     return max((abs(x - y) for x, y in zip(a, b)), default=math.inf) if len(a) == len(b) else math.inf
 
 
+def _probe_after(probes: list[dict[str, Any]], global_steps: int, seq: int) -> dict[str, Any] | None:
+    """The first probe of ``global_steps``'s weights after ``seq`` that returned a token.
+
+    The probe is a request like any other, so verl can abort it with the rest (colocate_async aborts everything in
+    flight once a streaming batch is full): such a reply holds only the tokens decoded before the abort, compared
+    below as a prefix of the reference's; one that holds none shows nothing and is passed over.
+    """
+    return next((p for p in probes if p["global_steps"] == global_steps and p["seq"] > seq and p["tokens"]), None)
+
+
 def _pair(
     references: list[dict[str, Any]], probes: list[dict[str, Any]], initial: dict[str, Any] | None
 ) -> list[dict[str, Any]]:
     """One row per push of one replica: the first engine probe after it with its global step, if any."""
     rows, previous, seq = [], initial, initial["seq"] if initial else -1
     for reference in references:
-        probe = next((p for p in probes if p["global_steps"] == reference["global_steps"] and p["seq"] > seq), None)
+        probe = _probe_after(probes, reference["global_steps"], seq)
         row: dict[str, Any] = {
             "replica": reference.get("replica", 0),
             "global_steps": reference["global_steps"],
             "probed": probe is not None,
         }
         if probe is not None:
-            row["tokens_equal"] = probe["tokens"] == reference["tokens"]
-            row["logp_max_diff"] = _max_diff(probe["log_probs"], reference["log_probs"])
+            n = len(probe["tokens"])  # PROBE_TOKENS, or fewer when an abort cut the probe short
+            row["probe_tokens"] = n
+            row["tokens_equal"] = probe["tokens"] == reference["tokens"][:n]
+            row["logp_max_diff"] = _max_diff(probe["log_probs"], reference["log_probs"][:n])
             if previous is not None:
-                row["tokens_changed"] = probe["tokens"] != previous["tokens"]
-                row["logp_max_change"] = _max_diff(probe["log_probs"], previous["log_probs"])
+                k = min(n, len(previous["tokens"]))
+                row["tokens_changed"] = probe["tokens"][:k] != previous["tokens"][:k]
+                row["logp_max_change"] = _max_diff(probe["log_probs"][:k], previous["log_probs"][:k])
             previous, seq = probe, probe["seq"]
         rows.append(row)
     return rows
