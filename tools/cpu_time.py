@@ -37,6 +37,15 @@ class _Group:
     def cpu_s(self) -> float:
         return int((self.path / "cpuacct.usage").read_text()) / 1e9
 
+    def leave(self) -> None:
+        """Move this process back to the root group and remove the group (kept while a process is still in it)."""
+        (CPUACCT / "cgroup.procs").write_text(str(os.getpid()))
+        for group in (self.path, self.path.parent):
+            try:
+                group.rmdir()
+            except OSError:
+                return
+
 
 _group: _Group | None = None
 _rows: list[dict[str, object]] = []
@@ -62,11 +71,13 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
-    if _group is None or not _rows:
+    if _group is None:
         return
-    out = Path(os.environ.get("DAPO_CPU_TIME_OUT", "cpu_time"))
-    out.mkdir(parents=True, exist_ok=True)
-    (out / f"{_group.path.name}.jsonl").write_text("".join(json.dumps(row) + "\n" for row in _rows))
+    if _rows:
+        out = Path(os.environ.get("DAPO_CPU_TIME_OUT", "cpu_time"))
+        out.mkdir(parents=True, exist_ok=True)
+        (out / f"{_group.path.name}.jsonl").write_text("".join(json.dumps(row) + "\n" for row in _rows))
+    _group.leave()
 
 
 def main(folder: str, top: int = 40) -> None:
