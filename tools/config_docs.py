@@ -228,9 +228,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     stale = [path for path, text in outputs.items() if path.read_text() != text]
     for path in stale:
-        print(f"{path} is out of date with dapo_verl/config.py; run `dapo-verl config --write`.")
+        print(
+            f"{path} is out of date with the config dataclasses (dapo_verl/config.py, dapo_verl/local/config.py); "
+            f"run `dapo-verl config --write`."
+        )
     if not stale:
-        print(f"{', '.join(map(str, outputs))} match dapo_verl/config.py.")
+        print(f"{', '.join(map(str, outputs))} match the config dataclasses.")
     return 1 if stale else 0
 
 
