@@ -12,6 +12,18 @@ from hypothesis import strategies as st
 from benchmarks import bench_stream
 from benchmarks.bench_stream import STRATEGIES, RooflineCost, StreamScenario
 
+TINY = StreamScenario(
+    num_prompts=300,
+    train_batch_size=8,
+    group_size=4,
+    steps=6,
+    max_response_length=512,
+    median_length=60.0,
+    prompt_tokens=16,
+    max_num_seqs=8,
+)
+"""A scenario every strategy runs in a second: 8 prompts x 4 responses a step on 2 replicas."""
+
 
 def _naive(cost: RooflineCost, running: int, context: int, iterations: int) -> float:
     """One iteration at a time, straight from the formula."""
@@ -50,16 +62,7 @@ def test_decode_is_memory_bound_in_the_tail_and_compute_bound_past_the_ridge():
 
 @pytest.mark.parametrize("strategy", STRATEGIES)
 def test_every_strategy_trains_full_batches_and_reports_its_metrics(strategy, capsys):
-    scenario = StreamScenario(
-        num_prompts=300,
-        train_batch_size=8,
-        group_size=4,
-        steps=6,
-        max_response_length=512,
-        median_length=60.0,
-        prompt_tokens=16,
-        max_num_seqs=8,
-    )
+    scenario = dataclasses.replace(TINY, steps=6)
     result = bench_stream.run(strategy, scenario, seed=1, cost=RooflineCost(replicas=2), warmup=1, echo=print)
     assert result["steps"] == 5 and len(result["gen_s"]) == 5 and all(t > 0 for t in result["gen_s"])
     assert result["trained_tokens_per_step"] > 0 and result["tokens_per_trained"] >= 1.0
@@ -95,16 +98,7 @@ def test_verls_selection_takes_the_oldest_step_first_and_draws_within_a_step():
 
 
 def test_the_verl_sync_buffer_trains_a_draw_among_every_informative_group_drain_included(monkeypatch):
-    scenario = StreamScenario(
-        num_prompts=300,
-        train_batch_size=8,
-        group_size=4,
-        steps=4,
-        max_response_length=512,
-        median_length=60.0,
-        prompt_tokens=16,
-        max_num_seqs=8,
-    )
+    scenario = dataclasses.replace(TINY, steps=4)
     offered = []
     real = bench_stream.verl_selection
 
@@ -119,16 +113,7 @@ def test_the_verl_sync_buffer_trains_a_draw_among_every_informative_group_drain_
 
 
 def test_verl_async_submits_its_warm_up_batches_once_at_the_start(monkeypatch):
-    scenario = StreamScenario(
-        num_prompts=300,
-        train_batch_size=8,
-        group_size=4,
-        steps=3,
-        max_response_length=512,
-        median_length=60.0,
-        prompt_tokens=16,
-        max_num_seqs=8,
-    )
+    scenario = dataclasses.replace(TINY, steps=3)
     for warmup, first in ((1, 16), (2, 24)):  # warm-up batches plus the step's own batch at step 1
         submitted = []
         engine = scenario.engine(1, RooflineCost(replicas=2))
