@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -112,3 +113,4 @@ def test_a_broken_job_fails_the_followed_launcher_with_the_jobs_own_error(tmp_pa
     finally:
         cluster.stop()
     _nothing_left(temp)
+    shutil.rmtree(temp)  # the cluster's Ray folder, which this test made (a rehearsal removes its own)
