@@ -14,20 +14,23 @@ about 0.7% past it and truncated -- and wrong, as a response cut off before its 
 assumption stated here, not a measurement: early DAPO-32B runs on verl logged a mean of 787 tokens with a maximum of
 5,120 (verl issue 816), later ones means of 13K at a 32K limit (verl PR 7373); the mean rises over training.
 
-Engine (:class:`~dapo_verl.sampler.simulated_engine.SimulatedEngine`): continuous batching, one token per running
-response per decode iteration, at most ``max_num_seqs`` responses per replica; a group is usable when its last
-response finishes. Every strategy meets the same group for the same (prompt, step): its lengths and outcomes are
-drawn from (seed, prompt, step, occurrence).
+Engine (:class:`~dapo_verl.sampler.simulated_engine.SimulatedEngine`): one scheduler per replica, as vLLM runs one
+engine per tensor-parallel group. verl's router sends each response to the replica with the fewest in flight and a
+resumed response back to its replica (sticky); each replica decodes its own responses by continuous batching, one
+token per running response per iteration, at most ``max_num_seqs`` at once, and holds their prompts and tokens in a
+KV cache of the size vLLM gets at ``gpu_memory_utilization`` (:meth:`RooflineCost.kv_capacity`; 683K tokens for the
+paper's 32B model at TP4 and 0.8 on 80 GB): it admits a waiting response only while the cache holds it, and when a
+decode iteration would not fit it preempts the last admitted response and recomputes it later (vLLM's recompute
+preemption). A group is usable when its last response finishes. Every strategy meets the same group for the same
+(prompt, step): its lengths and outcomes are drawn from (seed, prompt, step, occurrence).
 
 Cost model (:class:`RooflineCost`; the constants and their sources are in ``benchmarks/README.md``): a decode
 iteration of a replica holding S sequences with C context tokens takes ``max((W + kappa C) / (eta_bw BW),
 2 P S / (eta_fl F)) + t_sched`` (memory-bound until the batch passes the ridge), summed exactly over iterations as C
-grows; prefill (a resumed response's prompt and prefix, and every new prompt) is compute-bound, ``2 P tokens /
-(eta_fl F)``. Qwen2.5-32B in bf16 on 128 H100 SXM GPUs as 32 tensor-parallel-4 replicas; requests spread evenly over
-the replicas. Two things are not modelled, and each favours one side: the replicas' imbalance (verl routes each
-request once, to the least busy replica, and keeps it there), which would lengthen the tails the waiting strategies
-(verl sync, rounds) wait for; and KV-cache capacity with preemption, which would slow the strategies that keep the
-most in flight (streaming with ``stream_oversample=2``).
+grows; prefill (a new prompt, a resumed response's prompt and prefix, a preempted response recomputed) is
+compute-bound, ``2 P tokens / (eta_fl F)``, and delays only its replica. Qwen2.5-32B in bf16 on 128 H100 SXM GPUs as
+32 tensor-parallel-4 replicas. ``t_sched`` is fitted to verl's published generation times
+(``benchmarks/calibrate.py``).
 
 Strategies, each on its own engine with the same draws:
 
@@ -109,17 +112,21 @@ STRATEGIES = (
 
 @dataclass(frozen=True)
 class RooflineCost:
-    """Decode and prefill time of a pool of identical tensor-parallel replicas (module docstring).
+    """Decode and prefill time of one tensor-parallel replica, and the size of its KV cache (module docstring).
 
     Defaults: Qwen2.5-32B in bf16 (P = 32.5e9 parameters, W = 2P bytes; 64 layers x 8 KV heads x 128 dims x K and
-    V x 2 bytes = 262,144 bytes of KV cache per token) on H100 SXM (3.35 TB/s, 989 dense bf16 TFLOPS per GPU),
-    4 GPUs per replica, 32 replicas; eta_bw 0.75, eta_fl 0.5, t_sched 1 ms.
+    V x 2 bytes = 262,144 bytes of KV cache per token) on H100 SXM (3.35 TB/s, 989 dense bf16 TFLOPS and 80 GB per
+    GPU), 4 GPUs per replica, 32 replicas; eta_bw 0.75, eta_fl 0.5, t_sched 1 ms; ``reserve`` is what vLLM's memory
+    profile takes per GPU besides the weights and the cache (activations at its token budget, CUDA graphs, NCCL
+    buffers), an estimate.
     """
 
     params: float = 32.5e9
     kv_bytes_per_token: float = 262_144.0
     gpu_bandwidth: float = 3.35e12
     gpu_flops: float = 989e12
+    gpu_memory: float = 80e9
+    reserve: float = 3e9
     gpus_per_replica: int = 4
     replicas: int = 32
     eta_bw: float = 0.75
@@ -127,26 +134,35 @@ class RooflineCost:
     t_sched: float = 1e-3
 
     def decode_time(self, running: int, context: int, iterations: int) -> float:
-        """Exact sum over ``iterations`` of the per-replica iteration time, context growing by ``running`` each."""
+        """Exact sum over ``iterations`` of one replica's iteration time, its context growing by ``running`` each."""
         if iterations <= 0 or running <= 0:
             return 0.0
-        s, c0 = running / self.replicas, context / self.replicas
         bandwidth = self.eta_bw * self.gpu_bandwidth * self.gpus_per_replica
-        memory0 = (2 * self.params + self.kv_bytes_per_token * c0) / bandwidth
-        slope = self.kv_bytes_per_token * s / bandwidth
-        compute = 2 * self.params * s / (self.eta_fl * self.gpu_flops * self.gpus_per_replica)
+        memory0 = (2 * self.params + self.kv_bytes_per_token * context) / bandwidth
+        slope = self.kv_bytes_per_token * running / bandwidth
+        compute = 2 * self.params * running / (self.eta_fl * self.gpu_flops * self.gpus_per_replica)
         # iterations j < first are compute-bound (memory0 + slope j < compute), the rest memory-bound
-        first = (
-            min(iterations, max(0, math.ceil((compute - memory0) / slope)))
-            if slope > 0
-            else (iterations if compute > memory0 else 0)
-        )
+        first = min(iterations, max(0, math.ceil((compute - memory0) / slope)))
         rest = iterations - first
         memory = rest * memory0 + slope * (first * rest + rest * (rest - 1) / 2)
         return first * compute + memory + iterations * self.t_sched
 
     def prefill_time(self, tokens: int) -> float:
-        return 2 * self.params * tokens / (self.eta_fl * self.gpu_flops * self.gpus_per_replica * self.replicas)
+        """One replica's prefill of ``tokens`` tokens, compute-bound."""
+        return 2 * self.params * tokens / (self.eta_fl * self.gpu_flops * self.gpus_per_replica)
+
+    def kv_capacity(self, gpu_memory_utilization: float) -> int:
+        """Tokens one replica's KV cache holds at vLLM's ``gpu_memory_utilization`` (verl's
+        ``actor_rollout_ref.rollout.gpu_memory_utilization``): the share of each GPU's memory vLLM may take, less
+        its shard of the weights and the reserve, over the bytes a token takes on that GPU."""
+        per_gpu = gpu_memory_utilization * self.gpu_memory - 2 * self.params / self.gpus_per_replica - self.reserve
+        if per_gpu <= 0:
+            raise ValueError(
+                f"gpu_memory_utilization={gpu_memory_utilization} leaves {per_gpu / 1e9:.1f} GB per GPU for the KV "
+                f"cache of a {self.params / 1e9:.1f}B model on {self.gpus_per_replica} x {self.gpu_memory / 1e9:.0f} "
+                f"GB GPUs; raise it or use more GPUs per replica."
+            )
+        return int(per_gpu * self.gpus_per_replica / self.kv_bytes_per_token)
 
 
 @dataclass(frozen=True)
@@ -166,6 +182,7 @@ class StreamScenario:
     length_sigma: float = 0.7
     prompt_length_sigma: float = 0.5
     max_num_seqs: int = 256
+    gpu_memory_utilization: float | None = 0.8
 
     def engine(self, seed: int, cost: RooflineCost) -> SimulatedEngine:
         rates = drifting_pass_rates(
@@ -181,7 +198,9 @@ class StreamScenario:
             max_response_length=self.max_response_length,
             lengths=LongTailLengths(self.median_length, self.length_sigma, self.prompt_length_sigma),
             prompt_tokens=self.prompt_tokens,
-            max_running=self.max_num_seqs * cost.replicas,
+            max_running=self.max_num_seqs,
+            replicas=cost.replicas,
+            kv_capacity=None if self.gpu_memory_utilization is None else cost.kv_capacity(self.gpu_memory_utilization),
             cost=cost,
             seed=seed,
         )
@@ -390,11 +409,12 @@ def run(
     engine = scenario.engine(seed, cost)
     driver = DRIVERS[strategy](scenario, engine, seed)
     records: list[StepRecord] = []
-    tokens_before = prefill_before = 0
+    tokens_before = prefill_before = preempted_before = 0
     began = time.perf_counter()
     for step in range(1, scenario.steps + 1):
         if step == warmup + 1:
             tokens_before, prefill_before = engine.tokens_generated, engine.prefill_tokens
+            preempted_before = engine.preemptions
         records.append(driver.step(step))
         if step % max(1, scenario.steps // 10) == 0:
             echo(f"  {strategy} seed {seed}: step {step}/{scenario.steps} ({time.perf_counter() - began:.0f} s)")
@@ -410,6 +430,7 @@ def run(
         "waves_per_step": statistics.fmean(r.waves for r in kept),
         "token_age_max": max(r.token_age_max for r in kept),
         "prefill_tokens_per_step": (engine.prefill_tokens - prefill_before) / len(kept),
+        "preemptions_per_step": (engine.preemptions - preempted_before) / len(kept),
         "gen_s": [r.gen_s for r in kept],
     }
 

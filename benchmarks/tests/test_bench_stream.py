@@ -26,26 +26,25 @@ TINY = StreamScenario(
 
 
 def _naive(cost: RooflineCost, running: int, context: int, iterations: int) -> float:
-    """One iteration at a time, straight from the formula."""
-    total, s = 0.0, running / cost.replicas
+    """One replica, one iteration at a time, straight from the formula."""
+    total = 0.0
     bandwidth = cost.eta_bw * cost.gpu_bandwidth * cost.gpus_per_replica
     for j in range(iterations):
-        c = (context + j * running) / cost.replicas
-        memory = (2 * cost.params + cost.kv_bytes_per_token * c) / bandwidth
-        compute = 2 * cost.params * s / (cost.eta_fl * cost.gpu_flops * cost.gpus_per_replica)
+        memory = (2 * cost.params + cost.kv_bytes_per_token * (context + j * running)) / bandwidth
+        compute = 2 * cost.params * running / (cost.eta_fl * cost.gpu_flops * cost.gpus_per_replica)
         total += max(memory, compute) + cost.t_sched
     return total
 
 
 @settings(max_examples=60, deadline=None)
 @given(
-    running=st.integers(1, 40_000),
-    context=st.integers(0, 10**8),
+    running=st.integers(1, 2048),
+    context=st.integers(0, 10**7),
     iterations=st.integers(0, 300),
-    replicas=st.integers(1, 64),
+    gpus=st.sampled_from([1, 2, 4, 8]),
 )
-def test_decode_time_is_the_exact_sum_of_its_iterations(running, context, iterations, replicas):
-    cost = RooflineCost(replicas=replicas)
+def test_decode_time_is_the_exact_sum_of_its_iterations(running, context, iterations, gpus):
+    cost = RooflineCost(gpus_per_replica=gpus)
     assert cost.decode_time(running, context, iterations) == pytest.approx(
         _naive(cost, running, context, iterations), rel=1e-9, abs=1e-12
     )
@@ -58,6 +57,14 @@ def test_decode_is_memory_bound_in_the_tail_and_compute_bound_past_the_ridge():
     # a full replica past the ridge costs more per iteration, but far less per token
     busy = cost.decode_time(2048, 0, 1)
     assert busy > one and busy / 2048 < one / 10
+
+
+def test_the_kv_cache_is_what_vllm_may_take_less_the_weights_and_the_reserve():
+    # 4 x (0.8 x 80 GB - 65 GB / 4 - 3 GB) / 262,144 bytes a token
+    assert RooflineCost().kv_capacity(0.8) == int(4 * (64e9 - 16.25e9 - 3e9) / 262_144) == 682_830
+    assert RooflineCost(gpu_memory=141e9).kv_capacity(0.8) > 2 * RooflineCost().kv_capacity(0.8)  # H200
+    with pytest.raises(ValueError, match=r"gpu_memory_utilization=0.2 leaves -3.2 GB per GPU .* raise it"):
+        RooflineCost().kv_capacity(0.2)
 
 
 @pytest.mark.parametrize("strategy", STRATEGIES)

@@ -9,16 +9,27 @@ Model. Each response of a request gets, when its group is first submitted, a len
 ``lengths`` (a draw of at most ``max_response_length`` tokens; a response that would run longer is truncated there
 and is wrong, as a response cut off before its answer is), the outcome correct with probability
 ``pass_rate(prompt_id, step)``. The draws are seeded by ``(seed, prompt_id, step, occurrence)``, so two samplers
-that ask for the same prompt at the same step get the same group, whatever else they ask for. Every running
-response gains one token per decode iteration (continuous batching, as vLLM decodes); at most ``max_running``
-responses run at once and the others wait, first come first served. A group finishes when its last response does.
-``abort`` stops everything; a group submitted again with ``Request.resume`` continues each unfinished response from
-the tokens it holds, with the length and outcome drawn when it began (a simplification: the policy changed in
-between), and pays the prefill of its prompt and prefix again, as an engine that rebuilds the KV cache does.
+that ask for the same prompt at the same step get the same group, whatever else they ask for.
 
-Time is virtual: a :class:`CostModel` charges each stretch of decode iterations for the number of sequences running
-and their context, and each admission for its prefill; :class:`IterationCost` (the default) counts decode
-iterations. Nothing sleeps and nothing depends on the machine.
+Replicas. The engine has ``replicas`` schedulers, as a rollout of several vLLM servers does. Each response is routed
+once, as verl's router routes each trajectory: to a replica with the fewest responses in flight (ties drawn at
+random), or, when it resumes, back to the replica it ran on (sticky sessions). A replica decodes its own responses by
+continuous batching: every running response gains one token per decode iteration, at most ``max_running`` run at
+once and the others wait, first come first served. With a ``kv_capacity`` a replica holds at most that many tokens
+of prompts and responses: a waiting response starts only when its prompt, its prefix and one more iteration of
+everything running fit, and when an iteration would not fit the replica preempts its last admitted response, which
+waits at the front of the queue and pays the prefill of its prompt and prefix again when it restarts (vLLM's
+recompute preemption). Replicas run side by side on one virtual clock; a group finishes when its last response does,
+wherever that ran.
+
+``abort`` stops everything; a group submitted again with ``Request.resume`` continues each unfinished response from
+the tokens it holds, on its replica, with the length and outcome drawn when it began (a simplification: the policy
+changed in between), and pays the prefill of its prompt and prefix again, as an engine that rebuilds the KV cache
+does.
+
+Time is virtual: a :class:`CostModel` charges each stretch of a replica's decode iterations for the number of
+sequences it runs and their context, and each admission for its prefill; :class:`IterationCost` (the default)
+counts decode iterations. Nothing sleeps and nothing depends on the machine.
 """
 
 from __future__ import annotations
@@ -27,6 +38,7 @@ import functools
 import heapq
 import math
 import random
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -99,10 +111,11 @@ def _prompt_effect(seed: int, prompt_id: int) -> float:
 @dataclass
 class _Response:
     target: int  # tokens it holds when finished
-    done: int  # tokens it holds now
+    done: int  # tokens it holds now (while it runs: when it was last admitted)
     correct: bool
     truncated: bool
-    admitted_at: int = 0  # the engine's decode iteration when it last started running
+    replica: int = -1  # where the router sent it; a resumed response goes back there (sticky); -1: not yet routed
+    admitted_at: int = 0  # its replica's decode iteration when it last started running
 
 
 @dataclass
@@ -115,6 +128,29 @@ class _Group:
         self.unfinished = sum(r.done < r.target for r in self.responses)
 
 
+class _Replica:
+    """One engine replica's scheduler state: its queue, its running responses, its KV cache and its own clock.
+
+    ``context`` is the KV cache it holds, in tokens: every running response's prompt and tokens so far.
+    """
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+        self.time = 0.0  # the virtual time its state is current at
+        self.iterations = 0  # decode iterations so far
+        self.waiting: deque[tuple[_Group, _Response]] = deque()  # first come first served; preempted at the front
+        self.live: dict[int, tuple[_Group, _Response]] = {}  # running responses by admission slot
+        self.finishing: list[tuple[int, int, _Group, _Response]] = []  # heap: (finish iteration, slot, ...), lazy
+        self.newest: list[int] = []  # heap of -slot: the last admitted first, lazy
+        self.context_base = 0  # context = context_base + len(live) * iterations
+        self.inflight = 0  # responses routed here and not finished: what the router balances
+        self.version = 0  # bumped whenever its next event moves
+
+    @property
+    def context(self) -> int:
+        return self.context_base + len(self.live) * self.iterations
+
+
 class SimulatedEngine:
     """A streaming :class:`~dapo_verl.sampler.engine.GenerationEngine` over simulated responses (module docstring).
 
@@ -124,15 +160,19 @@ class SimulatedEngine:
         lengths: Draws response lengths (:class:`LongTailLengths`).
         max_response_length: The response budget, tokens.
         prompt_tokens: Tokens of each prompt (context and prefill).
-        max_running: Most responses decoding at once (None: unbounded).
-        cost: Charges virtual time (default :class:`IterationCost`).
-        seed: Seed of every draw.
+        max_running: Most responses decoding at once on one replica (vLLM's ``max_num_seqs``; None: unbounded).
+        replicas: Engine replicas; the router sends each response to one (module docstring).
+        kv_capacity: KV-cache tokens of one replica (None: unbounded); at least ``prompt_tokens +
+            max_response_length + 1``, so that one response alone always fits (vLLM refuses a cache smaller than
+            one sequence).
+        cost: Charges one replica's virtual time (default :class:`IterationCost`).
+        seed: Seed of every draw, and of the router's ties.
 
     Attributes:
         step: The policy version requests are generated with; the caller sets it before each training step.
-        clock: Virtual time so far.
-        decode_iterations, prefill_tokens, tokens_generated: Work done so far (``tokens_generated``: response
-            tokens decoded, each once).
+        clock: Virtual time so far: the time of the latest event.
+        prefill_tokens, tokens_generated, preemptions: Work done so far (``tokens_generated``: response tokens
+            decoded, each once; ``prefill_tokens``: prompts, resumed prefixes and preempted responses recomputed).
         codec: Turns the payload of an aborted group into checkpointable data and back (the sampler's ``codec``).
     """
 
@@ -149,6 +189,8 @@ class SimulatedEngine:
         max_response_length: int,
         prompt_tokens: int = 0,
         max_running: int | None = None,
+        replicas: int = 1,
+        kv_capacity: int | None = None,
         cost: CostModel | None = None,
         seed: int = 0,
     ) -> None:
@@ -157,38 +199,52 @@ class SimulatedEngine:
             or max_response_length < 1
             or prompt_tokens < 0
             or (max_running is not None and max_running < 1)
+            or replicas < 1
+            or (kv_capacity is not None and kv_capacity <= prompt_tokens + max_response_length)
         ):
             raise ValueError(
                 f"SimulatedEngine(group_size={group_size}, max_response_length={max_response_length}, "
-                f"prompt_tokens={prompt_tokens}, max_running={max_running}): expected group_size >= 2, "
-                f"max_response_length >= 1, prompt_tokens >= 0 and max_running >= 1 or None."
+                f"prompt_tokens={prompt_tokens}, max_running={max_running}, replicas={replicas}, "
+                f"kv_capacity={kv_capacity}): expected group_size >= 2, max_response_length >= 1, "
+                f"prompt_tokens >= 0, max_running >= 1 or None, replicas >= 1, and kv_capacity None or above "
+                f"prompt_tokens + max_response_length ({prompt_tokens + max_response_length}) so that one response "
+                f"fits a replica's cache."
             )
         self.pass_rate, self.group_size, self.lengths = pass_rate, group_size, lengths
         self.max_response_length, self.prompt_tokens = max_response_length, prompt_tokens
-        self.max_running, self.cost, self.seed = max_running, cost or IterationCost(), seed
+        self.max_running, self.kv_capacity = max_running, kv_capacity
+        self.cost, self.seed = cost or IterationCost(), seed
         self.step = 0
         self.clock = 0.0
-        self.decode_iterations = 0
         self.prefill_tokens = 0
         self.tokens_generated = 0
+        self.preemptions = 0
         self.codec = ResponsesCodec()
         self._occurrence: dict[tuple[int, int], int] = {}
         self._groups: dict[int, _Group] = {}  # by request id: submitted, not yet returned
-        self._waiting: list[tuple[_Group, _Response]] = []  # first come first served
-        self._running: list[tuple[int, int, _Group, _Response]] = []  # heap of (finish iteration, order, ...)
-        self._order = 0
-        self._context_base = 0  # running context = _context_base + len(_running) * decode_iterations
+        self._replicas = [_Replica(i) for i in range(replicas)]
+        self._events: list[tuple[float, int, int]] = []  # heap of (time, replica, its version then)
+        self._router = random.Random(f"router-{seed}")
+        self._slots = 0
 
     # -- the engine contract ----------------------------------------------------------------------------------
 
     def submit(self, requests: Sequence[Request]) -> None:
+        touched: dict[int, _Replica] = {}
         for request in requests:
             if request.request_id in self._groups:
                 raise ValueError(f"request {request.request_id} is already generating; submit each request once.")
             group = _Group(request, self._resume(request) if request.resume is not None else self._draw(request))
             self._groups[request.request_id] = group
-            self._waiting.extend((group, r) for r in group.responses if r.done < r.target)
-        self._admit()
+            for r in group.responses:
+                if r.done < r.target:
+                    replica = self._route(r)
+                    replica.waiting.append((group, r))
+                    touched[replica.index] = replica
+        for replica in touched.values():
+            self._catch_up(replica, self.clock)
+            self._admit(replica)
+            self._schedule(replica)
 
     def collect(self) -> list[Completion]:
         if not self._groups:
@@ -201,10 +257,16 @@ class SimulatedEngine:
         return [(g.request, self._result(g)) for g in finished]
 
     def abort(self) -> Aborted:
+        for replica in self._replicas:
+            self._catch_up(replica, self.clock)
+            for _, r in replica.live.values():
+                gained = replica.iterations - r.admitted_at
+                r.done += gained
+                self.tokens_generated += gained
+            self._replicas[replica.index] = fresh = _Replica(replica.index)
+            fresh.time, fresh.iterations, fresh.version = self.clock, replica.iterations, replica.version + 1
+        self._events = []
         aborted = Aborted()
-        for _, _, _, r in self._running:
-            r.done += self.decode_iterations - r.admitted_at
-            self.tokens_generated += self.decode_iterations - r.admitted_at
         for group in self._groups.values():
             partial = PartialGroup(
                 prompt_id=group.request.prompt_id,
@@ -214,7 +276,7 @@ class SimulatedEngine:
                 payload=[_copy(r) for r in group.responses],
             )
             aborted.partial.append((group.request, partial))
-        self._groups, self._waiting, self._running, self._context_base = {}, [], [], 0
+        self._groups = {}
         return aborted
 
     # -- generation -----------------------------------------------------------------------------------------
@@ -232,8 +294,7 @@ class SimulatedEngine:
             responses.append(_Response(max(1, min(self.max_response_length, round(length))), 0, correct, truncated))
         return responses
 
-    @staticmethod
-    def _resume(request: Request) -> list[_Response]:
+    def _resume(self, request: Request) -> list[_Response]:
         assert request.resume is not None
         payload = request.resume.payload
         if not isinstance(payload, list) or not all(isinstance(r, _Response) for r in payload):
@@ -241,40 +302,144 @@ class SimulatedEngine:
                 f"request {request.request_id} resumes a partial group whose payload is "
                 f"{type(payload).__name__}; resume only what this engine's abort() returned."
             )
+        if any(r.replica >= len(self._replicas) for r in payload):
+            raise ValueError(
+                f"request {request.request_id} resumes responses routed to replica "
+                f"{max(r.replica for r in payload)}, but this engine has {len(self._replicas)}; resume a partial "
+                f"group on an engine with as many replicas as the one that aborted it."
+            )
         return [_copy(r) for r in payload]
 
-    def _admit(self) -> None:
-        """Start waiting responses while there is room, paying their prefill."""
-        room = len(self._waiting) if self.max_running is None else self.max_running - len(self._running)
-        admitted, self._waiting = self._waiting[: max(room, 0)], self._waiting[max(room, 0) :]
+    def _route(self, response: _Response) -> _Replica:
+        """verl's router (``workers/rollout/router.py``, ``GlobalRequestLoadBalancer.acquire_server``, verl 0.9.1
+        lines 170-204): a request it has seen goes back to its replica (sticky sessions: a resumed response keeps
+        its replica), a new one to a replica with the fewest requests in flight, ties drawn at random. Each response
+        is its own request there (the agent loop draws a uuid per trajectory)."""
+        if response.replica < 0:
+            if len(self._replicas) == 1:
+                response.replica = 0
+            else:
+                fewest = min(replica.inflight for replica in self._replicas)
+                response.replica = self._router.choice([r.index for r in self._replicas if r.inflight == fewest])
+        replica = self._replicas[response.replica]
+        replica.inflight += 1
+        return replica
+
+    def _prune(self, replica: _Replica) -> None:
+        """Drop the heap entries of responses no longer running (preempted)."""
+        while replica.finishing and replica.finishing[0][1] not in replica.live:
+            heapq.heappop(replica.finishing)
+
+    def _until_event(self, replica: _Replica) -> int:
+        """Decode iterations until the replica's next event: a response finishes, or the next iteration would not
+        fit the KV cache."""
+        self._prune(replica)
+        until = replica.finishing[0][0] - replica.iterations
+        if self.kv_capacity is not None:
+            until = min(until, max(0, (self.kv_capacity - replica.context) // len(replica.live)))
+        return until
+
+    def _schedule(self, replica: _Replica) -> None:
+        replica.version += 1
+        if replica.live:
+            iterations = self._until_event(replica)
+            when = replica.time + self.cost.decode_time(len(replica.live), replica.context, iterations)
+            heapq.heappush(self._events, (when, replica.index, replica.version))
+
+    def _catch_up(self, replica: _Replica, now: float) -> None:
+        """Decode the iterations the replica finished by ``now`` (short of its next event), so that what arrives
+        then joins at the right iteration; an idle replica just waits until ``now``."""
+        if not replica.live:
+            replica.time = max(replica.time, now)
+            return
+        budget, running, context = now - replica.time, len(replica.live), replica.context
+        low, high = 0, self._until_event(replica) - 1  # the largest n <= high whose n iterations end by now
+        while low < high:
+            mid = (low + high + 1) // 2
+            if self.cost.decode_time(running, context, mid) <= budget:
+                low = mid
+            else:
+                high = mid - 1
+        if low > 0:
+            replica.time += self.cost.decode_time(running, context, low)
+            replica.iterations += low
+
+    def _admit(self, replica: _Replica) -> None:
+        """Start waiting responses, first come first served, while the replica has a free sequence slot and its KV
+        cache holds the newcomer's prompt and prefix and one more iteration of everything running; pay their
+        prefill. A replica with nothing running admits its first waiting response whatever its size."""
         tokens = 0
-        for group, r in admitted:
-            r.admitted_at = self.decode_iterations
-            self._order += 1
-            heapq.heappush(self._running, (self.decode_iterations + r.target - r.done, self._order, group, r))
-            self._context_base += self.prompt_tokens + r.done - self.decode_iterations
-            tokens += self.prompt_tokens + r.done
+        while replica.waiting and (self.max_running is None or len(replica.live) < self.max_running):
+            group, r = replica.waiting[0]
+            need = self.prompt_tokens + r.done
+            if (
+                self.kv_capacity is not None
+                and replica.live
+                and replica.context + need + len(replica.live) + 1 > self.kv_capacity
+            ):
+                break  # head-of-line blocking, as vLLM's FCFS scheduler
+            replica.waiting.popleft()
+            self._slots += 1
+            r.admitted_at = replica.iterations
+            replica.live[self._slots] = (group, r)
+            heapq.heappush(replica.finishing, (replica.iterations + r.target - r.done, self._slots, group, r))
+            heapq.heappush(replica.newest, -self._slots)
+            replica.context_base += need - replica.iterations
+            tokens += need
         if tokens:
             self.prefill_tokens += tokens
-            self.clock += self.cost.prefill_time(tokens)
+            replica.time += self.cost.prefill_time(tokens)
+
+    def _stop(self, replica: _Replica, slot: int) -> _Response:
+        """Take a running response off the replica, crediting the tokens it decoded since its admission."""
+        _, r = replica.live.pop(slot)
+        replica.context_base -= self.prompt_tokens + r.done - r.admitted_at
+        gained = replica.iterations - r.admitted_at
+        r.done += gained
+        self.tokens_generated += gained
+        return r
+
+    def _preempt(self, replica: _Replica) -> None:
+        """Free KV cache until the next iteration fits: vLLM's recompute preemption (vllm 0.27
+        ``v1/core/sched/scheduler.py`` ``schedule``, lines 580-625 and ``_preempt_request``: ``self.running.pop()``,
+        the last admitted, goes back to the front of the queue, its blocks freed and its prompt and tokens recomputed
+        when it is admitted again; line 684: no admission in a step that preempted)."""
+        assert self.kv_capacity is not None
+        while len(replica.live) > 1 and replica.context + len(replica.live) > self.kv_capacity:
+            slot = -heapq.heappop(replica.newest)
+            if slot in replica.live:
+                group = replica.live[slot][0]
+                replica.waiting.appendleft((group, self._stop(replica, slot)))
+                self.preemptions += 1
 
     def _advance(self) -> list[_Group]:
-        """Decode until the next response finishes; return the groups that finished with it."""
-        finish = self._running[0][0]
-        iterations = finish - self.decode_iterations
-        running = len(self._running)
-        self.clock += self.cost.decode_time(running, self._context_base + running * self.decode_iterations, iterations)
-        self.decode_iterations = finish
+        """Run the earliest replica event; return the groups that finished with it."""
+        while True:
+            if not self._events:
+                raise RuntimeError("the simulated engine has groups in flight but nothing running; this is a bug.")
+            when, index, version = heapq.heappop(self._events)
+            replica = self._replicas[index]
+            if version == replica.version:
+                break
+        replica.iterations += self._until_event(replica)
+        replica.time = when
+        self.clock = max(self.clock, when)
         finished = []
-        while self._running and self._running[0][0] == finish:
-            _, _, group, r = heapq.heappop(self._running)
-            self._context_base -= self.prompt_tokens + r.done - r.admitted_at
-            self.tokens_generated += r.target - r.done
-            r.done = r.target
+        while replica.finishing and replica.finishing[0][0] == replica.iterations:
+            _, slot, group, _ = heapq.heappop(replica.finishing)
+            if slot not in replica.live:
+                continue
+            self._stop(replica, slot)
+            replica.inflight -= 1
             group.unfinished -= 1
             if group.unfinished == 0:
                 finished.append(group)
-        self._admit()
+        before = self.preemptions
+        if self.kv_capacity is not None and replica.live:
+            self._preempt(replica)
+        if self.preemptions == before:  # vLLM admits nothing in a step that preempted
+            self._admit(replica)
+        self._schedule(replica)
         return finished
 
     def _result(self, group: _Group) -> GroupResult:
@@ -290,17 +455,20 @@ class SimulatedEngine:
 
 
 def _copy(response: _Response) -> _Response:
-    return _Response(response.target, response.done, response.correct, response.truncated)
+    return _Response(response.target, response.done, response.correct, response.truncated, response.replica)
 
 
 class ResponsesCodec:
-    """The payload of an aborted simulated group (its responses) as a dict of (G,) tensors, and back."""
+    """The payload of an aborted simulated group (its responses) as a dict of (G,) tensors, and back.
 
-    _FIELDS = ("target", "done", "correct", "truncated")
+    A payload written before responses carried their replica decodes as not yet routed."""
+
+    _FIELDS = ("target", "done", "correct", "truncated", "replica")
 
     def encode(self, payload: Any) -> Any:
         return {name: torch.tensor([getattr(r, name) for r in payload]) for name in self._FIELDS}
 
     def decode(self, data: Any) -> Any:
-        columns = [data[name].tolist() for name in self._FIELDS]
-        return [_Response(int(t), int(d), bool(c), bool(x)) for t, d, c, x in zip(*columns)]
+        columns = [data[name].tolist() for name in self._FIELDS[:4]]
+        replicas = data["replica"].tolist() if "replica" in data else [-1] * len(columns[0])
+        return [_Response(int(t), int(d), bool(c), bool(x), int(k)) for t, d, c, x, k in zip(*columns, replicas)]

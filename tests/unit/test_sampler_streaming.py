@@ -26,7 +26,7 @@ from dapo_verl.state_io import load_state, save_state
 P = "dapo/sampler/"
 
 
-def _engine(seed=0, num_prompts=300, max_running=None, median=200.0, budget=1024, group_size=8):
+def _engine(seed=0, num_prompts=300, max_running=None, median=200.0, budget=1024, group_size=8, **shape):
     return SimulatedEngine(
         drifting_pass_rates(num_prompts, seed=seed),
         group_size=group_size,
@@ -34,6 +34,7 @@ def _engine(seed=0, num_prompts=300, max_running=None, median=200.0, budget=1024
         max_response_length=budget,
         max_running=max_running,
         seed=seed,
+        **shape,
     )
 
 
@@ -256,11 +257,22 @@ def test_fresh_carried_counts_what_the_next_step_takes_from_carry(staleness):
     median=st.floats(5.0, 300.0),
     staleness=st.integers(1, 3),
     seed=st.integers(0, 1000),
+    replicas=st.integers(1, 4),
+    kv=st.one_of(st.none(), st.integers(257, 3000)),
 )
 def test_streaming_accounting_is_conserved_for_any_engine_shape(
-    surplus, batch, group, running, median, staleness, seed
+    surplus, batch, group, running, median, staleness, seed, replicas, kv
 ):
-    engine = _engine(seed=seed, num_prompts=80, max_running=running, median=median, budget=256, group_size=group)
+    engine = _engine(
+        seed=seed,
+        num_prompts=80,
+        max_running=running,
+        median=median,
+        budget=256,
+        group_size=group,
+        replicas=replicas,
+        kv_capacity=kv,
+    )
     sampler = _sampler(
         engine, num_prompts=80, train_batch_size=batch, surplus=surplus, max_staleness_steps=staleness, seed=seed
     )
