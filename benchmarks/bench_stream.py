@@ -56,6 +56,10 @@ Strategies, each on its own engine with the same draws:
   verl's colocate_async keeps at its default one warm-up batch; compare it with ``verl_async_warmup2`` too.
 * ``dapo_rounds_carry`` -- rounds as ``dapo_rounds``, with ``surplus=carry``: a round's informative groups beyond the
   batch are kept and served first at the next step (at most ``max_staleness_steps=1`` old) instead of discarded.
+* ``slime`` / ``slime_april`` -- slime's rollout with its dynamic-sampling filter (:class:`Slime`): chunks of the
+  batch size submitted while fewer than the batch are in flight or accepted, abort at full, the unfinished groups
+  discarded; APRIL's setting keeps twice the batch in chunks and carries the unfinished groups to the front of the
+  next rollout (``--partial-rollout``).
 
 Reaction is immediate for every strategy (each looks at every finished group the moment it finishes): verl's
 2-second poll and dapo_verl's 0.05-second poll cost nothing here, so no figure is decided by a sleep.
@@ -107,6 +111,8 @@ STRATEGIES = (
     "dapo_stream_carry",
     "dapo_stream_carry_2x",
     "dapo_rounds_carry",
+    "slime",
+    "slime_april",
 )
 
 
@@ -287,7 +293,9 @@ class VerlColocateAsync:
 
     THRESHOLD = 8
 
-    def __init__(self, scenario: StreamScenario, engine: SimulatedEngine, seed: int, warmup_batches: int = 1) -> None:
+    def __init__(
+        self, scenario: StreamScenario, engine: SimulatedEngine, seed: int, warmup_batches: float = 1.0
+    ) -> None:
         self.s, self.engine, self.warmup_batches = scenario, engine, warmup_batches
         self.prompts = PromptStream(scenario.num_prompts, seed=seed)
         self.requests = _Requests()
@@ -306,9 +314,11 @@ class VerlColocateAsync:
         if resumed:
             engine.submit([Request(r.request_id, r.prompt_id, r.born_step, p) for r, p in self.aborted.partial])
         inflight = len(resumed) + s.train_batch_size
-        if not self.warm:  # on_train_begin: trainer.v1.colocate_async.num_warmup_batches batches, once
-            self._submit(s.train_batch_size * self.warmup_batches, step)
-            inflight += s.train_batch_size * self.warmup_batches
+        if not self.warm:  # on_train_begin: num_warmup_batches batches, once (trainer_base.py:624-647, floored)
+            warmup = math.floor(self.warmup_batches * s.train_batch_size)
+            if warmup:
+                self._submit(warmup, step)
+            inflight += warmup
             self.warm = True
         self._submit(s.train_batch_size, step)  # prepare_step
         self.pool = [(r, g) for r, g in self.pool if step - r.born_step + 1 <= self.THRESHOLD]
@@ -330,6 +340,60 @@ class VerlColocateAsync:
         batch = [g for _, g in served]
         age = max(step - r.born_step for r, _ in served)
         return StepRecord(gen_s, sum(g.num_tokens for g in batch), len(batch) * s.group_size, 1, age)
+
+
+class Slime:
+    """slime's rollout with its dynamic-sampling filter and APRIL's partial rollout (module docstring).
+
+    ``generate_rollout_async`` (THUDM/slime ``slime/rollout/sglang_rollout.py:374-460``): while fewer than the batch
+    are accepted, and while the groups in flight plus those accepted are fewer than the batch, it submits a chunk of
+    ``--over-sampling-batch-size`` groups (the batch size by default, ``slime/utils/arguments.py:1985``), taken from
+    the buffer first (``data_source.py:177-195``, ``pop_first``); a group the filter drops leaves the count, and
+    groups accepted past the batch are dropped. At full it aborts everything (``abort``, lines 339-371): with
+    ``--partial-rollout`` the unfinished groups go to the buffer and continue first at the next rollout from their
+    tokens, otherwise they are discarded. APRIL (arXiv 2509.18521) is ``--partial-rollout`` with twice the batch
+    over-sampled.
+    """
+
+    def __init__(
+        self, scenario: StreamScenario, engine: SimulatedEngine, seed: int, over_sampling: float, partial: bool
+    ) -> None:
+        self.s, self.engine, self.partial = scenario, engine, partial
+        self.chunk = max(scenario.train_batch_size, round(over_sampling * scenario.train_batch_size))
+        self.prompts = PromptStream(scenario.num_prompts, seed=seed)
+        self.requests = _Requests()
+        self.buffer: list[tuple[Request, Any]] = []  # aborted groups, oldest first
+
+    def _take(self, step: int) -> list[Request]:
+        taken, self.buffer = self.buffer[: self.chunk], self.buffer[self.chunk :]
+        made = [Request(r.request_id, r.prompt_id, r.born_step, partial) for r, partial in taken]
+        if len(made) < self.chunk:
+            made += self.requests.fresh(self.prompts.take(self.chunk - len(made))[0], step)
+        return made
+
+    def step(self, step: int) -> StepRecord:
+        s, engine = self.s, self.engine
+        engine.step, start = step, engine.clock
+        accepted: list[Completion] = []
+        counted = waves = 0  # in flight plus accepted, slime's remaining_batch_size
+        while len(accepted) < s.train_batch_size:
+            while counted < s.train_batch_size:
+                chunk = self._take(step)
+                engine.submit(chunk)
+                counted, waves = counted + len(chunk), waves + 1
+            done = engine.collect()
+            for (request, group), keep in zip(done, _informative([g for _, g in done])):
+                if not keep:
+                    counted -= 1
+                elif len(accepted) < s.train_batch_size:
+                    accepted.append((request, group))
+        gen_s = engine.clock - start
+        aborted = engine.abort()
+        if self.partial:
+            self.buffer += aborted.partial
+        batch = [g for _, g in accepted]
+        age = max(step - r.born_step for r, _ in accepted)
+        return StepRecord(gen_s, sum(g.num_tokens for g in batch), len(batch) * s.group_size, waves, age)
 
 
 class _Counted:
@@ -394,6 +458,8 @@ DRIVERS: dict[str, Callable[[StreamScenario, SimulatedEngine, int], Any]] = {
     "dapo_stream_carry": lambda s, e, seed: Dapo(s, e, seed, rounds=False, surplus="carry"),
     "dapo_stream_carry_2x": lambda s, e, seed: Dapo(s, e, seed, rounds=False, surplus="carry", stream_oversample=2.0),
     "dapo_rounds_carry": lambda s, e, seed: Dapo(s, e, seed, rounds=True, surplus="carry"),
+    "slime": lambda s, e, seed: Slime(s, e, seed, over_sampling=1.0, partial=False),
+    "slime_april": lambda s, e, seed: Slime(s, e, seed, over_sampling=2.0, partial=True),
 }
 
 
@@ -404,10 +470,12 @@ def run(
     cost: RooflineCost,
     warmup: int = 2,
     echo: Callable[[str], None] = print,
+    driver: Callable[[StreamScenario, SimulatedEngine, int], Any] | None = None,
 ) -> dict[str, Any]:
-    """One strategy on one seed: the module docstring's metrics."""
+    """One strategy on one seed: the module docstring's metrics. ``driver`` makes the strategy's driver (default: its
+    entry in :data:`DRIVERS`; another setting of a strategy's knob, named ``strategy``)."""
     engine = scenario.engine(seed, cost)
-    driver = DRIVERS[strategy](scenario, engine, seed)
+    driver = (driver or DRIVERS[strategy])(scenario, engine, seed)
     records: list[StepRecord] = []
     tokens_before = prefill_before = preempted_before = 0
     began = time.perf_counter()

@@ -79,6 +79,7 @@ def test_every_strategy_trains_full_batches_and_reports_its_metrics(strategy, ca
         "dapo_stream_carry": 1,
         "dapo_stream_carry_2x": 1,
         "dapo_rounds_carry": 1,
+        "slime_april": 5,  # carried until served, however often aborted
     }.get(strategy, 0)  # 8-step spans
     assert 0 <= result["token_age_max"] <= oldest
     assert "step 6/6" in capsys.readouterr().out
@@ -119,9 +120,32 @@ def test_the_verl_sync_buffer_trains_a_draw_among_every_informative_group_drain_
     assert max(offered) > 8  # groups that finished while the buffer drained were candidates too
 
 
+def test_slime_keeps_a_batch_in_flight_or_accepted_and_april_carries_the_unfinished_groups_first(monkeypatch):
+    scenario = dataclasses.replace(TINY, steps=3)
+    for strategy, chunk in (("slime", 8), ("slime_april", 16)):
+        engine = scenario.engine(1, RooflineCost(replicas=2))
+        submitted = []
+        real = engine.submit
+        monkeypatch.setattr(
+            engine,
+            "submit",
+            lambda requests, seen=submitted, real=real: (seen.append(list(requests)), real(requests))[1],
+        )
+        driver = bench_stream.DRIVERS[strategy](scenario, engine, 1)
+        driver.step(1)
+        assert all(len(chunk_) == chunk for chunk_ in submitted)  # --over-sampling-batch-size chunks
+        carried = driver.buffer if strategy == "slime_april" else []
+        assert (len(carried) > 0) == (strategy == "slime_april")
+        submitted.clear()
+        driver.step(2)
+        resumed = [r for r in submitted[0] if r.resume is not None]
+        assert [r.request_id for r in resumed] == [r.request_id for r, _ in carried][: len(resumed)]
+        assert len(resumed) == min(len(carried), chunk)  # the buffer first
+
+
 def test_verl_async_submits_its_warm_up_batches_once_at_the_start(monkeypatch):
     scenario = dataclasses.replace(TINY, steps=3)
-    for warmup, first in ((1, 16), (2, 24)):  # warm-up batches plus the step's own batch at step 1
+    for warmup, first in ((1, 16), (1.5, 20), (2, 24)):  # warm-up batches (floored) plus the step's batch at step 1
         submitted = []
         engine = scenario.engine(1, RooflineCost(replicas=2))
         real = engine.submit
