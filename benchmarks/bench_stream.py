@@ -122,9 +122,9 @@ class RooflineCost:
 
     Defaults: Qwen2.5-32B in bf16 (P = 32.5e9 parameters, W = 2P bytes; 64 layers x 8 KV heads x 128 dims x K and
     V x 2 bytes = 262,144 bytes of KV cache per token) on H100 SXM (3.35 TB/s, 989 dense bf16 TFLOPS and 80 GB per
-    GPU), 4 GPUs per replica, 32 replicas; eta_bw 0.75, eta_fl 0.5, t_sched 1 ms; ``reserve`` is what vLLM's memory
-    profile takes per GPU besides the weights and the cache (activations at its token budget, CUDA graphs, NCCL
-    buffers), an estimate.
+    GPU), 4 GPUs per replica, 32 replicas; eta_bw 0.75 and eta_fl 0.5; t_sched 0.363 ms, fitted to verl's published
+    generation time (``benchmarks/calibrate.py``); ``reserve`` is what vLLM's memory profile takes per GPU besides the
+    weights and the cache (activations at its token budget, CUDA graphs, NCCL buffers), an estimate.
     """
 
     params: float = 32.5e9
@@ -137,7 +137,7 @@ class RooflineCost:
     replicas: int = 32
     eta_bw: float = 0.75
     eta_fl: float = 0.5
-    t_sched: float = 1e-3
+    t_sched: float = 0.363e-3
 
     def decode_time(self, running: int, context: int, iterations: int) -> float:
         """Exact sum over ``iterations`` of one replica's iteration time, its context growing by ``running`` each."""
@@ -478,11 +478,12 @@ def run(
     driver = (driver or DRIVERS[strategy])(scenario, engine, seed)
     records: list[StepRecord] = []
     tokens_before = prefill_before = preempted_before = 0
+    sequence_seconds_before = 0.0
     began = time.perf_counter()
     for step in range(1, scenario.steps + 1):
         if step == warmup + 1:
             tokens_before, prefill_before = engine.tokens_generated, engine.prefill_tokens
-            preempted_before = engine.preemptions
+            preempted_before, sequence_seconds_before = engine.preemptions, engine.sequence_seconds
         records.append(driver.step(step))
         if step % max(1, scenario.steps // 10) == 0:
             echo(f"  {strategy} seed {seed}: step {step}/{scenario.steps} ({time.perf_counter() - began:.0f} s)")
@@ -499,6 +500,8 @@ def run(
         "token_age_max": max(r.token_age_max for r in kept),
         "prefill_tokens_per_step": (engine.prefill_tokens - prefill_before) / len(kept),
         "preemptions_per_step": (engine.preemptions - preempted_before) / len(kept),
+        "running_per_replica": (engine.sequence_seconds - sequence_seconds_before)
+        / (cost.replicas * sum(r.gen_s for r in kept)),
         "gen_s": [r.gen_s for r in kept],
     }
 

@@ -173,6 +173,7 @@ class SimulatedEngine:
         clock: Virtual time so far: the time of the latest event.
         prefill_tokens, tokens_generated, preemptions: Work done so far (``tokens_generated``: response tokens
             decoded, each once; ``prefill_tokens``: prompts, resumed prefixes and preempted responses recomputed).
+        sequence_seconds: Running sequences integrated over decode time, summed over replicas.
         codec: Turns the payload of an aborted group into checkpointable data and back (the sampler's ``codec``).
     """
 
@@ -219,6 +220,7 @@ class SimulatedEngine:
         self.prefill_tokens = 0
         self.tokens_generated = 0
         self.preemptions = 0
+        self.sequence_seconds = 0.0
         self.codec = ResponsesCodec()
         self._occurrence: dict[tuple[int, int], int] = {}
         self._groups: dict[int, _Group] = {}  # by request id: submitted, not yet returned
@@ -361,8 +363,10 @@ class SimulatedEngine:
             else:
                 high = mid - 1
         if low > 0:
-            replica.time += self.cost.decode_time(running, context, low)
+            spent = self.cost.decode_time(running, context, low)
+            replica.time += spent
             replica.iterations += low
+            self.sequence_seconds += running * spent
 
     def _admit(self, replica: _Replica) -> None:
         """Start waiting responses, first come first served, while the replica has a free sequence slot and its KV
@@ -422,6 +426,7 @@ class SimulatedEngine:
             if version == replica.version:
                 break
         replica.iterations += self._until_event(replica)
+        self.sequence_seconds += len(replica.live) * (when - replica.time)
         replica.time = when
         self.clock = max(self.clock, when)
         finished = []
