@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import random
 import statistics
 import sys
 from collections.abc import Callable
@@ -36,6 +37,20 @@ from dapo_verl.sampler.simulated_engine import SimulatedEngine
 
 MARGIN = 0.05
 """A setting lies below verl's frontier when it takes at least 5% less time at its tokens per trained token."""
+
+
+def full_engine_rate(scenario: StreamScenario, cost: bench_stream.RooflineCost, draws: int = 200_000) -> float:
+    """Tokens per second all replicas decode when every replica is as full as its sequence cap and KV cache allow,
+    at the scenario's lengths: the rate no scheduling can beat. A decoded token's mean context is the prompt plus
+    ``E[L^2] / (2 E[L])`` of its response (the lengths drawn as the engine draws them, truncated at the limit)."""
+    lengths = scenario.engine(0, cost).lengths
+    rng = random.Random(0)
+    drawn = [min(scenario.max_response_length, lengths.draw(i % scenario.num_prompts, 0, rng)) for i in range(draws)]
+    context = scenario.prompt_tokens + sum(x * x for x in drawn) / (2 * sum(drawn))
+    running = scenario.max_num_seqs
+    if scenario.gpu_memory_utilization is not None:
+        running = max(1, min(running, int(cost.kv_capacity(scenario.gpu_memory_utilization) / context)))
+    return cost.replicas * running / cost.decode_time(running, round(running * context), 1)
 
 
 class Clairvoyant:
@@ -120,8 +135,18 @@ def report(lines: list[dict[str, Any]]) -> str:
         within = [t for tokens, t in points if tokens <= x]
         return min(within or [t for _, t in points])
 
+    bound = ""
+    if "clairvoyant" in names:
+        scenario, cost = bench_stream.SCENARIOS["paper"]
+        trained = statistics.fmean(by[("clairvoyant", seed)]["trained_tokens_per_step"] for seed in seeds)
+        rate = full_engine_rate(scenario, cost)
+        bound = (
+            f"full-engine bound: {rate:,.0f} tokens/s over all replicas; a step's {trained / 1e6:.1f}M trained tokens "
+            f"take at least {trained / rate:.1f} s at 1 token generated per trained token (x times that at x)"
+        )
     rows = [
         f"seeds {seeds[0]}-{seeds[-1]} ({len(seeds)})",
+        *([bound] if bound else []),
         "| setting | gen s/step | tokens per trained | running per replica | preemptions/step | over verl's frontier "
         "(95% CI) | at least 5% below |",
         "|---" * 7 + "|",

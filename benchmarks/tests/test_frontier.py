@@ -74,3 +74,15 @@ def test_every_setting_runs_on_a_small_scenario():
             name, scenario, seed=1, cost=RooflineCost(replicas=2), warmup=1, echo=lambda line: None, driver=factory
         )
         assert result["trained_tokens_per_step"] > 0 and 0 < result["running_per_replica"] <= scenario.max_num_seqs
+
+
+def test_the_full_engine_rate_is_the_cap_or_the_cache_filled_at_the_mean_context():
+    scenario, cost = TINY, RooflineCost(replicas=2)
+    rate = frontier.full_engine_rate(scenario, cost, draws=2000)
+    # TINY's cache (683K tokens) holds its 8 sequences, so each replica decodes 8 tokens an iteration
+    one = cost.decode_time(8, 8 * 50, 1)
+    assert 2 * 8 / (one * 1.5) < rate < 2 * 8 / one * 1.5
+    # a cache just above one response (540 tokens) holds fewer than the 8 sequences the cap allows
+    small_cache = dataclasses.replace(scenario, gpu_memory_utilization=0.24107)
+    assert 528 < RooflineCost().kv_capacity(0.24107) < 560
+    assert frontier.full_engine_rate(small_cache, cost, draws=2000) < rate
