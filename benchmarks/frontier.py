@@ -104,6 +104,15 @@ SETTINGS: dict[str, tuple[str, Factory]] = {
         )
         for k in (1.0, 1.5, 2.0)
     },
+    **{
+        f"dapo_stream(carry, stream_oversample={k}, max_staleness_steps=2)": (
+            "dapo_verl",
+            lambda s, e, seed, k=k: Dapo(
+                s, e, seed, rounds=False, surplus="carry", stream_oversample=k, max_staleness_steps=2
+            ),
+        )
+        for k in (1.25, 1.5)
+    },
     "dapo_stream(discard, stream_oversample=1.0)": ("dapo_verl", lambda s, e, seed: Dapo(s, e, seed, rounds=False)),
     "dapo_rounds(discard) [default]": ("dapo_verl", lambda s, e, seed: Dapo(s, e, seed, rounds=True)),
     "dapo_rounds(carry)": ("dapo_verl", lambda s, e, seed: Dapo(s, e, seed, rounds=True, surplus="carry")),
