@@ -52,20 +52,26 @@ def test_the_router_spreads_a_groups_responses_over_the_replicas_with_the_fewest
     assert picks == {0, 1, 2}
 
 
-def test_a_resumed_response_goes_back_to_its_replica_even_when_another_is_idle():
-    engine = _engine(100, 100, 4, 4, replicas=2, max_running=4)
-    engine.submit([Request(1, 1, 0), Request(2, 2, 0)])  # both groups spread over both replicas
-    engine.collect()  # the short group finishes at iteration 4
+def test_a_resumed_response_goes_back_to_its_replica_whatever_the_load():
+    engine = _engine(*[100] * 16, *[4] * 8, replicas=2, group_size=8, max_running=16)
+    engine.submit([Request(1, 1, 0), Request(2, 2, 0), Request(3, 3, 0)])  # two long groups, then a short one
+    assert [request.request_id for request, _ in engine.collect()] == [3]  # at iteration 4
     aborted = engine.abort()
-    ((request, partial),) = aborted.partial
-    homes = [r.replica for r in partial.payload]
-    assert sorted(homes) == [0, 1] and [r.done for r in partial.payload] == [4, 4]
-    engine.submit([Request(7, 7, 0)])  # new work lands first: each replica now has one in flight
-    engine.submit([Request(request.request_id, request.prompt_id, request.born_step, partial)])
-    for replica in engine._replicas:
-        running = [r for _, r in replica.live.values()]
-        assert sum(r.done == 4 for r in running) == 1  # each resumed response on the replica it left
-        assert all(r.replica == replica.index for r in running)
+    homes = {
+        (request.request_id, index): r.replica
+        for request, partial in aborted.partial
+        for index, r in enumerate(partial.payload)
+        if r.done < r.target
+    }
+    assert len(homes) == 16 and sorted(homes.values()) == [0] * 8 + [1] * 8
+    engine.submit([Request(7, 7, 0)])  # new work first, spread by load
+    engine.submit([Request(r.request_id, r.prompt_id, r.born_step, p) for r, p in aborted.partial])
+    for request, partial in aborted.partial:
+        group = engine._groups[request.request_id]
+        for index, r in enumerate(group.responses):
+            if (request.request_id, index) in homes:  # without sticky routing each would land by load: 1 in 2
+                assert r.replica == homes[(request.request_id, index)]
+                assert any(r is running for _, running in engine._replicas[r.replica].live.values())
 
 
 def test_a_full_kv_cache_preempts_the_last_admitted_response_and_recomputes_it_later():
