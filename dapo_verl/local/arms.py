@@ -397,6 +397,34 @@ STREAM_PREFIX_STUDY = Study(
 )
 """The stream-guard study with the carried prefix trained (declaration: docs/ablation.md, Declarations)."""
 
+STREAM_STALE2_STUDY = Study(
+    name="stream-stale2",
+    summary="stream-prefix's rounds vs streaming with carry at 1.5x in flight, carried groups kept two steps",
+    title="Streaming accuracy guard for the paper-scale frontier's winner: rounds vs streaming with carried partials, "
+    "1.5x a round in flight, carried groups kept up to two steps (max_staleness_steps=2), older prefix trained",
+    arms=(
+        STREAM_GUARD_STUDY.arms[0],
+        Arm(
+            name="streaming_carry_stale2",
+            description="streaming, aborted groups carried up to two steps, 1.5x a round in flight",
+            settings={
+                **_STREAM_BASE,
+                **_STREAMING,
+                "algorithm.filter_groups.stream_oversample": "1.5",
+                "algorithm.filter_groups.max_staleness_steps": "2",
+                "local.rollout.stale_prefix": "train",
+            },
+        ),
+    ),
+    primary=dataclasses.replace(
+        STREAM_GUARD_PRIMARY,
+        treatment="streaming_carry_stale2",
+        effect_name="streaming with carried partials kept two steps, 1.5x in flight",
+    ),
+    power=STREAM_GUARD_STUDY.power,
+)
+"""The accuracy guard of the frontier test's winner (declaration: docs/ablation.md, Declarations)."""
+
 SURPLUS_CARRY_STUDY = Study(
     name="surplus-carry",
     summary="rounds discarding vs carrying the surplus, the default run, seeds 200-225",
@@ -487,6 +515,7 @@ STUDIES = {
         CLIP_ACTS_REPLICATION_STUDY,
         STREAM_GUARD_STUDY,
         STREAM_PREFIX_STUDY,
+        STREAM_STALE2_STUDY,
         SURPLUS_CARRY_STUDY,
         SURPLUS_CARRY_TIS_STUDY,
         LADDER_STUDY,
