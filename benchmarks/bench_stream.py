@@ -254,11 +254,21 @@ def verl_selection(pool: list[Completion], size: int, rng: random.Random) -> tup
     return ordered[:size], ordered[size:]
 
 
-class VerlSync:
-    """verl v1 ``ReplayBuffer.sample`` with filter_groups, as the module docstring describes it."""
+def _look(engine: SimulatedEngine, poll_s: float, last: float) -> tuple[list[Completion], float]:
+    """What verl's buffer sees at its next look, and when: with ``poll_s`` 0 each group the moment it finishes; else
+    every group finished by ``last + poll_s`` (verl's ``poll_interval``, 2 s: ``replay_buffer.py:144,408-409``,
+    slept between looks that find nothing to do)."""
+    if poll_s <= 0:
+        return engine.collect(), engine.clock
+    return engine.run_until(last + poll_s), last + poll_s
 
-    def __init__(self, scenario: StreamScenario, engine: SimulatedEngine, seed: int) -> None:
-        self.s, self.engine = scenario, engine
+
+class VerlSync:
+    """verl v1 ``ReplayBuffer.sample`` with filter_groups, as the module docstring describes it; ``poll_s`` > 0 looks
+    at the engine every ``poll_s`` seconds, as verl does, instead of the moment a group finishes."""
+
+    def __init__(self, scenario: StreamScenario, engine: SimulatedEngine, seed: int, poll_s: float = 0.0) -> None:
+        self.s, self.engine, self.poll_s = scenario, engine, poll_s
         self.prompts = PromptStream(scenario.num_prompts, seed=seed)
         self.requests = _Requests()
         self.rng = random.Random(f"verl-selection-{seed}")
@@ -269,9 +279,9 @@ class VerlSync:
         inflight = s.train_batch_size
         engine.submit(self.requests.fresh(self.prompts.take(s.train_batch_size)[0], step))
         ready: list[Completion] = []
-        credit, draining, waves = 0, False, 1
+        credit, draining, waves, looked = 0, False, 1, start
         while inflight:
-            done = engine.collect()
+            done, looked = _look(engine, self.poll_s, looked)
             inflight -= len(done)
             for (request, group), keep in zip(done, _informative([g for _, g in done])):
                 if keep:
@@ -289,14 +299,20 @@ class VerlSync:
 
 
 class VerlColocateAsync:
-    """verl v1 ``colocate_async`` with ``ReplayBufferAsync`` and filter_groups (module docstring)."""
+    """verl v1 ``colocate_async`` with ``ReplayBufferAsync`` and filter_groups (module docstring); ``poll_s`` as
+    :class:`VerlSync`'s."""
 
     THRESHOLD = 8
 
     def __init__(
-        self, scenario: StreamScenario, engine: SimulatedEngine, seed: int, warmup_batches: float = 1.0
+        self,
+        scenario: StreamScenario,
+        engine: SimulatedEngine,
+        seed: int,
+        warmup_batches: float = 1.0,
+        poll_s: float = 0.0,
     ) -> None:
-        self.s, self.engine, self.warmup_batches = scenario, engine, warmup_batches
+        self.s, self.engine, self.warmup_batches, self.poll_s = scenario, engine, warmup_batches, poll_s
         self.prompts = PromptStream(scenario.num_prompts, seed=seed)
         self.requests = _Requests()
         self.pool: list[Completion] = []  # finished informative groups waiting to be served
@@ -322,8 +338,9 @@ class VerlColocateAsync:
             self.warm = True
         self._submit(s.train_batch_size, step)  # prepare_step
         self.pool = [(r, g) for r, g in self.pool if step - r.born_step + 1 <= self.THRESHOLD]
+        looked = start
         while len(self.pool) < s.train_batch_size:
-            done = engine.collect()
+            done, looked = _look(engine, self.poll_s, looked)
             inflight -= len(done)
             refill = 0
             for (request, group), keep in zip(done, _informative([g for _, g in done])):

@@ -262,3 +262,33 @@ def test_the_small_scenario_judges_every_dapo_configuration_on_tokens_alone():
     assert "dapo_rounds: does not meet the 4-prompt criterion" in text
     assert "dapo_rounds_carry: meets the 4-prompt criterion" in text
     assert "the bar" not in text.split("\n\n", 1)[1]
+
+
+@pytest.mark.parametrize("driver", [bench_stream.VerlSync, bench_stream.VerlColocateAsync])
+def test_verls_buffers_polling_every_two_seconds_decide_only_at_their_looks(driver):
+    scenario = dataclasses.replace(TINY, steps=4)
+    cost = RooflineCost(replicas=2)
+    at_once = bench_stream.run("verl", scenario, 1, cost, warmup=1, echo=lambda line: None, driver=driver)
+    polled = bench_stream.run(
+        "verl",
+        scenario,
+        1,
+        cost,
+        warmup=1,
+        echo=lambda line: None,
+        driver=lambda s, e, seed: driver(s, e, seed, poll_s=2.0),
+    )
+    assert all(abs(t / 2.0 - round(t / 2.0)) < 1e-9 for t in polled["gen_s"])  # a step ends at a look
+    assert polled["gen_s_per_step"] > at_once["gen_s_per_step"]  # looks come late; the engine decodes meanwhile
+
+
+def test_the_engine_run_until_a_time_returns_what_finished_by_then_and_nothing_later():
+    engine = TINY.engine(1, RooflineCost(replicas=2))
+    engine.submit([bench_stream.Request(i, i, 1) for i in range(1, 9)])
+    first = engine.collect()  # the first group to finish, and when
+    when = engine.clock
+    engine2 = TINY.engine(1, RooflineCost(replicas=2))
+    engine2.submit([bench_stream.Request(i, i, 1) for i in range(1, 9)])
+    assert engine2.run_until(when * 0.999) == [] and engine2.clock == when * 0.999
+    seen = engine2.run_until(when)
+    assert [r.request_id for r, _ in seen] == [r.request_id for r, _ in first] and engine2.clock == when

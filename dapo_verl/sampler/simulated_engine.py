@@ -258,6 +258,18 @@ class SimulatedEngine:
             del self._groups[group.request.request_id]
         return [(g.request, self._result(g)) for g in finished]
 
+    def run_until(self, when: float) -> list[Completion]:
+        """Generate until virtual time ``when`` and return every group finished by then (possibly none): what a
+        poller sees when it looks at ``when``, as verl's replay buffer looks every ``poll_interval`` seconds.
+        Requests submitted next arrive at ``when``."""
+        while (upcoming := self._upcoming()) is not None and upcoming <= when:
+            self._advance()
+        self.clock = max(self.clock, when)
+        finished = [g for g in self._groups.values() if g.unfinished == 0]
+        for group in finished:
+            del self._groups[group.request.request_id]
+        return [(g.request, self._result(g)) for g in finished]
+
     def abort(self) -> Aborted:
         for replica in self._replicas:
             self._catch_up(replica, self.clock)
@@ -416,15 +428,18 @@ class SimulatedEngine:
                 replica.waiting.appendleft((group, self._stop(replica, slot)))
                 self.preemptions += 1
 
+    def _upcoming(self) -> float | None:
+        """The time of the earliest pending replica event, dropping the ones a later change made obsolete."""
+        while self._events and self._events[0][2] != self._replicas[self._events[0][1]].version:
+            heapq.heappop(self._events)
+        return self._events[0][0] if self._events else None
+
     def _advance(self) -> list[_Group]:
         """Run the earliest replica event; return the groups that finished with it."""
-        while True:
-            if not self._events:
-                raise RuntimeError("the simulated engine has groups in flight but nothing running; this is a bug.")
-            when, index, version = heapq.heappop(self._events)
-            replica = self._replicas[index]
-            if version == replica.version:
-                break
+        if self._upcoming() is None:
+            raise RuntimeError("the simulated engine has groups in flight but nothing running; this is a bug.")
+        when, index, _ = heapq.heappop(self._events)
+        replica = self._replicas[index]
         replica.iterations += self._until_event(replica)
         self.sequence_seconds += len(replica.live) * (when - replica.time)
         replica.time = when
