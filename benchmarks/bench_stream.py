@@ -213,6 +213,8 @@ class StreamScenario:
 
 
 def _informative(groups: list[Any]) -> list[bool]:
+    if not groups:  # a poll that found nothing finished
+        return []
     metric = torch.stack([g.metric.to(torch.float32) for g in groups])
     return [DropReason(int(code)) == DropReason.KEEP for code in group_drop_reasons(metric)]
 

@@ -279,6 +279,7 @@ def test_verls_buffers_polling_every_two_seconds_decide_only_at_their_looks(driv
         driver=lambda s, e, seed: driver(s, e, seed, poll_s=2.0),
     )
     assert all(abs(t / 2.0 - round(t / 2.0)) < 1e-9 for t in polled["gen_s"])  # a step ends at a look
+    assert bench_stream._informative([]) == []  # a look that finds nothing finished
     assert polled["gen_s_per_step"] > at_once["gen_s_per_step"]  # looks come late; the engine decodes meanwhile
 
 
