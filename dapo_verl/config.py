@@ -227,8 +227,10 @@ class SamplerConfig:
         default=1.0, metadata=verl_key("algorithm.filter_groups.stream_oversample", verl_native=False)
     )
     """Streaming engines only: keep this many times what one round would ask for the missing groups in flight, so the
-    batch fills from the groups that finish first. With surplus=carry what is aborted continues at the next step (APRIL,
-    arXiv 2509.18521, suggests about 2); with discard it is lost. Range >= 1.
+    batch fills from the groups that finish first. With surplus=carry what is aborted continues at the next step; with
+    discard it is lost. At the paper's scale (simulated with vLLM's KV cache) 1.5 with surplus=carry and
+    max_staleness_steps=2 was the fastest setting; 2, APRIL's suggestion, overflows the cache (docs/benchmarks.md).
+    Range >= 1.
     """
 
     max_staleness_steps: int = field(
