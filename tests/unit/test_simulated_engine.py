@@ -66,7 +66,7 @@ def test_a_resumed_response_goes_back_to_its_replica_whatever_the_load():
     assert len(homes) == 16 and sorted(homes.values()) == [0] * 8 + [1] * 8
     engine.submit([Request(7, 7, 0)])  # new work first, spread by load
     engine.submit([Request(r.request_id, r.prompt_id, r.born_step, p) for r, p in aborted.partial])
-    for request, partial in aborted.partial:
+    for request, _ in aborted.partial:
         group = engine._groups[request.request_id]
         for index, r in enumerate(group.responses):
             if (request.request_id, index) in homes:  # without sticky routing each would land by load: 1 in 2
