@@ -192,6 +192,15 @@ class StreamScenario:
     max_num_seqs: int = 256
     gpu_memory_utilization: float | None = 0.8
 
+    @property
+    def lengths(self) -> LongTailLengths:
+        """The responses' length distribution."""
+        return LongTailLengths(self.median_length, self.length_sigma, self.prompt_length_sigma)
+
+    def kv_capacity(self, cost: RooflineCost) -> int | None:
+        """KV-cache tokens of one replica at ``gpu_memory_utilization`` (None: unbounded)."""
+        return None if self.gpu_memory_utilization is None else cost.kv_capacity(self.gpu_memory_utilization)
+
     def engine(self, seed: int, cost: RooflineCost) -> SimulatedEngine:
         rates = drifting_pass_rates(
             self.num_prompts,
@@ -204,11 +213,11 @@ class StreamScenario:
             rates,
             group_size=self.group_size,
             max_response_length=self.max_response_length,
-            lengths=LongTailLengths(self.median_length, self.length_sigma, self.prompt_length_sigma),
+            lengths=self.lengths,
             prompt_tokens=self.prompt_tokens,
             max_running=self.max_num_seqs,
             replicas=cost.replicas,
-            kv_capacity=None if self.gpu_memory_utilization is None else cost.kv_capacity(self.gpu_memory_utilization),
+            kv_capacity=self.kv_capacity(cost),
             cost=cost,
             seed=seed,
         )
@@ -333,19 +342,16 @@ class VerlColocateAsync:
         resumed = [r for r, _ in self.aborted.partial]  # verl's client continues each from its prefix
         if resumed:
             engine.submit([Request(r.request_id, r.prompt_id, r.born_step, p) for r, p in self.aborted.partial])
-        inflight = len(resumed) + s.train_batch_size
         if not self.warm:  # on_train_begin: num_warmup_batches batches, once (trainer_base.py:624-647, floored)
             warmup = math.floor(self.warmup_batches * s.train_batch_size)
             if warmup:
                 self._submit(warmup, step)
-            inflight += warmup
             self.warm = True
         self._submit(s.train_batch_size, step)  # prepare_step
         self.pool = [(r, g) for r, g in self.pool if step - r.born_step + 1 <= self.THRESHOLD]
         looked = start
         while len(self.pool) < s.train_batch_size:
             done, looked = _look(engine, self.poll_s, looked)
-            inflight -= len(done)
             refill = 0
             for (request, group), keep in zip(done, _informative([g for _, g in done])):
                 if keep and step - request.born_step + 1 <= self.THRESHOLD:
@@ -354,7 +360,6 @@ class VerlColocateAsync:
                     refill += 1  # evicted: refilled one for one
             if refill:
                 self._submit(refill, step)
-                inflight += refill
         served, self.pool = verl_selection(self.pool, s.train_batch_size, self.rng)  # oldest first
         gen_s = engine.clock - start
         self.aborted = engine.abort()  # on_sample_end: abort the replicas

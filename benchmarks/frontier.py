@@ -43,13 +43,10 @@ def full_engine_rate(scenario: StreamScenario, cost: bench_stream.RooflineCost, 
     """Tokens per second all replicas decode when every replica is as full as its sequence cap and KV cache allow,
     at the scenario's lengths: the rate no scheduling can beat. A decoded token's mean context is the prompt plus
     ``E[L^2] / (2 E[L])`` of its response (the lengths drawn as the engine draws them, truncated at the limit)."""
-    lengths = scenario.engine(0, cost).lengths
-    rng = random.Random(0)
+    lengths, capacity, rng = scenario.lengths, scenario.kv_capacity(cost), random.Random(0)
     drawn = [min(scenario.max_response_length, lengths.draw(i % scenario.num_prompts, 0, rng)) for i in range(draws)]
     context = scenario.prompt_tokens + sum(x * x for x in drawn) / (2 * sum(drawn))
-    running = scenario.max_num_seqs
-    if scenario.gpu_memory_utilization is not None:
-        running = max(1, min(running, int(cost.kv_capacity(scenario.gpu_memory_utilization) / context)))
+    running = scenario.max_num_seqs if capacity is None else max(1, min(scenario.max_num_seqs, int(capacity / context)))
     return cost.replicas * running / cost.decode_time(running, round(running * context), 1)
 
 

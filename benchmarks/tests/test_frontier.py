@@ -7,18 +7,10 @@ import dataclasses
 import pytest
 
 from benchmarks import bench_stream, frontier
-from benchmarks.bench_stream import RooflineCost, StreamScenario
+from benchmarks.bench_stream import RooflineCost
+from benchmarks.tests import test_bench_stream
 
-TINY = StreamScenario(
-    num_prompts=300,
-    train_batch_size=8,
-    group_size=4,
-    steps=4,
-    max_response_length=512,
-    median_length=60.0,
-    prompt_tokens=16,
-    max_num_seqs=8,
-)
+TINY = dataclasses.replace(test_bench_stream.TINY, steps=4)
 
 
 def test_the_clairvoyant_generates_exactly_the_informative_groups_it_trains():

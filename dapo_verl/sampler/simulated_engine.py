@@ -254,9 +254,7 @@ class SimulatedEngine:
         finished = [g for g in self._groups.values() if g.unfinished == 0]  # e.g. resumed with nothing left
         while not finished:
             finished = self._advance()
-        for group in finished:
-            del self._groups[group.request.request_id]
-        return [(g.request, self._result(g)) for g in finished]
+        return self._hand_back(finished)
 
     def run_until(self, when: float) -> list[Completion]:
         """Generate until virtual time ``when`` and return every group finished by then (possibly none): what a
@@ -265,10 +263,7 @@ class SimulatedEngine:
         while (upcoming := self._upcoming()) is not None and upcoming <= when:
             self._advance()
         self.clock = max(self.clock, when)
-        finished = [g for g in self._groups.values() if g.unfinished == 0]
-        for group in finished:
-            del self._groups[group.request.request_id]
-        return [(g.request, self._result(g)) for g in finished]
+        return self._hand_back([g for g in self._groups.values() if g.unfinished == 0])
 
     def abort(self) -> Aborted:
         for replica in self._replicas:
@@ -461,6 +456,12 @@ class SimulatedEngine:
             self._admit(replica)
         self._schedule(replica)
         return finished
+
+    def _hand_back(self, finished: list[_Group]) -> list[Completion]:
+        """Answer the finished groups' requests, once each."""
+        for group in finished:
+            del self._groups[group.request.request_id]
+        return [(g.request, self._result(g)) for g in finished]
 
     def _result(self, group: _Group) -> GroupResult:
         responses = group.responses
