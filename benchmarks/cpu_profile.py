@@ -69,10 +69,12 @@ def _snapshot() -> dict[str, list]:
     return snap
 
 
-def sample_forever(path: Path, interval: float) -> None:
+def sample_forever(path: Path, interval: float, parent: int) -> None:
     """Append ``{"t": unix time, "p": {pid: [cpu seconds, command]}}`` to ``path`` every ``interval`` s until killed
-    or orphaned (its parent gone without stopping it: a SIGKILLed benchmark leaves no sampler behind)."""
-    parent = os.getppid()
+    or orphaned (its parent gone without stopping it: a SIGKILLed benchmark leaves no sampler behind).
+
+    ``parent`` is the pid of the process that started this one, given by that process: read here with
+    ``os.getppid()``, a parent killed while this interpreter still imported would already be the reaper's pid."""
     with path.open("a") as out:
         while os.getppid() == parent:
             out.write(json.dumps({"t": time.time(), "p": _snapshot()}) + "\n")
@@ -93,7 +95,7 @@ class CpuSampler:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.path.unlink(missing_ok=True)
         self._child = subprocess.Popen(
-            [sys.executable, "-m", "benchmarks.cpu_profile", str(self.path), str(self.interval)]
+            [sys.executable, "-m", "benchmarks.cpu_profile", str(self.path), str(self.interval), str(os.getpid())]
         )
         return self
 
@@ -134,4 +136,4 @@ def cpu_by_role(path: Path, start: float = float("-inf"), end: float = float("in
 
 
 if __name__ == "__main__":
-    sample_forever(Path(sys.argv[1]), float(sys.argv[2]))
+    sample_forever(Path(sys.argv[1]), float(sys.argv[2]), int(sys.argv[3]))

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -84,8 +86,9 @@ def test_an_orphaned_sampler_stops_by_itself(tmp_path):
             sys.executable,
             "-c",
             (
-                "import subprocess, sys, time; "
-                f"c = subprocess.Popen([sys.executable, '-m', 'benchmarks.cpu_profile', {str(path)!r}, '0.05']); "
+                "import os, subprocess, sys, time; "
+                "c = subprocess.Popen([sys.executable, '-m', 'benchmarks.cpu_profile', "
+                f"{str(path)!r}, '0.05', str(os.getpid())]); "
                 "print(c.pid, flush=True); time.sleep(60)"
             ),
         ],
@@ -93,13 +96,16 @@ def test_an_orphaned_sampler_stops_by_itself(tmp_path):
         text=True,
     )
     child = int(parent.stdout.readline())
-    time.sleep(0.5)
-    parent.kill()
+    parent.kill()  # at once: the sampler may still be importing, and must notice all the same
     parent.wait()
     deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and os.path.exists(f"/proc/{child}") and "Z" not in _state(child):
-        time.sleep(0.1)
-    assert not os.path.exists(f"/proc/{child}") or "Z" in _state(child)
+    try:
+        while time.monotonic() < deadline and os.path.exists(f"/proc/{child}") and "Z" not in _state(child):
+            time.sleep(0.1)
+        assert not os.path.exists(f"/proc/{child}") or "Z" in _state(child)
+    finally:  # a sampler that missed its orphaning must not outlive the test
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(child, signal.SIGKILL)
 
 
 def _state(pid):
