@@ -11,9 +11,13 @@ and its other descendants (the watchdog).
 Two sums are kept. The proportional set size (PSS, ``/proc/<pid>/smaps_rollup``) splits a page that several
 processes map among them, so the PSS of a group of processes adds up to the memory the group holds: a library,
 or a ``/dev/shm`` segment vLLM and verl's worker both map, counts once. It is the rehearsal's memory, and what
-the documented bound is about. Reading it walks each process's page tables (about 0.1 s for a rehearsal's 28
-processes), so it is read when a sum of RSS reaches a new peak (a run starting or growing) and otherwise every
-``pss_every``-th sample, where the RSS sum could beat the PSS peak (PSS never exceeds RSS). The resident set size
+the documented bound is about. Reading it walks each process's page tables in the kernel, holding each one's memory
+map lock: 0.1 s for a quiet rehearsal's 28 processes, up to seconds for vLLM's while they start and the machine is
+loaded. So it is read when a sum of RSS reaches a new peak (a run starting or growing) and otherwise every
+``pss_every``-th sample, where the RSS sum could beat the PSS peak (PSS never exceeds RSS); and never more than a
+``pss_share`` of the time: after a read that took ``d`` seconds the next waits until ``d / pss_share`` seconds after
+that one began (without that bound the reads ran back to back while runs started, and cost a rehearsal's driver
+more CPU than its training steps). The last sample always reads it. The resident set size
 (RSS, ``/proc/<pid>/statm``, cheap) of every sample counts a shared page once per process that maps it: its sum
 is an upper bound, about 1.4 times the PSS on a vLLM rehearsal, kept beside it.
 
@@ -167,8 +171,9 @@ class Peak:
 @dataclass
 class MemoryPeaks:
     """What a :class:`MemorySampler` saw: the whole rehearsal's and each run's peak of the sum of RSS (``total``,
-    ``runs``) and of the sum of PSS (``pss``, ``runs_pss``; read every ``pss_interval_s`` seconds), the machine's
-    least available memory (``MemAvailable``; None where unknown), how many samples, and how far apart."""
+    ``runs``) and of the sum of PSS (``pss``, ``runs_pss``; read at most every ``pss_interval_s`` seconds, and
+    ``pss_reads`` times in all), the machine's least available memory (``MemAvailable``; None where unknown), how many
+    samples, and how far apart."""
 
     total: Peak = field(default_factory=Peak)
     runs: dict[str, Peak] = field(default_factory=dict)
@@ -178,6 +183,7 @@ class MemoryPeaks:
     pss: Peak = field(default_factory=Peak)
     runs_pss: dict[str, Peak] = field(default_factory=dict)
     pss_interval_s: float = 2.0
+    pss_reads: int = 0
 
 
 def _available_bytes() -> int | None:
@@ -198,20 +204,27 @@ class _Process:
 def _processes(markers: Sequence[str]) -> dict[int, _Process]:
     """Every live process but zombies; ``text`` is read only where a marker could be in it."""
     found = {}
-    for entry in Path("/proc").glob("[0-9]*"):
+    for name in os.listdir("/proc"):  # plain os calls: this runs every sample, over every process of the machine
+        if not name.isdigit():
+            continue
         try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            if fields[0] == "Z":
+            fields = _read(f"/proc/{name}/stat").rsplit(b")", 1)[1].split()
+            if fields[0] == b"Z":
                 continue
             text = b""
             if markers:
-                text = (entry / "cmdline").read_bytes()
+                text = _read(f"/proc/{name}/cmdline")
                 with contextlib.suppress(OSError):  # another user's environment is not readable
-                    text += (entry / "environ").read_bytes()
-            found[int(entry.name)] = _Process(int(fields[1]), int(fields[3]), text)
+                    text += _read(f"/proc/{name}/environ")
+            found[int(name)] = _Process(int(fields[1]), int(fields[3]), text)
         except (OSError, IndexError, ValueError):  # gone meanwhile
             continue
     return found
+
+
+def _read(path: str) -> bytes:
+    with open(path, "rb") as handle:
+        return handle.read()
 
 
 def _with_descendants(table: dict[int, _Process], roots: Iterable[int]) -> set[int]:
@@ -246,6 +259,7 @@ class MemorySampler:
         runs: The runs to follow.
         interval_s: Seconds between samples.
         pss_every: Read the proportional set sizes at every ``pss_every``-th sample (the first included).
+        pss_share: The largest share of the time spent reading them, in (0, 1].
         root: The rehearsal's own process (this one by default): it and all its descendants count in the total.
 
     Example:
@@ -254,11 +268,19 @@ class MemorySampler:
     """
 
     def __init__(
-        self, runs: Sequence[Watched], interval_s: float = 0.5, pss_every: int = 4, root: int | None = None
+        self,
+        runs: Sequence[Watched],
+        interval_s: float = 0.5,
+        pss_every: int = 4,
+        pss_share: float = 0.05,
+        root: int | None = None,
     ) -> None:
         if pss_every < 1:
             raise ValueError(f"pss_every={pss_every!r}: expected a whole number of samples >= 1")
-        self._runs, self._interval_s, self._pss_every = list(runs), interval_s, pss_every
+        if not 0 < pss_share <= 1:
+            raise ValueError(f"pss_share={pss_share!r}: expected a share of the time in (0, 1]")
+        self._runs, self._interval_s, self._pss_every, self._pss_share = list(runs), interval_s, pss_every, pss_share
+        self._pss_next = float("-inf")  # monotonic time before which no proportional sizes are read
         self._root = os.getpid() if root is None else root
         self._peaks = MemoryPeaks(
             runs={run.name: Peak() for run in runs},
@@ -294,12 +316,20 @@ class MemorySampler:
             due = self._peaks.samples % self._pss_every == 0
             rising = any(size > self._rss_peak(name).bytes for name, size in rss.items())
             beatable = any(size > self._pss_peak(name).bytes for name, size in rss.items())
-        read_pss = rising or (due and beatable) if pss is None else pss
-        shares = {pid: proportional_bytes(pid) for pid in members[None]} if read_pss else {}
+        if pss is None:
+            read_pss = (rising or (due and beatable)) and time.monotonic() >= self._pss_next
+        else:
+            read_pss = pss
+        shares = {}
+        if read_pss:
+            began = time.monotonic()
+            shares = {pid: proportional_bytes(pid) for pid in members[None]}
+            self._pss_next = began + (time.monotonic() - began) / self._pss_share
         available = _available_bytes()
         with self._lock:
             peaks = self._peaks
             peaks.samples += 1
+            peaks.pss_reads += read_pss
             for name, pids in members.items():
                 self._rss_peak(name).update(rss[name], len(pids), at_s)
                 if read_pss:
@@ -327,6 +357,7 @@ class MemorySampler:
                 Peak(**vars(peaks.pss)),
                 {n: Peak(**vars(p)) for n, p in peaks.runs_pss.items()},
                 peaks.pss_interval_s,
+                peaks.pss_reads,
             )
 
     def _sample_until_stopped(self) -> None:

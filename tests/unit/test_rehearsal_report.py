@@ -40,6 +40,7 @@ def _result(out: Path, runs: list[RunRecord], **fields) -> RehearsalResult:
         int(11 * GIB),
         samples=300,
         pss=Peak(int(6.5 * GIB), 31, 78.0),
+        pss_reads=40,
         runs_pss={"run1": Peak(int(3.5 * GIB), 20, 58.0), "run2": Peak(3 * GIB, 18, 82.0)},
     )
     return RehearsalResult(
@@ -76,7 +77,7 @@ def test_an_interrupted_rehearsal_lists_both_runs_it_stopped_with_their_state_an
     lines = summary_lines(report)
     assert lines[0].startswith("run1: steps [1], 42.4 s, 2.0 s per step, held up to 3.5 GiB -- interrupted: ")
     assert (
-        "memory: the rehearsal's processes held up to 6.5 GiB (sum of their proportional set sizes, every 2 s; "
+        "memory: the rehearsal's processes held up to 6.5 GiB (sum of their proportional set sizes, read 40 times; "
         "run1 3.5 GiB, run2 3.0 GiB; resume run after the first run); the sum of their RSS, counting shared pages "
         "once per process, peaked at 9.5 GiB over 31 processes; this machine had 11.0 GiB available at the "
         "least"
