@@ -34,6 +34,11 @@ def fake_train(overrides, run_dir):
     try:
         if options.get("interrupt_driver"):  # as if Ctrl-C reached the driver while this run trains
             os.kill(os.getppid(), signal.SIGINT)
+        if options.get("side_by_side"):  # wait, as long as a loaded machine may take to start a worker, for others
+            deadline = time.monotonic() + 60
+            while len(list(run.parent.glob("*/started"))) < int(options["side_by_side"]):
+                assert time.monotonic() < deadline, "the runs did not train side by side"
+                time.sleep(0.01)
         for step in range(1, int(options["steps"]) + 1):
             time.sleep(0.05)
             if interrupts:
@@ -49,7 +54,9 @@ def _plan(tmp_path, count, steps, first=()):
 
 
 def test_runs_train_side_by_side_and_each_is_yielded_once(tmp_path):
-    plan = _plan(tmp_path, 3, 2)
+    # Each run waits until two have started: on a loaded machine one worker could otherwise finish all three runs
+    # of 0.1 s before the other had imported.
+    plan = [Planned(("steps=2", "side_by_side=2"), tmp_path / f"run{k}") for k in range(3)]
     done = list(train_runs(plan, 2, {}, train=fake_train))
     assert sorted(p.run_dir.name for p, _ in done) == ["run0", "run1", "run2"]
     assert len({fields["pid"] for _, fields in done}) == 2 and all(f["steps"] == 2 for _, f in done)
