@@ -155,31 +155,36 @@ def test_the_proportional_sizes_are_read_when_rss_rises_at_every_nth_sample_and_
 
 
 def test_the_proportional_sizes_take_no_more_than_their_share_of_the_time(tmp_path, monkeypatch):
-    # Each read is made to take 50 ms; at a share of 1/4 the next may begin about 200 ms after one began, however fast
-    # the RSS sum rises meanwhile (while runs start it sets a new peak at nearly every sample).
+    # Each read is made to take 50 ms; at a share of 1/4 the next may begin about 4 times its duration after one
+    # began, however fast the RSS sum rises meanwhile (while runs start it sets a new peak at nearly every sample).
     rss, reads = {"bytes": 100 * MIB}, []
 
     def slow_read(pid):
         if not reads or reads[-1][0] != rss["bytes"]:  # one sleep a sample, whatever the number of processes
-            reads.append((rss["bytes"], time.monotonic()))
+            began = time.monotonic()
             time.sleep(0.05)
+            reads.append((rss["bytes"], began, time.monotonic()))
         return rss["bytes"] // 2
+
+    def rise_and_sample():
+        rss["bytes"] += MIB  # a new RSS peak at every sample
+        sampler.sample()
 
     monkeypatch.setattr(memory, "resident_bytes", lambda pid: rss["bytes"])
     monkeypatch.setattr(memory, "proportional_bytes", slow_read)
     sampler = MemorySampler([Watched("run1", str(tmp_path / "dvr-none"), tmp_path / "absent")], pss_share=0.25)
     sampler.sample()  # the first read
-    first = reads[0][1]
-    rising = 0
+    (_, first, first_end), rising = reads[0], 0
     while time.monotonic() - first < 0.19:
-        rss["bytes"] += MIB  # a new RSS peak at every sample
+        rise_and_sample()
         rising += 1
-        sampler.sample()
-    assert len(reads) == 1 and rising > 3  # every rise within the 200 ms went unread
-    time.sleep(max(0.0, first + 0.26 - time.monotonic()))
-    rss["bytes"] += MIB
-    sampler.sample()
-    assert len(reads) == 2 and sampler.peaks.pss_reads == 2
+    assert len(reads) == 1 and rising > 3  # every rise within 4 x 50 ms went unread
+    deadline = time.monotonic() + 5
+    while len(reads) == 1 and time.monotonic() < deadline:
+        rise_and_sample()
+    assert len(reads) == 2 and sampler.peaks.pss_reads == 2  # ... and the next rise after them was read
+    waited = reads[1][1] - first
+    assert 4 * (first_end - first) - 0.01 <= waited < 4 * (first_end - first) + 1.0
     sampler.sample(pss=True)  # a read asked for (the last sample's) is never held back
     assert sampler.peaks.pss_reads == 3 and sampler.peaks.pss.bytes == rss["bytes"] // 2
 
