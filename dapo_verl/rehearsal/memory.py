@@ -16,8 +16,8 @@ map lock: 0.1 s for a quiet rehearsal's 28 processes, up to seconds for vLLM's w
 loaded. So it is read when a sum of RSS reaches a new peak (a run starting or growing) and otherwise every
 ``pss_every``-th sample, where the RSS sum could beat the PSS peak (PSS never exceeds RSS); and never more than a
 ``pss_share`` of the time: after a read that took ``d`` seconds the next waits until ``d / pss_share`` seconds after
-that one began (without that bound the reads ran back to back while runs started, and cost a rehearsal's driver
-more CPU than its training steps). The last sample always reads it. The resident set size
+that one began (docs/rehearse.md, Memory, says what it saves). A peak between two reads can go unseen in the PSS;
+the RSS sum, sampled every time, bounds it. The last sample always reads it. The resident set size
 (RSS, ``/proc/<pid>/statm``, cheap) of every sample counts a shared page once per process that maps it: its sum
 is an upper bound, about 1.4 times the PSS on a vLLM rehearsal, kept beside it.
 
