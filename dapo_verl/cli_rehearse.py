@@ -24,6 +24,7 @@ def _cmd_rehearse(args: argparse.Namespace) -> int:
         gpus=args.gpus,
         nodes=args.nodes,
         overwrite=args.overwrite,
+        resume=args.resume,
         overlap=args.overlap_resume,
         engine=args.engine,
     )
@@ -95,6 +96,13 @@ def add_rehearse(commands: Any) -> None:
         default=None,
         help="rollout engine (default: vllm when vLLM's CPU build is installed, else stand-in, "
         "announced): verl's own vLLM rollout, or the CPU replica of dapo_verl",
+    )
+    rehearse.add_argument(
+        "--resume",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="resume from the checkpoint before the last step in a second run (default); --no-resume: the "
+        "first run alone, a quicker check",
     )
     rehearse.add_argument(
         "--overlap-resume",

@@ -159,6 +159,10 @@ def _check(options: RehearsalOptions) -> None:
             f"--nodes {options.nodes} with --overlap-resume: the runs of a multi-node rehearsal are "
             f"jobs on one cluster, one after the other; drop --overlap-resume."
         )
+    if options.overlap and not options.resume:
+        raise RehearsalError(
+            "--overlap-resume with --no-resume: there is no resume run to start with the first; drop one of them."
+        )
     if options.nodes > 1 and options.config_name == VERL_CONFIG:
         raise RehearsalError(
             f"--nodes {options.nodes} rehearses through recipes/run_ray.sh, which submits "

@@ -289,6 +289,28 @@ def test_a_rehearsal_whose_ranks_cannot_fit_in_memory_is_refused_before_anything
     assert "Rehearse with at most" in err and not out.exists()
 
 
+def test_no_resume_reaches_the_options_and_refuses_overlap_resume_before_anything_starts(tmp_path, capsys, monkeypatch):
+    from dapo_verl.rehearsal import run as rehearsal_run
+
+    out = tmp_path / "rehearsal"
+    assert main(["rehearse", "dapo_trainer", "--no-resume", "--overlap-resume", "--out", str(out)]) == 2
+    assert capsys.readouterr().err == (
+        "dapo-verl rehearse: --overlap-resume with --no-resume: there is no resume run to start with the first; "
+        "drop one of them.\n"
+    )
+    assert not out.exists()
+    seen = []
+
+    def stop_here(options, **kwargs):
+        seen.append(options)
+        raise RehearsalError("stop here")
+
+    monkeypatch.setattr(rehearsal_run, "rehearse", stop_here)
+    for flags, resume in ((["--no-resume"], False), ([], True)):
+        assert main(["rehearse", "dapo_trainer", *flags, "--out", str(out)]) == 2
+        assert seen.pop().resume is resume
+
+
 def test_the_memory_bound_refuses_only_what_cannot_fit(monkeypatch):
     from dapo_verl.rehearsal import run as rehearsal_run
     from dapo_verl.rehearsal.engine import Engine
