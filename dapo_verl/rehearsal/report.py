@@ -462,7 +462,7 @@ def _memory_line(report: dict[str, Any]) -> str:
     mode = "overlapped" if memory["overlap_resume"] else "after the first run"
     return (
         f"memory: the rehearsal's processes held up to {gib(memory['peak_pss_bytes'])} (sum of their "
-        f"proportional set sizes, read {memory.get('pss_reads', '?')} times; {runs or 'no run'}; resume run {mode}); "
+        f"proportional set sizes, read {memory['pss_reads']} times; {runs or 'no run'}; resume run {mode}); "
         f"the sum of their RSS, counting shared pages once per process, peaked at "
         f"{gib(memory['peak_rss_bytes'])} over {memory['peak_processes']} processes; this machine had "
         f"{gib(memory['available_min_bytes'])} available at the least"
