@@ -39,7 +39,7 @@ def _nothing_left(*markers: str) -> None:
     assert not left, left
 
 
-def test_the_paper_recipe_runs_as_jobs_on_two_nodes_with_verls_workers_on_both(tmp_path, memory_heavy):
+def test_the_paper_recipe_runs_as_a_job_on_two_nodes_with_verls_workers_on_both(tmp_path, memory_heavy):
     # --no-resume: a resume is verl's checkpoint load and the sampler's state, which the one-node rehearsals check
     # exactly (test_rehearse_vllm.py, test_rehearse_v1.py); here a second job would repeat the first's path, and
     # its start-up cost a third of this test's CPU.
