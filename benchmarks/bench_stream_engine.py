@@ -23,6 +23,14 @@ differ only in the entry point, the trainer mode and the sampler keys (:data:`ST
 * ``dapo_rounds_carry`` -- ``DapoReplayBuffer`` with rounds in sync and ``surplus=carry``: a round's informative groups
   beyond the batch are served first at the next step (one step old at most) instead of discarded.
 
+For issue 40's equal-budget test (:func:`equal_budget_test`), in ``colocate_async``:
+
+* ``verl_async_warmup2`` -- verl's own buffer with ``trainer.v1.colocate_async.num_warmup_batches=2``, its knob for
+  keeping more in flight;
+* ``dapo_async_rounds`` -- ``DapoReplayBuffer`` with the shipped defaults (rounds, surplus discarded);
+* ``dapo_async_carry`` -- ``DapoReplayBuffer`` streaming with ``surplus=carry`` at ``stream_oversample`` 1, carried
+  groups kept as long as verl keeps its surplus (:data:`VERL_OFF_POLICY_THRESHOLD`).
+
 What is counted, the same way for every strategy, from what verl and vLLM recorded:
 
 * **tokens generated per trained token**: the tokens vLLM's server returned for every request made with the previous
@@ -35,6 +43,8 @@ What is counted, the same way for every strategy, from what verl and vLLM record
   to the step of the weights it was let in under), steps 2 on (step 1 holds vLLM's warm-up). It leaves out the
   time the engine waits for a buffer to poll: verl's buffers sleep 2 s between polls of TransferQueue,
   ``DapoReplayBuffer`` 0.05 s, so verl's idle waits are not charged to it (in its favour);
+* **requests in flight** (``in_flight``): the requests vLLM's server held, time-weighted over the busy time -- the
+  in-flight budget a strategy actually kept;
 * verl's ``timing_s/gen`` beside it (decided by those sleeps, so not a comparison), and ``DapoReplayBuffer``'s own
   ``dapo/sampler/aborted_tokens``, ``resumed_tokens`` and ``gen_rounds``.
 
@@ -86,6 +96,10 @@ _VERL = (
 """verl's own buffers: ``ppo_trainer`` with docs/verl.md's ``loss_mode=dapo`` overrides and ``filter_groups`` on
 ``acc`` (``python -m dapo_verl.main`` always runs DapoReplayBuffer; its pre-flight check refuses anything else)."""
 _OURS = ("reward.reward_kwargs.overlong_tokens=12",)
+VERL_OFF_POLICY_THRESHOLD = 8
+"""verl's ``trainer.v1.sampler.max_off_policy_threshold`` default: its colocate_async buffer keeps a finished group
+until it spans 8 policy versions. ``dapo_async_carry`` keeps carried groups as long (span = 1 +
+``max_staleness_steps``), so the two differ in how they schedule, not in how long they may keep a group."""
 _STREAM = ("algorithm.filter_groups.streaming=true",)
 STRATEGIES: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "verl_sync": (
@@ -123,6 +137,27 @@ STRATEGIES: dict[str, tuple[str, str, tuple[str, ...]]] = {
         "DapoReplayBuffer rounds with surplus=carry (sync; informative surplus served next step)",
         "dapo_trainer",
         ("trainer.v1.trainer_mode=sync", *_OURS, "algorithm.filter_groups.surplus=carry"),
+    ),
+    "verl_async_warmup2": (
+        "verl v1 colocate_async, ReplayBufferAsync, num_warmup_batches=2 (its knob for more in flight)",
+        "ppo_trainer",
+        ("trainer.v1.trainer_mode=colocate_async", "trainer.v1.colocate_async.num_warmup_batches=2", *_VERL),
+    ),
+    "dapo_async_rounds": (
+        "DapoReplayBuffer, shipped defaults, in colocate_async (adaptive rounds, surplus discarded)",
+        "dapo_trainer",
+        ("trainer.v1.trainer_mode=colocate_async", *_OURS),
+    ),
+    "dapo_async_carry": (
+        "DapoReplayBuffer streaming in colocate_async, carry, 1x in flight, kept as long as verl keeps (8 versions)",
+        "dapo_trainer",
+        (
+            "trainer.v1.trainer_mode=colocate_async",
+            *_OURS,
+            *_STREAM,
+            "algorithm.filter_groups.surplus=carry",
+            f"algorithm.filter_groups.max_staleness_steps={VERL_OFF_POLICY_THRESHOLD - 1}",
+        ),
     ),
 }
 """name -> (label, config, the overrides that select it). Both configs run verl's v1 trainer with the dapo loss,
@@ -188,6 +223,7 @@ def step_rows(records: Path, metrics: Path, steps: int, responses_per_step: int)
                 "trained_responses": responses_per_step,
                 "trained_tokens": float(data["response_length/mean"]) * responses_per_step,
                 "engine_busy_s": busy_seconds([(r["start"], r["end"]) for r in mine]),
+                "request_s": sum(r["end"] - r["start"] for r in mine),
                 "gen_time_s": float(data["timing_s/gen"]),
                 **{
                     key: float(data[f"dapo/sampler/{key}"])
@@ -202,12 +238,20 @@ def step_rows(records: Path, metrics: Path, steps: int, responses_per_step: int)
 def summarise(rows: list[dict[str, Any]]) -> dict[str, float]:
     """One run's figures over its steps 2 to N-2: step 1 holds vLLM's warm-up (and colocate_async's warm-up batch);
     the rehearsal checkpoints before the last step, and DapoReplayBuffer lets what is in flight finish before a
-    checkpoint and at the end (nothing partial is saved), so the last two steps do not stream."""
+    checkpoint and at the end (nothing partial is saved), so the last two steps do not stream.
+
+    ``run_tokens_per_trained`` and ``run_requests_per_trained`` count the whole run instead, steps 1 to N: a buffer
+    that keeps surplus trains groups in steps 2 on that step 1 generated (verl's warm-up batch, a carried surplus),
+    which the window would count as trained but not as generated; over the whole run nothing generated escapes the
+    count, and what is still kept or in flight at the end is charged to it."""
     kept = rows[1:-2] or rows
     summary = {
+        "run_tokens_per_trained": sum(r["tokens"] for r in rows) / sum(r["trained_tokens"] for r in rows),
+        "run_requests_per_trained": sum(r["requests"] for r in rows) / sum(r["trained_responses"] for r in rows),
         "tokens_per_trained": sum(r["tokens"] for r in kept) / sum(r["trained_tokens"] for r in kept),
         "requests_per_trained": sum(r["requests"] for r in kept) / sum(r["trained_responses"] for r in kept),
         "engine_busy_s": statistics.fmean(r["engine_busy_s"] for r in kept),
+        "in_flight": sum(r["request_s"] for r in kept) / sum(r["engine_busy_s"] for r in kept),
         "gen_time_s": statistics.fmean(r["gen_time_s"] for r in kept),
     }
     for key in ("gen_rounds", "aborted_tokens", "resumed_tokens"):
@@ -376,6 +420,103 @@ def declared_test(result: dict[str, Any]) -> str:
     return "\n".join([f"seeds {', '.join(map(str, seeds))}", *rows, "", *verdicts])
 
 
+EQUAL_BUDGET_VERL = ("verl_async", "verl_async_warmup2")
+"""verl's colocate_async buffer at ``num_warmup_batches`` 1 (its default) and 2: its own knob for what it keeps in
+flight."""
+
+EQUAL_BUDGET_ARMS = ("dapo_async_rounds", "dapo_async_carry")
+"""DapoReplayBuffer in colocate_async: the shipped default (rounds) and streaming with carry kept as long as verl
+keeps (benchmarks/README.md, "colocate_async at equal in-flight budgets")."""
+
+NO_MORE_MARGIN = 0.05
+"""An arm generates no more than verl's buffer when its excess, upper end of the 95% interval, is at most 5% of verl's
+figure (the test's non-inferiority margin)."""
+
+
+def equal_budget_test(result: dict[str, Any]) -> str:
+    """Issue 40's real-engine test: a Markdown table and each arm's verdict against verl's buffer at equal budget.
+
+    Each arm is compared with the verl setting (:data:`EQUAL_BUDGET_VERL`) whose mean requests in flight at vLLM
+    (``in_flight``: time-weighted over the engine's busy time) lie nearest its own -- the equal budget, set by verl's
+    own knob -- paired by seed over the seeds both ran. Differences (arm minus verl) in requests per trained response
+    and tokens per trained token over the whole run (``run_*``, :func:`summarise`), with 95% t-intervals; the arm
+    generates no more than verl's buffer when the upper end of each is at most :data:`NO_MORE_MARGIN` of verl's mean.
+    Every verl setting that shares 2 seeds with the arm is shown; the verdict is the matched one's (bold).
+
+    Raises:
+        ValueError: without a verl setting and an arm that share 2 seeds.
+    """
+    from dapo_verl.report.stats import paired_t_test
+
+    runs = {name: {r["seed"]: r for r in entry["runs"]} for name, entry in result["strategies"].items()}
+
+    def common(a: str, b: str) -> list[int]:
+        return sorted(set(runs[a]) & set(runs[b]))
+
+    def mean(name: str, key: str, seeds: Sequence[int] | None = None) -> float:
+        return statistics.fmean(runs[name][k][key] for k in (runs[name] if seeds is None else seeds))
+
+    verl = [v for v in EQUAL_BUDGET_VERL if v in runs]
+    pairs = {a: [v for v in verl if len(common(a, v)) >= 2] for a in EQUAL_BUDGET_ARMS if a in runs}
+    pairs = {a: vs for a, vs in pairs.items() if vs}
+    if not pairs:
+        raise ValueError(
+            f"the equal-budget test needs one of {', '.join(EQUAL_BUDGET_VERL)} and one of "
+            f"{', '.join(EQUAL_BUDGET_ARMS)} on 2 seeds both ran; got "
+            f"{ {name: sorted(by_seed) for name, by_seed in runs.items()} }. Run the missing ones with --strategies "
+            f"and --seeds."
+        )
+    rows = [
+        "| strategy | seeds | in flight | requests per trained | tokens per trained | busy s/step | against | "
+        "requests minus verl (95% CI) | tokens minus verl (95% CI) | no more than verl |",
+        "|---" * 10 + "|",
+    ]
+    for name in verl:
+        rows.append(
+            f"| {name} | {len(runs[name])} | {mean(name, 'in_flight'):.1f} | "
+            f"{mean(name, 'run_requests_per_trained'):.2f} | {mean(name, 'run_tokens_per_trained'):.2f} | "
+            f"{mean(name, 'engine_busy_s'):.2f} | - | - | - | - |"
+        )
+    for name, against in pairs.items():
+        matched = min(against, key=lambda v: abs(mean(v, "in_flight") - mean(name, "in_flight")))
+        figures = (
+            f"| {name} | {len(runs[name])} | {mean(name, 'in_flight'):.1f} | "
+            f"{mean(name, 'run_requests_per_trained'):.2f} | {mean(name, 'run_tokens_per_trained'):.2f} | "
+            f"{mean(name, 'engine_busy_s'):.2f}"
+        )
+        for v in against:
+            seeds, cells, met = common(name, v), [], True
+            for key in ("run_requests_per_trained", "run_tokens_per_trained"):
+                test = paired_t_test([runs[name][k][key] - runs[v][k][key] for k in seeds])
+                met = met and test.ci_high <= NO_MORE_MARGIN * mean(v, key, seeds)
+                cells.append(f"{test.mean:+.2f} [{test.ci_low:+.2f}, {test.ci_high:+.2f}]")
+            verdict = "yes" if met else "no"
+            label = f"{v}, seeds {seeds[0]}-{seeds[-1]}"
+            if v == matched:
+                verdict, label = f"**{verdict}**", f"{label} (equal budget)"
+            rows.append(f"{figures} | {label} | {cells[0]} | {cells[1]} | {verdict} |")
+            figures = "| | | | | |"
+    return "\n".join(rows)
+
+
+def verdicts(result: dict[str, Any]) -> list[str]:
+    """The declared tests whose strategies ``result`` holds on at least 2 common seeds: issue 28's
+    (:func:`declared_test`) and issue 40's (:func:`equal_budget_test`)."""
+    runs = {name: {r["seed"] for r in entry["runs"]} for name, entry in result["strategies"].items()}
+
+    def ran(names: Sequence[str]) -> bool:
+        return set(names) <= set(runs) and len(set.intersection(*(runs[n] for n in names))) >= 2
+
+    out = []
+    if ran(("verl_sync", "verl_async", *(n for n in CANDIDATES if n in runs))):
+        out.append(declared_test(result))
+    if any(
+        len(runs[a] & runs[v]) >= 2 for a in EQUAL_BUDGET_ARMS for v in EQUAL_BUDGET_VERL if a in runs and v in runs
+    ):
+        out.append(equal_budget_test(result))
+    return out
+
+
 def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m benchmarks.bench_stream_engine", description=__doc__.split("\n")[0]
@@ -407,6 +548,12 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="print the table and the declared test from --out, without running anything",
     )
     parser.add_argument(
+        "--append",
+        action="store_true",
+        help="add to the result already in --out instead of replacing it; a strategy and seed it holds is not rerun "
+        "(each run records its commit)",
+    )
+    parser.add_argument(
         "--cpu-profile",
         action="store_true",
         help="sample every process's CPU time during each run (<work>/<strategy>-seed<k>.cpu.jsonl) "
@@ -419,7 +566,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     args = _parse_args(argv)
     if args.report:
         result = json.loads(Path(args.out).read_text())
-        print(table(result) + "\n\n" + declared_test(result))
+        print("\n\n".join([table(result), *verdicts(result)]))
         return result
     result: dict[str, Any] = {
         "benchmark": "bench_stream_engine",
@@ -427,26 +574,30 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         "settings": {k: str(v) for k, v in vars(args).items()},
         "strategies": {},
     }
+    if args.append and args.out.is_file():
+        result = json.loads(args.out.read_text())
+    done_before = {(name, r["seed"]) for name, entry in result["strategies"].items() for r in entry["runs"]}
     total, done = len(args.strategies) * len(args.seeds), 0
     for seed in args.seeds:  # seeds outermost: an interrupted run still has every strategy on its first seeds
         for strategy in args.strategies:
             done += 1
+            if (strategy, seed) in done_before:
+                print(f"[{done}/{total}] {strategy} seed {seed}: already in {args.out}, kept", file=sys.stderr)
+                continue
             print(
                 f"[{done}/{total}] {strategy} seed {seed}: {args.steps} steps on vLLM ...", file=sys.stderr, flush=True
             )
-            run = run_one(strategy, seed, args)
+            run = run_one(strategy, seed, args) | {"commit": commit_id()}
             print(json.dumps({k: v for k, v in run.items() if k != "steps"}), flush=True)
             entry = result["strategies"].setdefault(strategy, {"label": STRATEGIES[strategy][0], "runs": []})
             entry["runs"].append(run)
             entry["summary"] = {
                 key: spread([r[key] for r in entry["runs"]])
                 for key in entry["runs"][0]
-                if key not in ("strategy", "seed", "steps", "cpu_s") and all(key in r for r in entry["runs"])
+                if key not in ("strategy", "seed", "steps", "cpu_s", "commit") and all(key in r for r in entry["runs"])
             }
             write_result(result, args.out)
-    print(table(result))
-    if len(args.seeds) >= 2 and {"verl_sync", "verl_async"} <= set(args.strategies):
-        print("\n" + declared_test(result))
+    print("\n\n".join([table(result), *verdicts(result)]))
     return result
 
 

@@ -9,10 +9,12 @@ import pytest
 from benchmarks.bench_stream_engine import (
     STRATEGIES,
     declared_test,
+    equal_budget_test,
     measured_cpu,
     step_rows,
     summarise,
     table,
+    verdicts,
     write_unsolvable_rows,
 )
 
@@ -56,6 +58,7 @@ def test_tokens_and_busy_time_are_counted_at_the_engine_per_weights_version(tmp_
         "trained_responses": 4,
         "trained_tokens": 40.0,
         "engine_busy_s": 2.0,
+        "request_s": 12.0,
         "gen_time_s": 3.0,
     }
     assert rows[1] == {
@@ -64,6 +67,7 @@ def test_tokens_and_busy_time_are_counted_at_the_engine_per_weights_version(tmp_
         "trained_responses": 4,
         "trained_tokens": 18.0,
         "engine_busy_s": 2.0,
+        "request_s": 7.0,  # 4 requests of 1 s and 2 of 1.5 s, in 2 s of busy time: 3.5 in flight on average
         "gen_time_s": 2.5,
         "gen_rounds": 0.0,
         "aborted_tokens": 7.0,
@@ -79,6 +83,7 @@ def test_a_run_is_summarised_over_its_streaming_steps_only():
             "trained_responses": 4,
             "trained_tokens": 10.0,
             "engine_busy_s": busy,
+            "request_s": 3 * busy if tokens == 20 else 5 * busy,
             "gen_time_s": 1.0,
             **extra,
         }
@@ -93,7 +98,11 @@ def test_a_run_is_summarised_over_its_streaming_steps_only():
     ]
     summary = summarise(rows)
     assert summary["tokens_per_trained"] == pytest.approx(50 / 20) and summary["requests_per_trained"] == 1.5
+    # the whole run: everything generated over everything trained, steps 1 to N
+    assert summary["run_tokens_per_trained"] == pytest.approx((20 + 30 + 3 * 99) / 50)
+    assert summary["run_requests_per_trained"] == 1.5
     assert summary["engine_busy_s"] == 3.0 and summary["aborted_tokens"] == 3.0
+    assert summary["in_flight"] == pytest.approx((3 * 2.0 + 5 * 4.0) / 6.0)  # weighted by busy time, not by step
 
 
 def test_unsolvable_rows_are_distinct_problems_whose_answers_the_stand_in_cannot_give(tmp_path):
@@ -205,6 +214,85 @@ def test_the_declared_test_needs_both_of_verls_buffers_on_two_seeds():
         declared_test(_declared(without_async, without_async))
 
 
+def _budgeted(arms: dict[str, tuple[float, list[float]]]) -> dict:
+    """name -> (requests in flight, requests per trained on seeds 0, 1, 2, ...); tokens per trained alike."""
+    return {
+        "strategies": {
+            name: {
+                "runs": [
+                    {
+                        "seed": k,
+                        "in_flight": flight,
+                        "run_requests_per_trained": r,
+                        "run_tokens_per_trained": r,
+                        "engine_busy_s": 1.0,
+                    }
+                    for k, r in enumerate(counts)
+                ]
+            }
+            for name, (flight, counts) in arms.items()
+        }
+    }
+
+
+def _rows(report: str) -> dict[str, list[str]]:
+    rows: dict[str, list[str]] = {}
+    name = ""
+    for line in report.splitlines():
+        if line.startswith("| ") and not line.startswith("| strategy"):
+            name = line.split(" | ")[0].lstrip("| ").strip() or name
+            rows.setdefault(name, []).append(line)
+    return rows
+
+
+def test_each_arm_is_judged_against_verls_setting_with_the_nearest_in_flight_budget():
+    arms = {
+        "verl_async": (20.0, [2.0, 2.1, 2.0]),
+        "verl_async_warmup2": (30.0, [2.4, 2.5, 2.6]),
+        "dapo_async_carry": (27.0, [2.45, 2.5, 2.6]),  # nearer warmup2's budget: judged against it, where it passes
+        "dapo_async_rounds": (18.0, [2.6, 2.7, 2.8]),  # nearer verl's default: 0.6-0.7 more on every seed
+    }
+    rows = _rows(equal_budget_test(_budgeted(arms)))
+    carry, rounds = rows["dapo_async_carry"], rows["dapo_async_rounds"]
+    assert "verl_async_warmup2, seeds 0-2 (equal budget)" in carry[1] and carry[1].endswith("| **yes** |")
+    assert "| verl_async, seeds 0-2 |" in carry[0] and carry[0].endswith(
+        "| no |"
+    )  # against the default budget it generates more
+    assert "verl_async, seeds 0-2 (equal budget)" in rounds[0] and rounds[0].endswith("| **no** |")
+    assert "+0.67 [" in rounds[0]
+
+
+def test_no_more_than_verl_allows_the_declared_margin_and_no_more():
+    verl = [2.0, 2.0, 2.0, 2.0]
+    within = {
+        "verl_async": (20.0, verl),
+        "verl_async_warmup2": (40.0, verl),
+        "dapo_async_carry": (21.0, [2.08, 2.09, 2.08, 2.09]),
+    }
+    assert _rows(equal_budget_test(_budgeted(within)))["dapo_async_carry"][0].endswith("| **yes** |")  # <= 5% of 2.0
+    beyond = within | {"dapo_async_carry": (21.0, [2.10, 2.12, 2.11, 2.12])}
+    assert _rows(equal_budget_test(_budgeted(beyond)))["dapo_async_carry"][0].endswith("| **no** |")
+
+
+def test_each_arm_is_paired_with_each_verl_setting_on_the_seeds_both_ran():
+    arms = _budgeted({"verl_async": (20.0, [2.0, 2.1, 2.0]), "dapo_async_rounds": (20.0, [2.6, 2.7])})
+    alone = _budgeted({"verl_async_warmup2": (20.0, [2.0] * 6)})["strategies"]["verl_async_warmup2"]
+    arms["strategies"]["verl_async_warmup2"] = {"runs": alone["runs"][5:]}  # seed 5 alone: no seed in common
+    rows = _rows(equal_budget_test(arms))["dapo_async_rounds"]
+    assert len(rows) == 1 and "verl_async, seeds 0-1 (equal budget)" in rows[0] and "+0.60 [" in rows[0]
+
+
+def test_the_equal_budget_test_needs_an_arm_and_a_verl_setting_on_two_common_seeds():
+    apart = {"verl_async": (20.0, [2.0, 2.1]), "dapo_async_carry": (20.0, [2.0])}
+    with pytest.raises(ValueError, match="on 2 seeds both ran"):
+        equal_budget_test(_budgeted(apart))
+    assert verdicts(_budgeted(apart)) == []  # the report prints no test it cannot judge
+    with pytest.raises(ValueError, match="needs one of verl_async"):
+        equal_budget_test(_budgeted({"verl_async": (20.0, [2.0, 2.1]), "verl_sync": (20.0, [2.0, 2.1])}))
+    together = apart | {"dapo_async_carry": (20.0, [2.0, 2.0])}
+    assert len(verdicts(_budgeted(together))) == 1 and "equal budget" in verdicts(_budgeted(together))[0]
+
+
 def test_the_cpu_profile_is_read_over_the_measured_steps_requests_only(tmp_path):
     records = tmp_path / "engine"
     records.mkdir()
@@ -229,3 +317,25 @@ def test_the_cpu_profile_is_read_over_the_measured_steps_requests_only(tmp_path)
     assert measured_cpu(profile, records, steps=5) == {"agent_loop": 3.0}
     with pytest.raises(FileNotFoundError, match="without --reuse"):
         measured_cpu(tmp_path / "none.jsonl", records, steps=5)
+
+
+def test_append_keeps_the_runs_already_in_the_result_and_runs_only_the_missing_ones(tmp_path, monkeypatch, capsys):
+    import benchmarks.bench_stream_engine as bench
+
+    made = []
+
+    def fake_run(strategy, seed, args):  # the rehearsal itself is the e2e tests'; this checks the bookkeeping
+        made.append((strategy, seed))
+        return {"strategy": strategy, "seed": seed, "steps": [], "tokens_per_trained": 2.0, "in_flight": 9.0}
+
+    monkeypatch.setattr(bench, "run_one", fake_run)
+    monkeypatch.setattr(bench, "table", lambda result: "")
+    out = tmp_path / "r.json"
+    bench.main(["--seeds", "1", "--strategies", "verl_async", "--out", str(out)])
+    result = bench.main(["--seeds", "1", "2", "--strategies", "verl_async", "--out", str(out), "--append"])
+    assert made == [("verl_async", 1), ("verl_async", 2)]
+    assert [r["seed"] for r in result["strategies"]["verl_async"]["runs"]] == [1, 2]
+    assert all("commit" in r for r in result["strategies"]["verl_async"]["runs"])
+    assert "verl_async seed 1: already in" in capsys.readouterr().err
+    bench.main(["--seeds", "2", "--strategies", "verl_async", "--out", str(out)])  # without --append: a new result
+    assert [r["seed"] for r in json.loads(out.read_text())["strategies"]["verl_async"]["runs"]] == [2]
