@@ -10,6 +10,10 @@ declared in ``benchmarks/README.md`` ("Calibration against published figures") b
 * ``april``: slime's rollout against APRIL's (twice the batch over-sampled, unfinished groups carried) at APRIL's
   setting, Qwen3-4B on 8 H100 at a 16K limit, 32 prompts x 8 (APRIL's README: +17% rollout throughput on
   DAPO-Math-17k), with the fitted ``t_sched``; the gain in trained tokens per generation second, paired by seed.
+* ``sweep``: a published vLLM serving sweep (:data:`SWEEP_PUBLISHED`) on the engine alone -- one replica, fixed
+  lengths, C requests kept in flight -- with the fitted ``t_sched`` and nothing fitted: the time per output token of
+  one request, and how much output throughput 8 requests in flight buy over one. It checks what every comparison of
+  in-flight budgets rests on, how a replica's speed changes as sequences join it, prefills included.
 
 Each line of ``--out`` is one run; ``--report`` prints the calibration table from them.
 """
@@ -19,9 +23,11 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import random
 import statistics
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +36,7 @@ from benchmarks.bench_stream import RooflineCost, StepRecord, StreamScenario, _R
 from benchmarks.sampler_report import commit_id
 from dapo_verl.report.stats import paired_t_test
 from dapo_verl.sampler import PromptStream
+from dapo_verl.sampler.engine import Request
 from dapo_verl.sampler.simulated_engine import SimulatedEngine
 
 VERL_PUBLISHED = {32: 357.41, 64: 150.72, 128: 177.85}
@@ -41,6 +48,75 @@ APRIL_PUBLISHED = 0.17  # APRIL README, Qwen3-4B on DAPO-Math-17k: +17% rollout 
 
 H20 = {"gpu_bandwidth": 4.0e12, "gpu_flops": 148e12, "gpu_memory": 96e9}
 """NVIDIA H20 datasheet: 4.0 TB/s HBM3, 148 dense bf16 TFLOPS, 96 GB."""
+
+
+A100_40GB = {"gpu_bandwidth": 1.555e12, "gpu_flops": 312e12, "gpu_memory": 40e9}
+"""NVIDIA A100 SXM 40GB datasheet: 1,555 GB/s HBM2, 312 dense bf16 TFLOPS, 40 GB."""
+
+SWEEP_PUBLISHED = {"tpot_c1_s": 1 / 75, "gain_c8": 6.6}
+"""J. Musgrave, "vLLM throughput-latency sweep on NVIDIA A100" (johnmusgrave.com): Llama-3.1-8B-Instruct in bf16 on one
+A100 40GB, vLLM 0.23.0 with its default scheduling, ``vllm bench serve`` on random prompts of a fixed 1024 tokens and
+outputs of a fixed 128 (``--ignore-eos``) at ``--max-concurrency`` C with 20 C prompts: one request at a time decodes
+about 75 tokens/s; output throughput at C = 8 is 6.6x that at C = 1."""
+
+SWEEP_CONCURRENCY = (1, 2, 4, 8, 16, 32, 64)
+
+
+@dataclass(frozen=True)
+class FixedLengths:
+    """Every response is ``tokens`` long (a serving benchmark's ``--ignore-eos`` output length)."""
+
+    tokens: int
+
+    def draw(self, prompt_id: int, seed: int, rng: random.Random) -> float:
+        return float(self.tokens)
+
+
+def sweep_cost(t_sched: float) -> RooflineCost:
+    """Llama-3.1-8B (8.03e9 parameters; 32 layers x 8 KV heads x 128 x (K, V) x 2 bytes = 131,072 bytes a token) on
+    one A100 40GB, the cost model's efficiencies."""
+    return RooflineCost(
+        params=8.03e9, kv_bytes_per_token=131_072.0, gpus_per_replica=1, replicas=1, t_sched=t_sched, **A100_40GB
+    )
+
+
+def serve(
+    concurrency: int,
+    cost: RooflineCost,
+    *,
+    prompt_tokens: int = 1024,
+    output_tokens: int = 128,
+    gpu_memory_utilization: float = 0.9,
+    max_num_seqs: int = 256,
+) -> float:
+    """Output tokens per second of ``vllm bench serve --max-concurrency C --num-prompts 20C --request-rate inf`` on
+    the simulated engine (vLLM's default ``gpu_memory_utilization`` and ``max_num_seqs``): C requests in flight, each
+    that finishes replaced at once until 20 C were sent, timed from the first request to the last answer."""
+    engine = SimulatedEngine(
+        lambda prompt_id, step: 0.5,
+        group_size=1,
+        lengths=FixedLengths(output_tokens),
+        max_response_length=output_tokens + 1,  # not truncated
+        prompt_tokens=prompt_tokens,
+        max_running=max_num_seqs,
+        kv_capacity=cost.kv_capacity(gpu_memory_utilization),
+        cost=cost,
+    )
+    total, sent, answered = 20 * concurrency, 0, 0
+
+    def send(count: int) -> None:
+        nonlocal sent
+        engine.submit([Request(sent + i + 1, sent + i, 0) for i in range(count)])
+        sent += count
+
+    send(concurrency)
+    while answered < total:
+        finished = len(engine.collect())
+        answered += finished
+        send(min(finished, total - sent))
+    if engine.tokens_generated != total * output_tokens:
+        raise RuntimeError(f"the sweep decoded {engine.tokens_generated} tokens, not {total * output_tokens}: a bug")
+    return total * output_tokens / engine.clock
 
 
 def verl_setting(gpus: int, t_sched: float) -> tuple[StreamScenario, RooflineCost]:
@@ -114,6 +190,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--april-seeds", type=int, nargs="+", default=list(range(10, 18)))
     parser.add_argument("--out", type=Path, default=Path("runs/bench/calibrate.jsonl"))
     parser.add_argument("--report", action="store_true", help="print the calibration table from --out and exit")
+    parser.add_argument(
+        "--tests",
+        nargs="+",
+        choices=("verl", "april", "sweep"),
+        default=["verl", "april", "sweep"],
+        help="which figures to run; without verl, t_sched is the fitted value the cost model holds",
+    )
     args = parser.parse_args(argv)
     if args.report:
         if not args.out.is_file():
@@ -129,18 +212,29 @@ def main(argv: list[str] | None = None) -> int:
         with args.out.open("a") as out:
             out.write(json.dumps(line | {"commit": commit_id()}) + "\n")
 
-    echo(f"fitting t_sched to verl's {VERL_PUBLISHED[FIT_AT]} s at {FIT_AT} GPUs, seeds {args.seeds}")
-    t_sched = fit_t_sched(args.seeds, echo)
-    for gpus in sorted(VERL_PUBLISHED):
-        gen_s = verl_gen_s(gpus, t_sched, args.seeds)
-        write({"test": "verl", "gpus": gpus, "t_sched": t_sched, "seeds": args.seeds, "gen_s": gen_s})
-        echo(f"  {gpus} GPUs: {statistics.fmean(gen_s):.1f} s (published {VERL_PUBLISHED[gpus]})")
-    scenario, cost = april_setting(t_sched)
-    for seed in args.april_seeds:
-        for strategy in ("slime", "slime_april"):
-            result = bench_stream.run(strategy, scenario, seed, cost, echo=_quiet)
-            write({"test": "april", "t_sched": t_sched} | {k: v for k, v in result.items() if k != "gen_s"})
-            echo(f"  APRIL setting, {strategy} seed {seed}: {result['gen_s_per_step']:.1f} s/step")
+    t_sched = RooflineCost().t_sched
+    if "verl" in args.tests:
+        echo(f"fitting t_sched to verl's {VERL_PUBLISHED[FIT_AT]} s at {FIT_AT} GPUs, seeds {args.seeds}")
+        t_sched = fit_t_sched(args.seeds, echo)
+        for gpus in sorted(VERL_PUBLISHED):
+            gen_s = verl_gen_s(gpus, t_sched, args.seeds)
+            write({"test": "verl", "gpus": gpus, "t_sched": t_sched, "seeds": args.seeds, "gen_s": gen_s})
+            echo(f"  {gpus} GPUs: {statistics.fmean(gen_s):.1f} s (published {VERL_PUBLISHED[gpus]})")
+    if "april" in args.tests:
+        scenario, cost = april_setting(t_sched)
+        for seed in args.april_seeds:
+            for strategy in ("slime", "slime_april"):
+                result = bench_stream.run(strategy, scenario, seed, cost, echo=_quiet)
+                write({"test": "april", "t_sched": t_sched} | {k: v for k, v in result.items() if k != "gen_s"})
+                echo(f"  APRIL setting, {strategy} seed {seed}: {result['gen_s_per_step']:.1f} s/step")
+    if "sweep" in args.tests:
+        cost = sweep_cost(t_sched)
+        tpot = cost.decode_time(1, 1024, 128) / 128
+        rates = {c: serve(c, cost) for c in SWEEP_CONCURRENCY}
+        write({"test": "sweep", "t_sched": t_sched, "tpot_c1_s": tpot, "output_tok_s": rates})
+        echo(
+            f"  vLLM sweep: {tpot * 1e3:.2f} ms a token alone; " + ", ".join(f"C={c} {r:.0f}" for c, r in rates.items())
+        )
     print(report([json.loads(line) for line in args.out.read_text().splitlines() if line.strip()]))
     return 0
 
@@ -179,6 +273,26 @@ def report(lines: list[dict[str, Any]]) -> str:
                 f"+{APRIL_PUBLISHED:.0%} | {gain.mean:+.1%} [{gain.ci_low:+.1%}, {gain.ci_high:+.1%}] | predicted | "
                 f"{ok} |"
             )
+    sweeps = [line for line in lines if line["test"] == "sweep"]
+    if sweeps:
+        line = sweeps[-1]
+        rates = {int(c): r for c, r in line["output_tok_s"].items()}
+        tpot, published_tpot = line["tpot_c1_s"], SWEEP_PUBLISHED["tpot_c1_s"]
+        gain, published_gain = rates[8] / rates[1], SWEEP_PUBLISHED["gain_c8"]
+        where = "vLLM serving, Llama-3.1-8B on 1 A100 40GB, 1024 in / 128 out"
+        for name, published, model, shown in (
+            ("time per output token, 1 request", published_tpot, tpot, lambda x: f"{x * 1e3:.1f} ms"),
+            ("output throughput, 8 requests over 1", published_gain, gain, lambda x: f"{x:.2f}x"),
+        ):
+            ok = "yes" if abs(model / published - 1) <= TOLERANCE else "**no**"
+            rows.append(
+                f"| {where}: {name} | {shown(published)} | {shown(model)} ({model / published - 1:+.0%}) | "
+                f"predicted (t_sched = {line['t_sched'] * 1e3:.3f} ms) | {ok} |"
+            )
+        rows.append(
+            f"| the same, output throughput at C = {', '.join(map(str, rates))} (not published here; reported) | - | "
+            f"{' / '.join(f'{r:.0f}' for r in rates.values())} tokens/s | reported | |"
+        )
     return "\n".join(rows)
 
 

@@ -74,6 +74,14 @@ class IterationCost:
         return 0.0
 
 
+class Lengths(Protocol):
+    """Draws response lengths for the engine (:class:`LongTailLengths`)."""
+
+    def draw(self, prompt_id: int, seed: int, rng: random.Random) -> float:
+        """One response's length, before truncation (tokens, > 0); may draw from ``rng``."""
+        ...
+
+
 @dataclass(frozen=True)
 class LongTailLengths:
     """Response lengths shaped like DAPO's: log-normal around a per-prompt median, with a tail past the budget.
@@ -156,8 +164,8 @@ class SimulatedEngine:
 
     Args:
         pass_rate: ``pass_rate(prompt_id, step) -> probability`` of a correct response.
-        group_size: G, responses per prompt.
-        lengths: Draws response lengths (:class:`LongTailLengths`).
+        group_size: G, responses per prompt (1: one response a request, as a serving benchmark sends them).
+        lengths: Draws response lengths (:class:`LongTailLengths`, or any :class:`Lengths`).
         max_response_length: The response budget, tokens.
         prompt_tokens: Tokens of each prompt (context and prefill).
         max_running: Most responses decoding at once on one replica (vLLM's ``max_num_seqs``; None: unbounded).
@@ -186,7 +194,7 @@ class SimulatedEngine:
         pass_rate: Callable[[int, int], float],
         *,
         group_size: int,
-        lengths: LongTailLengths,
+        lengths: Lengths,
         max_response_length: int,
         prompt_tokens: int = 0,
         max_running: int | None = None,
@@ -196,7 +204,7 @@ class SimulatedEngine:
         seed: int = 0,
     ) -> None:
         if (
-            group_size < 2
+            group_size < 1
             or max_response_length < 1
             or prompt_tokens < 0
             or (max_running is not None and max_running < 1)
@@ -206,7 +214,7 @@ class SimulatedEngine:
             raise ValueError(
                 f"SimulatedEngine(group_size={group_size}, max_response_length={max_response_length}, "
                 f"prompt_tokens={prompt_tokens}, max_running={max_running}, replicas={replicas}, "
-                f"kv_capacity={kv_capacity}): expected group_size >= 2, max_response_length >= 1, "
+                f"kv_capacity={kv_capacity}): expected group_size >= 1, max_response_length >= 1, "
                 f"prompt_tokens >= 0, max_running >= 1 or None, replicas >= 1, and kv_capacity None or above "
                 f"prompt_tokens + max_response_length ({prompt_tokens + max_response_length}) so that one response "
                 f"fits a replica's cache."

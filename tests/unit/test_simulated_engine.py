@@ -106,6 +106,16 @@ def test_a_kv_cache_smaller_than_one_response_is_refused_naming_the_sizes():
         _engine(10, prompt_tokens=10, kv_capacity=500)
 
 
+def test_single_response_requests_run_as_a_serving_benchmark_sends_them_and_an_empty_group_is_refused():
+    # One response a request: two requests on one replica decode side by side, each a group of its own.
+    engine = _engine(5, 8, group_size=1, max_running=4)
+    engine.submit([Request(1, 1, 0), Request(2, 2, 0)])
+    done = _finish(engine)
+    assert [len(group.metric) for _, group in done] == [1, 1] and engine.clock == 8 and engine.tokens_generated == 13
+    with pytest.raises(ValueError, match=r"group_size=0.*expected group_size >= 1"):
+        _engine(5, group_size=0)
+
+
 def test_an_aborted_payload_from_more_replicas_is_refused_on_resume():
     engine = _engine(50, replicas=3, group_size=3)
     engine.submit([Request(1, 1, 0)])
