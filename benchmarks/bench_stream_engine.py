@@ -508,7 +508,8 @@ def verdicts(result: dict[str, Any]) -> list[str]:
         return set(names) <= set(runs) and len(set.intersection(*(runs[n] for n in names))) >= 2
 
     out = []
-    if ran(("verl_sync", "verl_async", *(n for n in CANDIDATES if n in runs))):
+    candidates = [n for n in CANDIDATES if n in runs]
+    if candidates and ran(("verl_sync", "verl_async", *candidates)):
         out.append(declared_test(result))
     if any(
         len(runs[a] & runs[v]) >= 2 for a in EQUAL_BUDGET_ARMS for v in EQUAL_BUDGET_VERL if a in runs and v in runs
