@@ -60,6 +60,7 @@ outputs of a fixed 128 (``--ignore-eos``) at ``--max-concurrency`` C with 20 C p
 about 75 tokens/s; output throughput at C = 8 is 6.6x that at C = 1."""
 
 SWEEP_CONCURRENCY = (1, 2, 4, 8, 16, 32, 64)
+SWEEP_PROMPT_TOKENS, SWEEP_OUTPUT_TOKENS = 1024, 128
 
 
 @dataclass(frozen=True)
@@ -84,8 +85,8 @@ def serve(
     concurrency: int,
     cost: RooflineCost,
     *,
-    prompt_tokens: int = 1024,
-    output_tokens: int = 128,
+    prompt_tokens: int = SWEEP_PROMPT_TOKENS,
+    output_tokens: int = SWEEP_OUTPUT_TOKENS,
     gpu_memory_utilization: float = 0.9,
     max_num_seqs: int = 256,
 ) -> float:
@@ -229,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
                 echo(f"  APRIL setting, {strategy} seed {seed}: {result['gen_s_per_step']:.1f} s/step")
     if "sweep" in args.tests:
         cost = sweep_cost(t_sched)
-        tpot = cost.decode_time(1, 1024, 128) / 128
+        tpot = cost.decode_time(1, SWEEP_PROMPT_TOKENS, SWEEP_OUTPUT_TOKENS) / SWEEP_OUTPUT_TOKENS
         rates = {c: serve(c, cost) for c in SWEEP_CONCURRENCY}
         write({"test": "sweep", "t_sched": t_sched, "tpot_c1_s": tpot, "output_tok_s": rates})
         echo(
